@@ -1,0 +1,381 @@
+"""Reading, converting and loading ViT weights; saving them with their config.
+
+Sources `load_weights` accepts:
+  * `.safetensors` files (ours carry the model config and class names in their metadata),
+  * torch pickles `.pth/.pt/.bin` holding a state dict, possibly under `model`/`state_dict`
+    and/or with DistributedDataParallel's `module.` prefix -- read with `weights_only=True`,
+    so a file that would run code while loading is refused,
+  * Google's original JAX `.npz` checkpoints (vit_jax and big_vision layouts),
+  * a timm (or our) model instance, or a plain dict of tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pickle
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open, save_file
+from torch import nn
+
+from .model import VisionTransformer
+
+logger = logging.getLogger("vit")
+
+TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+ACCEPTED = "a .safetensors, .pth/.pt/.bin/.ckpt or Google .npz file, an nn.Module, or a dict"
+WRAPPER_KEYS = ("model", "state_dict", "model_state_dict")
+
+
+@dataclass
+class LoadReport:
+    """What `load_weights` did, key by key."""
+
+    loaded: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # in the model, absent from the source
+    unexpected: list[str] = field(default_factory=list)  # in the source, absent from the model
+    fresh_head: bool = False  # the source's head was absent or of another num_classes
+    resampled_pos_embed: tuple | None = None  # (old grid, new grid) when resampled
+    messages: list[str] = field(default_factory=list)
+
+
+# -- reading files -------------------------------------------------------------------------------
+def read_metadata(path: str | Path) -> dict:
+    """The JSON-decoded metadata of one of our `.safetensors` files ({} when it has none)."""
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            raw = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"cannot read safetensors file {path}: {e}") from e
+    return {key: json.loads(value) for key, value in raw.items() if key.startswith("vit.")}
+
+
+def _unwrap(state: Mapping, path: Path | str) -> dict[str, torch.Tensor]:
+    """Peel training-checkpoint wrappers ({'model': sd}, {'state_dict': sd}) and `module.`."""
+    for key in WRAPPER_KEYS:
+        if key in state and isinstance(state[key], Mapping):
+            state = state[key]
+            break
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise ValueError(
+            f"{path} holds no tensors (top-level keys: {sorted(map(str, state))[:10]}); expected "
+            f"a state dict, possibly under one of {WRAPPER_KEYS}"
+        )
+    if all(k.startswith("module.") for k in tensors):  # saved from DistributedDataParallel
+        tensors = {k[len("module.") :]: v for k, v in tensors.items()}
+    return tensors
+
+
+def _read_torch(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        # weights_only: a pickle may name arbitrary callables to run on load; refuse them.
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise ValueError(
+            f"refused to load {path}: it contains objects other than tensors and plain "
+            f"containers, and unpickling them could run code. Only weights are read "
+            f"(torch.load with weights_only=True). Details: {str(e).splitlines()[0]}"
+        ) from e
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as e:
+        raise ValueError(f"cannot read {path}: truncated or not a torch checkpoint ({e})") from e
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{path} holds a {type(state).__name__}, expected a state dict")
+    return _unwrap(state, path)
+
+
+def _read_npz(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise ValueError(f"cannot read {path}: truncated or not an .npz archive ({e})") from e
+    return convert_jax_checkpoint(arrays, source=str(path))
+
+
+def read_state_dict(source: str | Path | nn.Module | Mapping) -> tuple[dict, dict]:
+    """Any accepted source -> (timm-named state dict on CPU, our metadata or {})."""
+    if isinstance(source, nn.Module):
+        return dict(source.state_dict()), {}
+    if isinstance(source, Mapping):
+        return _unwrap(source, "the given dict"), {}
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"cannot load weights from a {type(source).__name__}; accepted: {ACCEPTED}")
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"weights file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".safetensors":
+        metadata = read_metadata(path)
+        try:
+            return load_file(str(path), device="cpu"), metadata
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"cannot read {path}: truncated or corrupt safetensors ({e})") from e
+    if suffix in TORCH_SUFFIXES:
+        return _read_torch(path), {}
+    if suffix == ".npz":
+        return _read_npz(path), {}
+    raise ValueError(f"unsupported weights file {path} (suffix {suffix!r}); accepted: {ACCEPTED}")
+
+
+# -- Google's JAX checkpoints ------------------------------------------------------------------
+def convert_jax_checkpoint(arrays: Mapping[str, np.ndarray], source: str = "npz") -> dict:
+    """Google's ViT `.npz` (vit_jax / augreg, or big_vision) -> a timm-named state dict.
+
+    Flax stores Dense kernels as (in, out) and attention kernels per head: query/key/value
+    (D, nh, hs) and out (nh, hs, D). PyTorch's Linear wants (out, in), and our attention
+    has one fused qkv Linear, so q, k and v are flattened and stacked along the output axis.
+    """
+    prefix = next(
+        (p for p in ("", "opt/target/", "params/", "params/img/") if f"{p}embedding/kernel" in arrays),
+        None,
+    )
+    if prefix is None:
+        raise ValueError(f"{source} is not a ViT JAX checkpoint: it has no 'embedding/kernel'")
+
+    def get(name: str) -> torch.Tensor:
+        try:
+            return torch.from_numpy(np.asarray(arrays[prefix + name], dtype=np.float32))
+        except KeyError:
+            raise KeyError(f"{source} lacks the array {prefix + name!r}") from None
+
+    def has(name: str) -> bool:
+        return prefix + name in arrays
+
+    def dense(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return get(f"{name}/kernel").T, get(f"{name}/bias")  # (in, out) -> (out, in)
+
+    def norm(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        return get(f"{name}/scale"), get(f"{name}/bias")
+
+    # big_vision names sub-layers from 0 and keeps pos_embedding at the top level
+    big_vision = has("pos_embedding") or prefix.startswith("params/")
+    attn_i, ln2_i, mlp_i = (0, 1, 0) if big_vision else (1, 2, 3)
+    sd: dict[str, torch.Tensor] = {}
+    sd["patch_embed.proj.weight"] = get("embedding/kernel").permute(3, 2, 0, 1)  # HWIO -> OIHW
+    sd["patch_embed.proj.bias"] = get("embedding/bias")
+    if has("cls"):
+        sd["cls_token"] = get("cls")  # (1, 1, D)
+    pos = get("pos_embedding" if big_vision else "Transformer/posembed_input/pos_embedding")
+    sd["pos_embed"] = pos.reshape(1, -1, pos.shape[-1])  # (1, N, D)
+    sd["norm.weight"], sd["norm.bias"] = norm("Transformer/encoder_norm")
+    if has("head/kernel"):
+        sd["head.weight"], sd["head.bias"] = dense("head")
+
+    depth = sum(1 for k in arrays if k.startswith(prefix) and k.endswith("LayerNorm_0/scale"))
+    for i in range(depth):
+        src, dst = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
+        mha = f"{src}MultiHeadDotProductAttention_{attn_i}/"
+        sd[dst + "norm1.weight"], sd[dst + "norm1.bias"] = norm(src + "LayerNorm_0")
+        q, k, v = (get(f"{mha}{n}/kernel").flatten(1).T for n in ("query", "key", "value"))
+        sd[dst + "attn.qkv.weight"] = torch.cat([q, k, v])  # (3*D, D)
+        sd[dst + "attn.qkv.bias"] = torch.cat(
+            [get(f"{mha}{n}/bias").flatten() for n in ("query", "key", "value")]
+        )  # (3*D,)
+        sd[dst + "attn.proj.weight"] = get(f"{mha}out/kernel").flatten(0, 1).T  # (D, D)
+        sd[dst + "attn.proj.bias"] = get(f"{mha}out/bias")
+        sd[dst + "norm2.weight"], sd[dst + "norm2.bias"] = norm(f"{src}LayerNorm_{ln2_i}")
+        mlp = f"{src}MlpBlock_{mlp_i}/"
+        sd[dst + "mlp.fc1.weight"], sd[dst + "mlp.fc1.bias"] = dense(mlp + "Dense_0")
+        sd[dst + "mlp.fc2.weight"], sd[dst + "mlp.fc2.bias"] = dense(mlp + "Dense_1")
+    if has("pre_logits/kernel"):
+        logger.warning("%s: ignoring its pre_logits layer (a ViT-21k representation layer)", source)
+    return sd
+
+
+# -- position embeddings -----------------------------------------------------------------------
+def resample_abs_pos_embed(
+    posemb: torch.Tensor,
+    new_size: tuple[int, int],
+    old_size: tuple[int, int] | None = None,
+    num_prefix_tokens: int = 1,
+    interpolation: str = "bicubic",
+    antialias: bool = True,
+) -> torch.Tensor:
+    """Resize learned position embeddings (1, prefix + old_h*old_w, D) to a new patch grid.
+
+    The prefix (class token) embeddings are kept as they are; the grid part is treated as a
+    D-channel image and interpolated in float32 (bicubic in half precision is too coarse).
+    Same semantics as timm's `resample_abs_pos_embed`.
+    """
+    num_new = new_size[0] * new_size[1] + num_prefix_tokens
+    if num_new == posemb.shape[1] and new_size[0] == new_size[1]:
+        return posemb
+    if old_size is None:
+        side = math.isqrt(posemb.shape[1] - num_prefix_tokens)
+        old_size = (side, side)
+    prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
+    if old_size[0] * old_size[1] != grid.shape[1]:
+        raise ValueError(
+            f"position embedding has {grid.shape[1]} grid tokens, which is not a "
+            f"{old_size[0]}x{old_size[1]} grid; pass old_size=(grid_h, grid_w)"
+        )
+    dim, dtype = posemb.shape[-1], posemb.dtype
+    grid = grid.float().reshape(1, old_size[0], old_size[1], dim).permute(0, 3, 1, 2)  # (1, D, h, w)
+    grid = F.interpolate(grid, size=new_size, mode=interpolation, antialias=antialias)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)  # (1, new_h*new_w, D)
+    return torch.cat([prefix, grid], dim=1)
+
+
+# -- loading into a model ----------------------------------------------------------------------
+def _stored_grid(metadata: dict) -> tuple[int, int] | None:
+    """The patch grid a checkpoint was trained with, if its metadata says (non-square grids)."""
+    config = metadata.get("vit.config")
+    if not config:
+        return None
+    img = config["img_size"]
+    patch = config["patch_size"]
+    img = (img, img) if isinstance(img, int) else img
+    patch = (patch, patch) if isinstance(patch, int) else patch
+    return (img[0] // patch[0], img[1] // patch[1])
+
+
+def adapt_state_dict(
+    state_dict: dict, model: VisionTransformer, report: LoadReport, old_grid=None
+) -> dict:
+    """Make a checkpoint fit `model`: resample position embeddings, drop a mismatched head."""
+    state_dict = dict(state_dict)
+    target = model.state_dict()
+    pos = state_dict.get("pos_embed")
+    if pos is not None and pos.shape != target["pos_embed"].shape:
+        if pos.shape[-1] != target["pos_embed"].shape[-1]:
+            raise ValueError(
+                f"pos_embed width {pos.shape[-1]} does not match the model's embed_dim "
+                f"{target['pos_embed'].shape[-1]}: these weights are for another architecture"
+            )
+        old = old_grid or (math.isqrt(pos.shape[1] - model.num_prefix_tokens),) * 2
+        state_dict["pos_embed"] = resample_abs_pos_embed(
+            pos, model.grid_size, old, num_prefix_tokens=model.num_prefix_tokens
+        )
+        report.resampled_pos_embed = (tuple(old), tuple(model.grid_size))
+        report.messages.append(
+            f"resampled pos_embed from a {old[0]}x{old[1]} to a "
+            f"{model.grid_size[0]}x{model.grid_size[1]} patch grid (bicubic)"
+        )
+    head_keys = [k for k in ("head.weight", "head.bias") if k in state_dict]
+    head_differs = any(k not in target or state_dict[k].shape != target[k].shape for k in head_keys)
+    if head_keys and head_differs:
+        old_classes = state_dict[head_keys[-1]].shape[0]
+        for k in head_keys:
+            del state_dict[k]
+        report.fresh_head = True
+        report.messages.append(
+            f"dropped the checkpoint's {old_classes}-class head: the model has "
+            f"num_classes={model.num_classes} and keeps its freshly initialised head"
+        )
+    elif not head_keys and "head.weight" in target:
+        report.fresh_head = True
+        report.messages.append(
+            "the checkpoint has no classifier head (a feature extractor); the model keeps its "
+            f"freshly initialised {model.num_classes}-class head"
+        )
+    return state_dict
+
+
+def load_weights(
+    model: VisionTransformer,
+    source: str | Path | nn.Module | Mapping,
+    strict: bool = True,
+) -> LoadReport:
+    """Load weights from any accepted source into `model`, reporting every key.
+
+    Position embeddings are resampled to the model's grid and a head of another size is
+    dropped (both with a logged message). Any other missing or unexpected key raises a
+    KeyError naming it when `strict`; otherwise it is logged and listed in the report.
+    Shape mismatches always raise: they mean another architecture.
+    """
+    state_dict, metadata = read_state_dict(source)
+    report = LoadReport()
+    state_dict = adapt_state_dict(state_dict, model, report, old_grid=_stored_grid(metadata))
+    target = model.state_dict()
+    wrong_shape = [
+        f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(target[k].shape)}"
+        for k, v in state_dict.items()
+        if k in target and v.shape != target[k].shape
+    ]
+    if wrong_shape:
+        raise ValueError(
+            f"weights from {_describe(source)} do not fit this model; shape mismatches:\n  "
+            + "\n  ".join(wrong_shape)
+        )
+    fresh_head = {"head.weight", "head.bias"} if report.fresh_head else set()
+    report.missing = sorted(set(target) - set(state_dict) - fresh_head)
+    report.unexpected = sorted(set(state_dict) - set(target))
+    if report.missing or report.unexpected:
+        problem = (
+            f"weights from {_describe(source)}: missing keys {report.missing}, "
+            f"unexpected keys {report.unexpected}"
+        )
+        if strict:
+            raise KeyError(problem + " (pass strict=False to load the rest)")
+        report.messages.append(problem)
+    model.load_state_dict({k: v for k, v in state_dict.items() if k in target}, strict=False)
+    report.loaded = sorted(set(state_dict) & set(target))
+    for message in report.messages:
+        logger.warning("%s", message)
+    return report
+
+
+def _describe(source) -> str:
+    if isinstance(source, (str, Path)):
+        return str(source)
+    return f"a {type(source).__name__}"
+
+
+# -- saving ------------------------------------------------------------------------------------
+def save_weights(
+    model: VisionTransformer,
+    path: str | Path,
+    class_names: list[str] | None = None,
+    model_name: str | None = None,
+    preprocess: dict | None = None,
+    extra: dict | None = None,
+) -> Path:
+    """Write `model`'s weights to a `.safetensors` file whose metadata holds everything needed
+    to rebuild it (config, class names, preprocessing). Atomic: a temporary file in the same
+    folder is renamed over the target, so a crash never leaves a half-written file."""
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise ValueError(f"save_weights writes .safetensors files, got {path}")
+    metadata = {"vit.config": model.config.to_dict()}
+    if class_names is not None:
+        if len(class_names) != model.num_classes:
+            raise ValueError(
+                f"{len(class_names)} class names for a model with {model.num_classes} classes"
+            )
+        metadata["vit.class_names"] = list(class_names)
+    if model_name:
+        metadata["vit.model_name"] = model_name
+    preprocess = preprocess or getattr(getattr(model, "preprocess", None), "to_dict", dict)()
+    if preprocess:
+        metadata["vit.preprocess"] = preprocess
+    for key, value in (extra or {}).items():
+        metadata[f"vit.{key}"] = value
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), {k: json.dumps(v) for k, v in metadata.items()}))
+    return path
+
+
+def atomic_write(path: Path, write) -> None:
+    """Call `write(tmp_path)` then rename the temporary file over `path` (atomic on POSIX)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
