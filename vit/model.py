@@ -170,7 +170,9 @@ class DropPath(nn.Module):
             return x
         keep_prob = 1.0 - self.drop_prob
         mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep_prob)  # (B, 1, 1)
-        return x * mask / keep_prob
+        if keep_prob > 0.0:  # with drop_prob 1 every branch is dropped: nothing to rescale
+            mask.div_(keep_prob)
+        return x * mask
 
     def extra_repr(self) -> str:
         return f"drop_prob={self.drop_prob}"

@@ -1,0 +1,203 @@
+"""The model: shapes, both attention paths, and logits identical to timm's for the same weights."""
+
+import pytest
+import timm
+import torch
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+import vit
+from vit.configs import MODELS
+
+# Every named model that timm also has: the standard ViT configs.
+STANDARD = [name for name in vit.list_models() if name in timm.list_models()]
+# Small enough to run on every commit; the rest are marked slow.
+CHEAP = {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_small_patch32_224", "vit_base_patch32_224"}
+RTOL = 1e-5  # the issue's bound on max |ours - timm| / max |timm|
+
+
+def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    assert reference.abs().max() > 0, "reference logits are all zero: the comparison proves nothing"
+    return ((ours - reference).abs().max() / reference.abs().max()).item()
+
+
+def randomise_head(model: torch.nn.Module) -> None:
+    """Our init zeroes the head (logits all zero); give it weights so logits carry signal."""
+    torch.nn.init.normal_(model.head.weight, std=0.02)
+    torch.nn.init.normal_(model.head.bias, std=0.02)
+
+
+def assert_same_logits_as_timm(ours: vit.VisionTransformer, theirs: torch.nn.Module) -> None:
+    ours.load_state_dict(theirs.state_dict(), strict=True)  # same names: no remapping
+    ours.eval()
+    theirs.eval()
+    x = torch.randn(2, ours.config.in_chans, *ours.patch_embed.img_size)
+    with torch.no_grad():
+        reference = theirs(x)
+        ours.set_fused_attn(True)
+        fused = ours(x)
+        ours.set_fused_attn(False)
+        explicit = ours(x)
+    assert fused.shape == reference.shape
+    assert relative_error(fused, reference) <= RTOL
+    assert relative_error(explicit, reference) <= RTOL
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n if n in CHEAP else pytest.param(n, marks=pytest.mark.slow) for n in STANDARD],
+)
+def test_logits_match_timm_for_every_standard_config(name):
+    torch.manual_seed(0)
+    theirs = timm.create_model(name, num_classes=10)  # random init, with a (random) head
+    ours = vit.create_model(name, num_classes=10)
+    assert_same_logits_as_timm(ours, theirs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=4, num_classes=10),
+        dict(img_size=(48, 32), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5),
+        dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2, global_pool="avg"),
+        dict(img_size=32, patch_size=4, embed_dim=32, depth=1, num_heads=2, class_token=False,
+             global_pool="avg", num_classes=3),
+        dict(img_size=32, patch_size=(4, 8), embed_dim=48, depth=1, num_heads=3, mlp_ratio=2.0,
+             qkv_bias=False, in_chans=1),
+    ],
+    ids=["cifar", "non-square", "avg-pool", "no-class-token", "rect-patch-1ch-no-qkv-bias"],
+)
+def test_logits_match_timm_for_other_geometries(kwargs):
+    torch.manual_seed(0)
+    theirs = TimmViT(**kwargs)
+    torch.nn.init.normal_(theirs.head.weight, std=0.02)
+    assert_same_logits_as_timm(vit.VisionTransformer(**kwargs), theirs)
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if n.endswith("_32")])
+def test_cifar_configs_match_timm(name):
+    ours = vit.create_model(name)
+    theirs = TimmViT(**{**MODELS[name].arch, "num_classes": 10})
+    assert_same_logits_as_timm(ours, theirs)
+
+
+def test_our_state_dict_loads_strictly_into_timm():
+    torch.manual_seed(0)
+    ours = vit.create_model("vit_tiny_patch16_224").eval()
+    randomise_head(ours)
+    theirs = timm.create_model("vit_tiny_patch16_224").eval()
+    theirs.load_state_dict(ours.state_dict(), strict=True)
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        assert relative_error(theirs(x), ours(x)) <= RTOL
+    assert list(ours.state_dict()) == list(theirs.state_dict())  # same names, same order
+
+
+def test_patch_grid_tokens_and_shapes():
+    model = vit.create_model("vit_tiny_patch16_224").eval()
+    assert model.grid_size == (14, 14)
+    assert model.patch_embed.num_patches == 196
+    assert model.pos_embed.shape == (1, 197, 192)  # 196 patches + the class token
+    x = torch.randn(3, 3, 224, 224)
+    with torch.no_grad():
+        tokens = model.forward_features(x)
+        assert tokens.shape == (3, 197, 192)
+        assert model.forward_head(tokens, pre_logits=True).shape == (3, 192)
+        assert model.forward_head(tokens).shape == (3, 1000)
+        assert model(x).shape == (3, 1000)
+
+
+def test_attention_paths_agree_in_training_mode_without_dropout():
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=4)
+    randomise_head(model)
+    model.train()
+    x = torch.randn(4, 3, 32, 32)
+    fused = model(x)
+    model.set_fused_attn(False)
+    explicit = model(x)
+    assert relative_error(explicit, fused) <= RTOL
+    fused.sum().backward()  # both paths are differentiable
+    assert model.blocks[0].attn.qkv.weight.grad is not None
+
+
+def test_explicit_path_hands_out_attention_probabilities():
+    model = vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+    model.set_fused_attn(False)
+    seen = []
+    hook = model.blocks[1].attn.softmax.register_forward_hook(lambda m, i, out: seen.append(out))
+    model(torch.randn(2, 3, 32, 32))
+    hook.remove()
+    (probs,) = seen
+    assert probs.shape == (2, 2, 17, 17)  # (B, heads, N, N)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 2, 17))
+
+
+def test_init_follows_the_vit_paper():
+    torch.manual_seed(0)
+    model = vit.create_model("vit_small_patch16_224")
+    assert torch.count_nonzero(model.head.weight) == 0 and torch.count_nonzero(model.head.bias) == 0
+    qkv = model.blocks[0].attn.qkv.weight
+    # trunc_normal_(std=.02) cuts at +-2 absolute, as timm's: effectively a plain normal(0, .02)
+    assert abs(qkv.std().item() - 0.02) < 0.001 and abs(qkv.mean().item()) < 0.001
+    assert torch.count_nonzero(model.blocks[0].attn.qkv.bias) == 0
+    assert abs(model.pos_embed.std().item() - 0.02) < 0.002
+    assert model.cls_token.abs().max() < 1e-4
+
+
+def test_a_fresh_model_learns():
+    """The init must let training start: a few AdamW steps fit a tiny random batch."""
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2,
+                                  num_classes=4)
+    x, y = torch.randn(8, 3, 16, 16), torch.arange(8) % 4
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    first = None
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        first = first if first is not None else loss.item()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    assert abs(first - torch.log(torch.tensor(4.0)).item()) < 1e-4  # zero head: uniform logits
+    assert loss.item() < 0.2 * first
+
+
+def test_drop_path_is_identity_in_eval_and_stochastic_in_training():
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=4, num_heads=2,
+                                  num_classes=3, drop_path_rate=0.5)
+    randomise_head(model)
+    rates = [block.drop_path1.drop_prob for block in model.blocks]
+    assert rates == pytest.approx([0.0, 0.5 / 3, 1.0 / 3, 0.5])  # rising linearly with depth
+    x = torch.randn(2, 3, 16, 16)
+    model.eval()
+    torch.testing.assert_close(model(x), model(x))
+    model.train()
+    assert not torch.allclose(model(x), model(x))
+
+
+def test_reset_classifier_and_no_weight_decay():
+    model = vit.create_model("vit_tiny_patch16_224")
+    model.reset_classifier(7)
+    assert model.head.out_features == 7 and model.num_classes == 7
+    model.reset_classifier(0)
+    assert isinstance(model.head, torch.nn.Identity)
+    assert model(torch.randn(1, 3, 224, 224)).shape == (1, 192)
+    assert model.no_weight_decay() == {"pos_embed", "cls_token"}
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match=r"input image size \(32x32\).*224x224"):
+        vit.create_model("vit_tiny_patch16_224")(torch.randn(1, 3, 32, 32))
+    with pytest.raises(ValueError, match="not a multiple of patch_size"):
+        vit.VisionTransformer(img_size=30, patch_size=4)
+    with pytest.raises(ValueError, match="not divisible by num_heads"):
+        vit.VisionTransformer(embed_dim=100, num_heads=3)
+    with pytest.raises(TypeError, match="unknown VisionTransformer argument.*'depht'"):
+        vit.VisionTransformer(depht=3)
+    with pytest.raises(ValueError, match="global_pool='token' needs class_token=True"):
+        vit.VisionTransformer(class_token=False)
+    with pytest.raises(ValueError, match="Did you mean vit_base_patch16_224"):
+        vit.create_model("vit_base_patch16_244")
+    with pytest.raises(TypeError, match="unknown override"):
+        vit.create_model("vit_tiny_patch16_224", dropout=0.1)
