@@ -236,7 +236,8 @@ class VisionTransformer(nn.Module):
             torch.zeros(1, num_patches + self.num_prefix_tokens, cfg.embed_dim)
         )
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
-        drop_path_rates = torch.linspace(0, cfg.drop_path_rate, cfg.depth).tolist()
+        # stochastic depth rises linearly from 0 at the first block to drop_path_rate at the last
+        drop_path_rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.Sequential(
             *[
                 Block(

@@ -1,0 +1,20 @@
+# Sourced by the other scripts: create or reuse ./.venv with the project installed in it.
+# Reinstalls only when pyproject.toml changed since the last install.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${VIT_VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "[vit] creating virtual environment in $VENV"
+    "$PYTHON" -m venv "$VENV"
+fi
+STAMP="$VENV/.vit-installed"
+WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+    echo "[vit] installing the project and its dependencies into $VENV (first time: a few minutes)"
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
+    echo "$WANT" > "$STAMP"
+fi
+export PATH="$VENV/bin:$PATH"
+cd "$ROOT"

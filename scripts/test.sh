@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Run the whole test suite (slow tests included) in ./.venv, creating it if needed.
+#   bash scripts/test.sh                 # everything
+#   bash scripts/test.sh -m "not slow"   # the quick part; any pytest arguments pass through
+source "$(dirname "$0")/env.sh"
+python -m pytest "$@"
