@@ -68,14 +68,19 @@ def main() -> None:
     args = parser.parse_args()
 
     path = "explicit softmax" if args.explicit else "fused SDPA"
-    print(f"device={args.device} torch={torch.__version__} timm={timm.__version__} "
-          f"threads={torch.get_num_threads()} batch={args.batch_size} ours={path}")
+    print(
+        f"device={args.device} torch={torch.__version__} timm={timm.__version__} "
+        f"threads={torch.get_num_threads()} batch={args.batch_size} ours={path}"
+    )
     print("| model | ours img/s | timm img/s | ours / timm | max rel. logit diff |")
     print("|---|---:|---:|---:|---:|")
     for name in args.models:
         r = compare(name, args.batch_size, args.rounds, args.iters, args.device, not args.explicit)
-        print(f"| {r['model']} | {r['ours']:.1f} | {r['timm']:.1f} | {r['ratio']:.3f} "
-              f"| {r['error']:.1e} |", flush=True)
+        print(
+            f"| {r['model']} | {r['ours']:.1f} | {r['timm']:.1f} | {r['ratio']:.3f} "
+            f"| {r['error']:.1e} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

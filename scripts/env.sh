@@ -12,8 +12,12 @@ STAMP="$VENV/.vit-installed"
 WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     echo "[vit] installing the project and its dependencies into $VENV (first time: a few minutes)"
-    "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet -e "$ROOT[dev]"
+    LOG="$VENV/pip-install.log"
+    if ! "$VENV/bin/python" -m pip install -e "$ROOT[dev]" > "$LOG" 2>&1; then
+        tail -n 40 "$LOG"
+        echo "[vit] installation failed; the whole pip output is in $LOG" >&2
+        exit 1
+    fi
     echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"

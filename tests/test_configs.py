@@ -48,11 +48,14 @@ def test_preprocessing_and_weights_tag_match_timms_default(name):
     assert spec.num_classes == cfg.num_classes
 
 
-@pytest.mark.parametrize("name,size", [
-    ("vit_tiny_patch16_224", (300, 200)),  # crop_pct 0.9: resize to 248, centre crop 224
-    ("vit_base_patch16_384", (500, 390)),  # crop_pct 1.0
-    ("vit_small_patch8_224", (224, 320)),  # ImageNet mean/std
-])
+@pytest.mark.parametrize(
+    "name,size",
+    [
+        ("vit_tiny_patch16_224", (300, 200)),  # crop_pct 0.9: resize to 248, centre crop 224
+        ("vit_base_patch16_384", (500, 390)),  # crop_pct 1.0
+        ("vit_small_patch8_224", (224, 320)),  # ImageNet mean/std
+    ],
+)
 def test_eval_transform_matches_timms(name, size):
     model = vit.create_model(name) if name != "vit_base_patch16_384" else None
     preprocess = model.preprocess if model else MODELS[name].preprocess

@@ -11,7 +11,12 @@ from vit.configs import MODELS
 # Every named model that timm also has: the standard ViT configs.
 STANDARD = [name for name in vit.list_models() if name in timm.list_models()]
 # Small enough to run on every commit; the rest are marked slow.
-CHEAP = {"vit_tiny_patch16_224", "vit_small_patch16_224", "vit_small_patch32_224", "vit_base_patch32_224"}
+CHEAP = {
+    "vit_tiny_patch16_224",
+    "vit_small_patch16_224",
+    "vit_small_patch32_224",
+    "vit_base_patch32_224",
+}
 RTOL = 1e-5  # the issue's bound on max |ours - timm| / max |timm|
 
 
@@ -59,10 +64,26 @@ def test_logits_match_timm_for_every_standard_config(name):
         dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=4, num_classes=10),
         dict(img_size=(48, 32), patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5),
         dict(img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2, global_pool="avg"),
-        dict(img_size=32, patch_size=4, embed_dim=32, depth=1, num_heads=2, class_token=False,
-             global_pool="avg", num_classes=3),
-        dict(img_size=32, patch_size=(4, 8), embed_dim=48, depth=1, num_heads=3, mlp_ratio=2.0,
-             qkv_bias=False, in_chans=1),
+        dict(
+            img_size=32,
+            patch_size=4,
+            embed_dim=32,
+            depth=1,
+            num_heads=2,
+            class_token=False,
+            global_pool="avg",
+            num_classes=3,
+        ),
+        dict(
+            img_size=32,
+            patch_size=(4, 8),
+            embed_dim=48,
+            depth=1,
+            num_heads=3,
+            mlp_ratio=2.0,
+            qkv_bias=False,
+            in_chans=1,
+        ),
     ],
     ids=["cifar", "non-square", "avg-pool", "no-class-token", "rect-patch-1ch-no-qkv-bias"],
 )
@@ -147,8 +168,9 @@ def test_init_follows_the_vit_paper():
 def test_a_fresh_model_learns():
     """The init must let training start: a few AdamW steps fit a tiny random batch."""
     torch.manual_seed(0)
-    model = vit.VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2,
-                                  num_classes=4)
+    model = vit.VisionTransformer(
+        img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=4
+    )
     x, y = torch.randn(8, 3, 16, 16), torch.arange(8) % 4
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     first = None
@@ -164,8 +186,15 @@ def test_a_fresh_model_learns():
 
 def test_drop_path_is_identity_in_eval_and_stochastic_in_training():
     torch.manual_seed(0)
-    model = vit.VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=4, num_heads=2,
-                                  num_classes=3, drop_path_rate=0.5)
+    model = vit.VisionTransformer(
+        img_size=16,
+        patch_size=4,
+        embed_dim=32,
+        depth=4,
+        num_heads=2,
+        num_classes=3,
+        drop_path_rate=0.5,
+    )
     randomise_head(model)
     rates = [block.drop_path1.drop_prob for block in model.blocks]
     assert rates == pytest.approx([0.0, 0.5 / 3, 1.0 / 3, 0.5])  # rising linearly with depth

@@ -20,8 +20,9 @@ NAMES = ["cat", "dog", "ship"]
 def checkpoint(tmp_path):
     """A tiny model of ours whose head strongly prefers "dog" for bright images."""
     torch.manual_seed(0)
-    model = vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2,
-                                  num_classes=3)
+    model = vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3
+    )
     with torch.no_grad():
         model.head.bias.copy_(torch.tensor([0.0, 3.0, 1.0]))
     return vit.save_weights(model, tmp_path / "model.safetensors", class_names=NAMES)
@@ -42,7 +43,9 @@ def images(tmp_path):
 def test_prints_top_k_with_stored_class_names(checkpoint, images, capsys):
     assert main([*map(str, images), "--checkpoint", str(checkpoint), "--top-k", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].endswith("rgb.png") and out[3].endswith("gray.jpg") and out[6].endswith("rgba.png")
+    assert (
+        out[0].endswith("rgb.png") and out[3].endswith("gray.jpg") and out[6].endswith("rgba.png")
+    )
     assert "dog" in out[1] and "ship" in out[2]  # best first
     probability = float(out[1].split("%")[0]) / 100
     expected = torch.tensor([0.0, 3.0, 1.0]).softmax(0)[1].item()  # head bias only: zero weights
@@ -59,11 +62,20 @@ def test_grayscale_and_transparent_images_become_rgb(images):
     assert np.abs(np.asarray(converted).astype(float) - blended).max() <= 1.0
 
 
-def test_bad_inputs_get_one_line_each_and_the_rest_is_classified(checkpoint, images, tmp_path, capsys):
+def test_bad_inputs_get_one_line_each_and_the_rest_is_classified(
+    checkpoint, images, tmp_path, capsys
+):
     not_image = tmp_path / "notes.txt"
     not_image.write_text("hello")
-    code = main([str(images[0]), str(tmp_path / "missing.jpg"), str(not_image),
-                 "--checkpoint", str(checkpoint)])
+    code = main(
+        [
+            str(images[0]),
+            str(tmp_path / "missing.jpg"),
+            str(not_image),
+            "--checkpoint",
+            str(checkpoint),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 1
     assert "rgb.png" in captured.out
@@ -101,7 +113,9 @@ def test_imagenet_heads_get_imagenet_names_and_timm_files_need_model(tmp_path, i
 def test_runs_as_a_module(checkpoint, images):
     result = subprocess.run(
         [sys.executable, "-m", "vit.predict", str(images[0]), "--checkpoint", str(checkpoint)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 4  # the path, then 3 classes (top-5 capped at 3)

@@ -137,7 +137,9 @@ def test_missing_file_unknown_format_and_wrong_source_type(tmp_path):
     with pytest.raises(FileNotFoundError, match="nowhere.pth"):
         vit.load_weights(model, tmp_path / "nowhere.pth")
     (tmp_path / "w.h5").write_bytes(b"x")
-    with pytest.raises(ValueError, match=r"unsupported weights file .*w\.h5.*accepted: a \.safetensors"):
+    with pytest.raises(
+        ValueError, match=r"unsupported weights file .*w\.h5.*accepted: a \.safetensors"
+    ):
         vit.load_weights(model, tmp_path / "w.h5")
     with pytest.raises(TypeError, match="cannot load weights from a int"):
         vit.load_weights(model, 3)
@@ -160,7 +162,9 @@ def test_missing_and_unexpected_keys_are_named():
 
 def test_another_architecture_fails_with_the_shapes():
     other = vit.VisionTransformer(**{**TINY, "embed_dim": 24})
-    with pytest.raises(ValueError, match=r"pos_embed width 24 does not match the model's embed_dim 48"):
+    with pytest.raises(
+        ValueError, match=r"pos_embed width 24 does not match the model's embed_dim 48"
+    ):
         vit.load_weights(vit.VisionTransformer(**TINY), other)
     deeper = vit.VisionTransformer(**{**TINY, "mlp_ratio": 2.0})
     with pytest.raises(ValueError, match=r"blocks\.0\.mlp\.fc1\.weight: checkpoint \(96, 48\)"):
@@ -193,7 +197,13 @@ def test_a_headless_checkpoint_keeps_the_fresh_head(caplog):
 
 @pytest.mark.parametrize(
     "new_size,old_size,prefix",
-    [((24, 24), None, 1), ((7, 7), None, 1), ((12, 20), None, 1), ((10, 10), (8, 12), 0), ((14, 14), None, 0)],
+    [
+        ((24, 24), None, 1),
+        ((7, 7), None, 1),
+        ((12, 20), None, 1),
+        ((10, 10), (8, 12), 0),
+        ((14, 14), None, 0),
+    ],
 )
 def test_resample_matches_timm(new_size, old_size, prefix):
     torch.manual_seed(0)
@@ -252,7 +262,9 @@ def to_jax_layout(sd: dict, big_vision: bool = False) -> dict[str, np.ndarray]:
         "embedding/kernel": sd["patch_embed.proj.weight"].permute(2, 3, 1, 0),
         "embedding/bias": sd["patch_embed.proj.bias"],
         "cls": sd["cls_token"],
-        ("pos_embedding" if big_vision else "Transformer/posembed_input/pos_embedding"): sd["pos_embed"],
+        ("pos_embedding" if big_vision else "Transformer/posembed_input/pos_embedding"): sd[
+            "pos_embed"
+        ],
         "Transformer/encoder_norm/scale": sd["norm.weight"],
         "Transformer/encoder_norm/bias": sd["norm.bias"],
         "head/kernel": sd["head.weight"].T,
@@ -262,13 +274,24 @@ def to_jax_layout(sd: dict, big_vision: bool = False) -> dict[str, np.ndarray]:
     for i in range(depth):
         b, j = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
         mha = f"{j}MultiHeadDotProductAttention_{attn_i}/"
-        out[f"{j}LayerNorm_0/scale"], out[f"{j}LayerNorm_0/bias"] = sd[b + "norm1.weight"], sd[b + "norm1.bias"]
-        for n, w, bias in zip(("query", "key", "value"), sd[b + "attn.qkv.weight"].chunk(3), sd[b + "attn.qkv.bias"].chunk(3)):
+        out[f"{j}LayerNorm_0/scale"], out[f"{j}LayerNorm_0/bias"] = (
+            sd[b + "norm1.weight"],
+            sd[b + "norm1.bias"],
+        )
+        for n, w, bias in zip(
+            ("query", "key", "value"),
+            sd[b + "attn.qkv.weight"].chunk(3),
+            sd[b + "attn.qkv.bias"].chunk(3),
+            strict=True,
+        ):
             out[f"{mha}{n}/kernel"] = w.T.reshape(dim, heads, dim // heads)
             out[f"{mha}{n}/bias"] = bias.reshape(heads, dim // heads)
         out[f"{mha}out/kernel"] = sd[b + "attn.proj.weight"].T.reshape(heads, dim // heads, dim)
         out[f"{mha}out/bias"] = sd[b + "attn.proj.bias"]
-        out[f"{j}LayerNorm_{ln2_i}/scale"], out[f"{j}LayerNorm_{ln2_i}/bias"] = sd[b + "norm2.weight"], sd[b + "norm2.bias"]
+        out[f"{j}LayerNorm_{ln2_i}/scale"], out[f"{j}LayerNorm_{ln2_i}/bias"] = (
+            sd[b + "norm2.weight"],
+            sd[b + "norm2.bias"],
+        )
         for d, fc in ((0, "fc1"), (1, "fc2")):
             out[f"{j}MlpBlock_{mlp_i}/Dense_{d}/kernel"] = sd[f"{b}mlp.{fc}.weight"].T
             out[f"{j}MlpBlock_{mlp_i}/Dense_{d}/bias"] = sd[f"{b}mlp.{fc}.bias"]
@@ -321,7 +344,9 @@ def test_pretrained_true_takes_timms_default_weights(offline_hub):
 def test_pretrained_true_with_new_classes_and_size(offline_hub, caplog):
     published, _ = offline_hub
     with caplog.at_level(logging.WARNING, logger="vit"):
-        model = vit.create_model("vit_tiny_patch16_224", pretrained=True, num_classes=10, img_size=384)
+        model = vit.create_model(
+            "vit_tiny_patch16_224", pretrained=True, num_classes=10, img_size=384
+        )
     assert model.head.out_features == 10 and model.grid_size == (24, 24)
     assert "dropped the checkpoint's 1000-class head" in caplog.text
     expected = timm_resample(published.pos_embed.detach(), (24, 24), num_prefix_tokens=1)

@@ -86,8 +86,10 @@ def load_model(path: str | Path, num_classes: int | None = None) -> VisionTransf
     model.class_names = metadata.get("vit.class_names")
     model.model_name = metadata.get("vit.model_name")
     stored = metadata.get("vit.preprocess")
-    model.preprocess = Preprocess.from_dict(stored) if stored else Preprocess(
-        input_size=model.patch_embed.img_size
+    model.preprocess = (
+        Preprocess.from_dict(stored)
+        if stored
+        else Preprocess(input_size=model.patch_embed.img_size)
     )
     return model
 

@@ -69,7 +69,9 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.img_size = to_pair(img_size, "img_size")
         self.patch_size = to_pair(patch_size, "patch_size")
-        for side, image, patch in zip(("height", "width"), self.img_size, self.patch_size):
+        for side, image, patch in zip(
+            ("height", "width"), self.img_size, self.patch_size, strict=True
+        ):
             if image % patch:
                 raise ValueError(
                     f"img_size {side} {image} is not a multiple of patch_size {side} {patch}"
@@ -278,6 +280,11 @@ class VisionTransformer(nn.Module):
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
+        self._zero_head()
+
+    @torch.no_grad()
+    def _zero_head(self) -> None:
+        # A zero head predicts uniformly at first, so early gradients do not chase random logits.
         if isinstance(self.head, nn.Linear):
             nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
@@ -291,11 +298,8 @@ class VisionTransformer(nn.Module):
                 raise ValueError("global_pool='token' needs a class token; this model has none")
             self.global_pool = self.config.global_pool = global_pool
         self.num_classes = self.config.num_classes = num_classes
-        device = self.pos_embed.device
-        self.head = self._make_head(num_classes).to(device)
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        self.head = self._make_head(num_classes).to(self.pos_embed.device)
+        self._zero_head()
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip (the optimizer also skips biases/norms)."""
@@ -336,4 +340,3 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
-

@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     if loaded:
         names = class_names_for(model)
         probs, indices = predict(model, [image for _, image in loaded], args.top_k)
-        for (path, _), row_p, row_i in zip(loaded, probs.tolist(), indices.tolist()):
+        for (path, _), row_p, row_i in zip(loaded, probs.tolist(), indices.tolist(), strict=True):
             print(path)
-            for p, i in zip(row_p, row_i):
+            for p, i in zip(row_p, row_i, strict=True):
                 print(f"  {p:7.2%}  {names[i]}")
     for message in failed:
         print(f"error: {message}", file=sys.stderr)

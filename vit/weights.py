@@ -139,7 +139,11 @@ def convert_jax_checkpoint(arrays: Mapping[str, np.ndarray], source: str = "npz"
     has one fused qkv Linear, so q, k and v are flattened and stacked along the output axis.
     """
     prefix = next(
-        (p for p in ("", "opt/target/", "params/", "params/img/") if f"{p}embedding/kernel" in arrays),
+        (
+            p
+            for p in ("", "opt/target/", "params/", "params/img/")
+            if f"{p}embedding/kernel" in arrays
+        ),
         None,
     )
     if prefix is None:
@@ -223,7 +227,9 @@ def resample_abs_pos_embed(
             f"{old_size[0]}x{old_size[1]} grid; pass old_size=(grid_h, grid_w)"
         )
     dim, dtype = posemb.shape[-1], posemb.dtype
-    grid = grid.float().reshape(1, old_size[0], old_size[1], dim).permute(0, 3, 1, 2)  # (1, D, h, w)
+    grid = (
+        grid.float().reshape(1, old_size[0], old_size[1], dim).permute(0, 3, 1, 2)
+    )  # (1, D, h, w)
     grid = F.interpolate(grid, size=new_size, mode=interpolation, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)  # (1, new_h*new_w, D)
     return torch.cat([prefix, grid], dim=1)
@@ -364,7 +370,10 @@ def save_weights(
     for key, value in (extra or {}).items():
         metadata[f"vit.{key}"] = value
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), {k: json.dumps(v) for k, v in metadata.items()}))
+    atomic_write(
+        path,
+        lambda tmp: save_file(tensors, str(tmp), {k: json.dumps(v) for k, v in metadata.items()}),
+    )
     return path
 
 
