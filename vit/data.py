@@ -1,0 +1,379 @@
+"""Datasets, albumentations pipelines and MixUp/CutMix.
+
+Data flows one way: files (or torchvision's CIFAR arrays) -> `ImageDataset` (numpy HWC uint8
+RGB images, optionally decoded once and cached in memory) -> a transform (albumentations for
+training, the model's eval preprocessing for testing) -> (C, H, W) float tensors -> loader ->
+`MixupCutmix` on the batch.
+
+Augmentation randomness is seeded per sample from (seed, epoch, index), so an epoch's images
+are the same whatever the number of loader workers or processes, and a resumed run sees the
+same augmentations as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import albumentations as A
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+from albumentations.pytorch import ToTensorV2
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import Dataset
+
+from .configs import Preprocess
+from .factory import create_transform
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm")
+TORCHVISION_DATASETS = ("cifar10", "cifar100")
+TEST_SPLITS = ("test", "val")
+# Images at most this many pixels on a side are cached decoded in memory by default
+# (CIFAR: 50,000 x 32 x 32 x 3 = 150 MB); larger ones are decoded on the fly.
+CACHE_MAX_SIDE = 64
+
+
+class CorruptImageError(ValueError):
+    """An image file that cannot be decoded; the message names its path."""
+
+
+def load_image(path: str | Path) -> np.ndarray:
+    """Decode an image file to an RGB uint8 array (H, W, 3), naming the file on failure."""
+    try:
+        with Image.open(path) as image:
+            return np.asarray(image.convert("RGB"), dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise CorruptImageError(f"cannot read image {path}: {e}") from e
+
+
+class ImageDataset(Dataset):
+    """Labelled images as numpy HWC uint8, from files (decoded lazily or cached) or arrays.
+
+    `transform(image)` -> tensor is applied in `__getitem__`; albumentations transforms get a
+    random state seeded from (seed, epoch, index) first (set `epoch` before each epoch).
+    """
+
+    def __init__(
+        self,
+        labels: Sequence[int],
+        class_names: list[str],
+        paths: Sequence[Path] | None = None,
+        images: np.ndarray | list[np.ndarray] | None = None,
+        transform: Callable | None = None,
+        seed: int = 0,
+    ) -> None:
+        if (paths is None) == (images is None):
+            raise ValueError("give exactly one of paths (image files) or images (arrays)")
+        self.paths = list(paths) if paths is not None else None
+        self.images = images
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.class_names = list(class_names)
+        self.transform = transform
+        self.seed = seed
+        self.epoch = 0
+        if len(self.labels) != (len(self.paths) if self.paths is not None else len(images)):
+            raise ValueError("as many labels as images are needed")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def cache(self, threads: int = 4) -> ImageDataset:
+        """Decode every file once into memory (PIL releases the GIL, so threads help)."""
+        if self.images is None:
+            with ThreadPoolExecutor(threads) as pool:
+                self.images = list(pool.map(load_image, self.paths, chunksize=256))
+        return self
+
+    def subset(self, indices: Sequence[int]) -> ImageDataset:
+        """A new dataset with the given samples (same classes, transform and seed)."""
+        indices = list(indices)
+        return ImageDataset(
+            self.labels[indices],
+            self.class_names,
+            paths=[self.paths[i] for i in indices] if self.paths is not None else None,
+            images=[self.images[i] for i in indices] if self.paths is None else None,
+            transform=self.transform,
+            seed=self.seed,
+        )
+
+    def image(self, index: int) -> np.ndarray:
+        """The raw image (H, W, 3) uint8."""
+        if self.images is not None:
+            return self.images[index]
+        return load_image(self.paths[index])
+
+    def __getitem__(self, index: int):
+        image = self.image(index)
+        if self.transform is None:
+            return image, int(self.labels[index])
+        if isinstance(self.transform, A.BaseCompose):
+            # One seed per (run seed, epoch, sample): the same augmentation whichever worker
+            # or process draws the sample, and again after a resume.
+            sample_seed = hash((self.seed, self.epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF
+            self.transform.set_random_state(
+                np.random.default_rng(sample_seed), random.Random(sample_seed)
+            )
+            tensor = self.transform(image=image)["image"]
+        else:
+            tensor = self.transform(image)
+        return tensor, int(self.labels[index])
+
+
+# -- finding the data ----------------------------------------------------------------------------
+def scan_folder(root: Path) -> tuple[list[Path], list[int], list[str]]:
+    """An image-folder split (root/<class>/<image>) -> (paths, labels, sorted class names)."""
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder split not found: {root}")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise ValueError(f"{root} has no class folders; expected {root}/<class name>/<image files>")
+    paths, labels = [], []
+    for label, name in enumerate(classes):
+        files = sorted(
+            p for p in (root / name).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS
+        )
+        if not files:
+            raise ValueError(
+                f"class folder {root / name} holds no images (accepted extensions: "
+                f"{', '.join(IMAGE_EXTENSIONS)})"
+            )
+        paths += files
+        labels += [label] * len(files)
+    return paths, labels, classes
+
+
+def find_split_dir(root: Path, split: str) -> Path:
+    """root/train, or for the test split root/test or else root/val."""
+    candidates = ("train",) if split == "train" else TEST_SPLITS
+    for name in candidates:
+        if (root / name).is_dir():
+            return root / name
+    raise FileNotFoundError(
+        f"{root} has no {' or '.join(candidates)}/ subfolder; an image-folder dataset needs "
+        f"{root}/train/<class>/<images> and {root}/test/<class>/<images> (or val/)"
+    )
+
+
+def _torchvision_split(name: str, root: Path, train: bool, download: bool) -> ImageDataset:
+    """CIFAR-10/100 through torchvision (downloaded into `root` when missing)."""
+    from torchvision import datasets
+
+    cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    try:
+        ds = cls(root=str(root), train=train, download=download)
+    except RuntimeError as e:  # "Dataset not found or corrupted" when offline
+        raise FileNotFoundError(
+            f"{name} is not in {root} and could not be downloaded ({e}); run once with "
+            f"internet access, or pass --data a folder with train/ and test/ subfolders"
+        ) from e
+    return ImageDataset(ds.targets, ds.classes, images=ds.data)  # data: (N, 32, 32, 3) uint8
+
+
+def stratified_indices(labels: np.ndarray, count: int, seed: int) -> list[int]:
+    """`count` sample indices spread evenly over the classes, chosen at random by `seed`."""
+    rng = np.random.default_rng(seed)
+    classes = np.unique(labels)
+    chosen = []
+    for i, c in enumerate(classes):
+        members = np.flatnonzero(labels == c)
+        share = count // len(classes) + (1 if i < count % len(classes) else 0)
+        chosen += rng.choice(members, size=min(share, len(members)), replace=False).tolist()
+    return sorted(chosen)
+
+
+def load_split(
+    data: str,
+    split: str,
+    data_root: str | Path = "data",
+    download: bool = True,
+    cache: bool | None = None,
+    subset: int | None = None,
+    seed: int = 0,
+) -> ImageDataset:
+    """The train or test split of `data` ("cifar10", "cifar100" or an image-folder path).
+
+    cache: decode the images once into memory; None caches images of at most
+        CACHE_MAX_SIDE pixels per side (judged from the first image).
+    subset: keep only this many samples, stratified by class (quick runs and tests).
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if data.lower() in TORCHVISION_DATASETS:
+        ds = _torchvision_split(data.lower(), Path(data_root), split == "train", download)
+    else:
+        root = Path(data)
+        if not root.is_dir():
+            raise FileNotFoundError(
+                f"--data {data!r} is neither one of {', '.join(TORCHVISION_DATASETS)} nor an "
+                f"existing folder with train/ and test/ (or val/) subfolders of class folders"
+            )
+        paths, labels, classes = scan_folder(find_split_dir(root, split))
+        ds = ImageDataset(labels, classes, paths=paths)
+    if subset is not None and subset < len(ds):
+        ds = ds.subset(stratified_indices(ds.labels, subset, seed))
+    if ds.paths is not None:
+        if cache is None:
+            cache = max(load_image(ds.paths[0]).shape[:2]) <= CACHE_MAX_SIDE
+        if cache:
+            ds.cache()
+    return ds
+
+
+# -- transforms ----------------------------------------------------------------------------------
+def randaugment_ops() -> list[A.BasicTransform]:
+    """A RandAugment-strength menu (Cubuk et al. 2020, magnitude ~9/30): geometric and
+    photometric ops, each applied fully when picked."""
+    return [
+        A.Affine(rotate=(-20, 20), p=1.0),
+        A.Affine(shear={"x": (-15, 15), "y": (0, 0)}, p=1.0),
+        A.Affine(shear={"x": (0, 0), "y": (-15, 15)}, p=1.0),
+        A.Affine(translate_percent={"x": (-0.15, 0.15), "y": (0, 0)}, p=1.0),
+        A.Affine(translate_percent={"x": (0, 0), "y": (-0.15, 0.15)}, p=1.0),
+        A.ColorJitter(brightness=0.4, contrast=0, saturation=0, hue=0, p=1.0),
+        A.ColorJitter(brightness=0, contrast=0.4, saturation=0, hue=0, p=1.0),
+        A.ColorJitter(brightness=0, contrast=0, saturation=0.5, hue=0, p=1.0),
+        A.Posterize(num_bits=(4, 6), p=1.0),
+        A.Solarize(threshold_range=(0.5, 1.0), p=1.0),
+        A.Equalize(p=1.0),
+        A.AutoContrast(p=1.0),
+        A.Sharpen(alpha=(0.2, 0.6), p=1.0),
+    ]
+
+
+@dataclass
+class AugmentConfig:
+    """Training augmentation settings (the train.py flags of the same names)."""
+
+    crop: str = "auto"  # "pad": pad 4 + random crop; "rrc": random resized crop; auto: by size
+    rrc_scale: float = 0.08  # smallest area fraction of random resized crop
+    hflip: float = 0.5
+    aa: str = "randaug"  # "none" or "randaug"
+    aa_n: int = 2  # ops picked per image from the RandAugment menu
+    reprob: float = 0.25  # random erasing probability
+
+
+def train_transform(preprocess: Preprocess, aug: AugmentConfig) -> A.Compose:
+    """Albumentations training pipeline: crop, flip, RandAugment, erasing, normalise, tensor.
+
+    Input: RGB uint8 (H, W, 3) of any size; output: float tensor (3, *preprocess.input_size).
+    """
+    h, w = preprocess.input_size
+    crop = aug.crop if aug.crop != "auto" else ("pad" if max(h, w) <= CACHE_MAX_SIDE else "rrc")
+    if crop == "pad":
+        # The CIFAR standard: resize to the model size if needed, pad by 1/8, crop back.
+        pad = max(h, w) // 8
+        ops = [
+            A.Resize(h, w, interpolation=cv2.INTER_CUBIC),
+            A.PadIfNeeded(h + 2 * pad, w + 2 * pad, border_mode=cv2.BORDER_CONSTANT, fill=0),
+            A.RandomCrop(h, w),
+        ]
+    elif crop == "rrc":
+        ops = [A.RandomResizedCrop(size=(h, w), scale=(aug.rrc_scale, 1.0), interpolation=2)]
+    else:
+        raise ValueError(f"crop must be 'auto', 'pad' or 'rrc', got {aug.crop!r}")
+    if aug.hflip > 0:
+        ops.append(A.HorizontalFlip(p=aug.hflip))
+    if aug.aa == "randaug":
+        if aug.aa_n > 0:
+            ops.append(A.SomeOf(randaugment_ops(), n=aug.aa_n, p=1.0))
+    elif aug.aa != "none":
+        raise ValueError(f"--aa must be 'none' or 'randaug', got {aug.aa!r}")
+    if aug.reprob > 0:
+        # Random erasing (Zhong et al. 2017): one box of 10-40% per side filled with noise.
+        ops.append(
+            A.CoarseDropout(
+                num_holes_range=(1, 1),
+                hole_height_range=(0.1, 0.4),
+                hole_width_range=(0.1, 0.4),
+                fill="random",
+                p=aug.reprob,
+            )
+        )
+    ops += [A.Normalize(mean=preprocess.mean, std=preprocess.std), ToTensorV2()]
+    return A.Compose(ops)
+
+
+class EvalTransform:
+    """The model's evaluation preprocessing (resize, centre crop, normalise) on numpy images;
+    the same torchvision pipeline as `vit.create_transform`, so timm's numbers reproduce."""
+
+    def __init__(self, preprocess: Preprocess) -> None:
+        self.preprocess = preprocess
+        self.transform = create_transform(preprocess)
+
+    def __call__(self, image: np.ndarray) -> torch.Tensor:
+        return self.transform(Image.fromarray(image))  # (3, H, W)
+
+
+# -- MixUp / CutMix ------------------------------------------------------------------------------
+def one_hot(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:
+    """(B,) class indices -> (B, num_classes) targets, label-smoothed; each row sums to 1."""
+    off = smoothing / num_classes
+    targets = torch.full((labels.shape[0], num_classes), off, device=labels.device)
+    return targets.scatter_(1, labels[:, None], 1.0 - smoothing + off)
+
+
+class MixupCutmix:
+    """MixUp (Zhang et al. 2018) or CutMix (Yun et al. 2019) on a batch, one per batch.
+
+    Each batch is mixed with itself reversed; the mixing weight lam ~ Beta(alpha, alpha).
+    When both alphas are positive, CutMix is chosen with probability `switch_prob`.
+    Uses torch's global RNG, so it is reproducible from the seed and resumable.
+    Returns images (B, C, H, W) and soft targets (B, num_classes) whose rows sum to one.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        mixup_alpha: float = 0.8,
+        cutmix_alpha: float = 1.0,
+        prob: float = 1.0,
+        switch_prob: float = 0.5,
+        label_smoothing: float = 0.0,
+    ) -> None:
+        if mixup_alpha <= 0 and cutmix_alpha <= 0:
+            raise ValueError("MixupCutmix needs mixup_alpha > 0 or cutmix_alpha > 0")
+        self.num_classes = num_classes
+        self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
+        self.prob, self.switch_prob = prob, switch_prob
+        self.label_smoothing = label_smoothing
+
+    def _beta(self, alpha: float) -> float:
+        return float(torch.distributions.Beta(alpha, alpha).sample())
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        targets = one_hot(y, self.num_classes, self.label_smoothing)  # (B, K)
+        if float(torch.rand(())) >= self.prob:
+            return x, targets
+        use_cutmix = self.cutmix_alpha > 0 and (
+            self.mixup_alpha <= 0 or float(torch.rand(())) < self.switch_prob
+        )
+        x = x.clone()
+        if use_cutmix:
+            lam = self._beta(self.cutmix_alpha)
+            H, W = x.shape[-2:]
+            cut_h, cut_w = int(H * math.sqrt(1 - lam)), int(W * math.sqrt(1 - lam))
+            cy, cx = int(torch.randint(H, ())), int(torch.randint(W, ()))
+            y0, y1 = max(cy - cut_h // 2, 0), min(cy + cut_h // 2, H)
+            x0, x1 = max(cx - cut_w // 2, 0), min(cx + cut_w // 2, W)
+            x[..., y0:y1, x0:x1] = x.flip(0)[..., y0:y1, x0:x1]
+            lam = 1 - (y1 - y0) * (x1 - x0) / (H * W)  # the box was clipped: use its true area
+        else:
+            lam = self._beta(self.mixup_alpha)
+            x = x * lam + x.flip(0) * (1 - lam)
+        return x, targets * lam + targets.flip(0) * (1 - lam)
+
+
+def soft_target_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean over the batch of -sum_k targets[:, k] * log_softmax(logits)[:, k]."""
+    return torch.sum(-targets * F.log_softmax(logits, dim=-1), dim=-1).mean()
