@@ -1,0 +1,376 @@
+"""vit.explain: capture, rollout, gradient rollout, relevance and faithfulness, on tiny models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import vit
+from vit.explain import (
+    attention_rollout,
+    capture_attention,
+    discard_lowest,
+    faithfulness,
+    gradient_rollout,
+    gradient_rollout_matrix,
+    mean_attention_distance,
+    patch_map,
+    perturbation_curve,
+    record_attention,
+    relevance,
+    relevance_matrix,
+    remove_patches,
+    rollout_matrix,
+)
+
+# A hand-computed example: one class token and two patches (a 1x2 grid), two layers.
+A1 = [[0.2, 0.6, 0.2], [0.0, 0.5, 0.5], [0.4, 0.0, 0.6]]
+A2 = [[0.0, 0.2, 0.8], [1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]
+# (A + I) / 2 is already row-stochastic here:
+#   a1 = [[.6 .3 .1] [0 .75 .25] [.2 0 .8]],  a2 = [[.5 .1 .4] [.5 .5 0] [.25 .25 .5]]
+# and rollout = a2 @ a1, worked out by hand:
+ROLLOUT = [[0.38, 0.225, 0.395], [0.3, 0.525, 0.175], [0.25, 0.2625, 0.4875]]
+
+
+def tiny_model(seed: int = 0, **overrides) -> vit.VisionTransformer:
+    """A 2-block ViT small enough for CPU tests, with a random (non-zero) head so that
+    gradients of the logits are not all zero."""
+    torch.manual_seed(seed)
+    kwargs = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    model = vit.VisionTransformer(**{**kwargs, **overrides}).eval()
+    torch.nn.init.normal_(model.head.weight, std=0.5)
+    return model
+
+
+def images_for(model: vit.VisionTransformer, batch: int = 3, seed: int = 1) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return torch.randn(batch, 3, *model.patch_embed.img_size)
+
+
+def force_attention(model: vit.VisionTransformer, matrices: list[torch.Tensor]):
+    """Make block i's softmax output `matrices[i]` (N, N) for every image and head.
+
+    A forward hook that returns a value replaces the module's output, and hooks run in
+    registration order, so the capture hooks registered later see the forced matrices."""
+    handles = []
+    for block, matrix in zip(model.blocks, matrices, strict=True):
+
+        def hook(_module, _inputs, out, matrix=matrix):
+            # out * 0 keeps the forced matrix in the graph, so gradients can still be taken
+            return out * 0 + matrix.to(out.dtype)
+
+        handles.append(block.attn.softmax.register_forward_hook(hook))
+    return handles
+
+
+def random_attention(batch, heads, n, depth, seed=0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        torch.rand(batch, heads, n, n, generator=generator).softmax(dim=-1) for _ in range(depth)
+    ]
+
+
+def numpy_rollout(attentions, head_fusion, discard_ratio, num_prefix):
+    """Loop-by-loop reference, image by image, written independently of vit.explain."""
+    out = []
+    for b in range(attentions[0].shape[0]):
+        result = None
+        for layer in attentions:
+            heads = layer[b].numpy().astype(np.float64)
+            a = {"mean": heads.mean, "max": heads.max, "min": heads.min}[head_fusion](axis=0)
+            n = a.shape[0]
+            k = int(n * (n - num_prefix) * discard_ratio)
+            if k:
+                candidates = [(a[i, j], i, j) for i in range(n) for j in range(num_prefix, n)]
+                for _, i, j in sorted(candidates)[:k]:
+                    a[i, j] = 0.0
+            a = (a + np.eye(n)) / 2
+            a = a / a.sum(axis=1)[:, None]
+            result = a if result is None else a @ result
+        out.append(result)
+    return np.stack(out)
+
+
+# -- the hand-computed example -----------------------------------------------------------------
+def test_rollout_matrix_matches_hand_computation():
+    attentions = [torch.tensor(A1)[None, None], torch.tensor(A2)[None, None]]  # (1, 1, 3, 3)
+    result = rollout_matrix(attentions, num_prefix_tokens=1)
+    torch.testing.assert_close(result[0], torch.tensor(ROLLOUT), rtol=0, atol=1e-6)
+    # The class token's row, patches only, is the map: 0.225 and 0.395 on a 1x2 grid.
+    assert patch_map(result, (1, 2), 1).flatten().tolist() == pytest.approx([0.225, 0.395])
+
+
+@pytest.mark.parametrize("head_fusion", ["mean", "max", "min"])
+def test_model_rollout_matches_hand_computation(head_fusion):
+    # A 4x8 image in 4x4 patches: a 1x2 grid and three tokens, as in the hand example. Both
+    # heads carry the same matrix, so every head fusion gives the same answer.
+    model = tiny_model(img_size=(4, 8))
+    handles = force_attention(model, [torch.tensor(A1), torch.tensor(A2)])
+    try:
+        result = attention_rollout(model, images_for(model), head_fusion=head_fusion)
+    finally:
+        for h in handles:
+            h.remove()
+    expected = torch.tensor([0.225, 0.395]).expand(3, 1, 2)
+    torch.testing.assert_close(result, expected, rtol=0, atol=1e-6)
+
+
+def test_head_fusion_and_discard_match_reference_with_two_prefix_tokens():
+    # Two prefix tokens (e.g. class + register) and a 2x3 grid: N = 8.
+    attentions = random_attention(batch=3, heads=4, n=8, depth=3)
+    for fusion in ("mean", "max", "min"):
+        for ratio in (0.0, 0.3, 0.9):
+            got = rollout_matrix(attentions, fusion, ratio, num_prefix_tokens=2)
+            expected = numpy_rollout(attentions, fusion, ratio, num_prefix=2)
+            np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_relevance_matrix_matches_chefer_recipe_by_hand():
+    # One block, one head, a gradient of ones: relevance = I + A, map = A[0, 1:].
+    attention = torch.tensor(A1)[None, None]
+    result = relevance_matrix([attention], [torch.ones_like(attention)])
+    torch.testing.assert_close(result[0], torch.eye(3) + torch.tensor(A1))
+    # Two blocks, negative gradients clamp to zero: R = (I + A2)(I + A1) with head 1 dropped.
+    a1 = torch.stack([torch.tensor(A1), torch.tensor(A2)])[None]  # (1, 2, 3, 3)
+    a2 = torch.stack([torch.tensor(A2), torch.tensor(A1)])[None]
+    grad = torch.stack([torch.full((3, 3), 2.0), torch.full((3, 3), -1.0)])[None]
+    result = relevance_matrix([a1, a2], [grad, grad])
+    cam1 = torch.tensor(A1)  # mean over heads of [2*A1, 0]
+    cam2 = torch.tensor(A2)
+    r1 = torch.eye(3) + cam1
+    torch.testing.assert_close(result[0], r1 + cam2 @ r1)
+
+
+def test_gradient_rollout_matrix_fuses_then_clamps():
+    attention = torch.tensor([A1, A2])[None]  # (1, 2 heads, 3, 3)
+    grad = torch.stack([torch.full((3, 3), 1.0), torch.full((3, 3), -3.0)])[None]
+    got = gradient_rollout_matrix([attention], [grad])
+    fused = ((torch.tensor(A1) - 3 * torch.tensor(A2)) / 2).clamp(min=0)
+    a = (fused + torch.eye(3)) / 2
+    torch.testing.assert_close(got[0], a / a.sum(dim=-1, keepdim=True))
+
+
+# -- invariants ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("ratio", [0.0, 0.5, 0.95])
+def test_rollout_rows_sum_to_one(ratio):
+    attentions = random_attention(batch=2, heads=3, n=10, depth=4)
+    grads = [torch.randn_like(a) for a in attentions]
+    for matrix in (
+        rollout_matrix(attentions, "max", ratio, num_prefix_tokens=1),
+        gradient_rollout_matrix(attentions, grads, "mean", ratio, num_prefix_tokens=1),
+    ):
+        torch.testing.assert_close(matrix.sum(dim=-1), torch.ones(2, 10))
+        assert (matrix >= 0).all()
+
+
+@pytest.mark.parametrize("attention", ["identity", "zero"])
+def test_identity_case_rollout_is_the_residual_path(attention):
+    # No token mixing (each token attends only to itself, or all attention discarded to zero):
+    # what is left is the residual path, so rollout is the identity for any depth and fusion.
+    n = 6
+    matrix = torch.eye(n) if attention == "identity" else torch.zeros(n, n)
+    attentions = [matrix.expand(2, 3, n, n)] * 4
+    for fusion in ("mean", "max", "min"):
+        torch.testing.assert_close(rollout_matrix(attentions, fusion), torch.eye(n).expand(2, n, n))
+    # Relevance likewise never moves between tokens: R stays diagonal, at least the identity.
+    grads = [torch.randn(2, 3, n, n) for _ in attentions]
+    result = relevance_matrix(attentions, grads)
+    assert (result * (1 - torch.eye(n))).abs().max() == 0
+    assert (result.diagonal(dim1=1, dim2=2) >= 1).all()
+
+
+def test_identity_attention_in_a_model_gives_empty_maps():
+    # Forced identity attention: the class token never reads a patch, so every map is zero
+    # for a class-token model; for an average-pooled model each patch reads only itself,
+    # so the map is uniform, 1 / (number of patches).
+    model = tiny_model()
+    handles = force_attention(model, [torch.eye(17)] * 2)
+    images = images_for(model)
+    try:
+        for method in (attention_rollout, gradient_rollout, relevance):
+            assert method(model, images).abs().max() == 0
+    finally:
+        for h in handles:
+            h.remove()
+    model = tiny_model(class_token=False, global_pool="avg")
+    handles = force_attention(model, [torch.eye(16)] * 2)
+    try:
+        result = attention_rollout(model, images)
+    finally:
+        for h in handles:
+            h.remove()
+    torch.testing.assert_close(result, torch.full((3, 4, 4), 1 / 16))
+
+
+def test_discard_is_per_image_and_never_drops_prefix_columns():
+    n, prefix = 5, 1
+    base = torch.arange(1.0, n * n + 1).reshape(n, n) / 100  # distinct entries
+    a = torch.stack([base, base.flip(-1)])  # image 1 ranks columns the other way round
+    a[1, :, 0] = 0.0  # image 1's class column holds the smallest values of all
+    out = discard_lowest(a, 0.5, prefix)
+    k = int(n * (n - prefix) * 0.5)
+    for b in range(2):
+        assert torch.equal(out[b, :, :prefix], a[b, :, :prefix])  # class column untouched
+        dropped = (out[b] == 0) & (a[b] != 0)
+        assert dropped.sum() == k
+        # the dropped entries are exactly the k smallest of the candidates of *this* image
+        candidates = a[b, :, prefix:].flatten().sort().values
+        assert a[b][dropped].max() <= candidates[k - 1]
+    assert not torch.equal(out[0] == 0, out[1] == 0)
+
+
+# -- capture -------------------------------------------------------------------------------------
+def test_capture_does_not_change_logits_and_restores_fused_setting():
+    model = tiny_model()
+    images = images_for(model)
+    with torch.no_grad():
+        fused_logits = model(images)
+    record = record_attention(model, images)
+    torch.testing.assert_close(record.logits, fused_logits, rtol=1e-5, atol=1e-5)
+    assert all(block.attn.fused_attn for block in model.blocks)
+    assert len(record.attentions) == 2
+    for a in record.attentions:
+        assert a.shape == (3, 2, 17, 17)
+        torch.testing.assert_close(a.sum(dim=-1), torch.ones(3, 2, 17))
+    # A model that was on the explicit path stays there.
+    model.set_fused_attn(False)
+    record_attention(model, images)
+    assert not any(block.attn.fused_attn for block in model.blocks)
+
+
+def test_capture_cleans_up_after_an_error_and_captures_while_fused():
+    model = tiny_model()
+    model.train()
+    with pytest.raises(RuntimeError, match="boom"):
+        with capture_attention(model) as attentions:
+            model(images_for(model))
+            assert len(attentions) == 2  # captured although the model defaults to fused
+            raise RuntimeError("boom")
+    assert all(block.attn.fused_attn for block in model.blocks)
+    assert all(not block.attn.softmax._forward_hooks for block in model.blocks)
+    # record_attention runs in eval mode and gives the caller's mode back
+    record_attention(model, images_for(model))
+    assert model.training
+
+
+def test_gradients_are_paired_with_their_own_block():
+    model = tiny_model(depth=3)
+    images = images_for(model)
+    record = record_attention(model, images, with_gradients=True)
+    # Independent computation: retain_grad on each block's probabilities, in forward order.
+    kept = []
+
+    def keep(_m, _i, out):
+        out.retain_grad()
+        kept.append(out)
+
+    model.set_fused_attn(False)
+    handles = [b.attn.softmax.register_forward_hook(keep) for b in model.blocks]
+    logits = model(images)
+    logits.gather(1, logits.argmax(1, keepdim=True)).sum().backward()
+    for h in handles:
+        h.remove()
+    for got, tensor in zip(record.gradients, kept, strict=True):
+        torch.testing.assert_close(got, tensor.grad)
+    # Only the class token's output of the last block reaches the head, so the last block's
+    # gradient is zero on every other query row; an earlier block's is not.
+    assert record.gradients[-1][:, :, 1:].abs().max() == 0
+    assert record.gradients[-1][:, :, 0].abs().max() > 0
+    assert record.gradients[0][:, :, 1:].abs().max() > 0
+
+
+# -- batches, shapes, targets --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"img_size": (8, 24), "patch_size": (4, 8)},  # non-square image and patches: 2x3 grid
+        {"class_token": False, "global_pool": "avg"},
+    ],
+    ids=["square", "non-square", "no-class-token"],
+)
+def test_batch_equals_single_images(overrides):
+    model = tiny_model(**overrides)
+    images = images_for(model, batch=3)
+    methods = {
+        "rollout": lambda x: attention_rollout(model, x, "max", discard_ratio=0.5),
+        "gradient rollout": lambda x: gradient_rollout(model, x, discard_ratio=0.3),
+        "relevance": lambda x: relevance(model, x),
+    }
+    for name, method in methods.items():
+        batched = method(images)
+        assert batched.shape == (3, *model.grid_size), name
+        singles = torch.cat([method(images[i : i + 1]) for i in range(3)])
+        torch.testing.assert_close(batched, singles, rtol=1e-4, atol=1e-6, msg=name)
+        assert batched.abs().sum() > 0, name
+
+
+def test_class_targets():
+    model = tiny_model()
+    images = images_for(model, batch=4)
+    with torch.no_grad():
+        predicted = model(images).argmax(1)
+    for method in (gradient_rollout, relevance):
+        default = method(model, images)
+        torch.testing.assert_close(default, method(model, images, target=predicted))
+        other = (predicted + 1) % 5
+        chosen = method(model, images, target=other)
+        assert not torch.allclose(default, chosen)
+        torch.testing.assert_close(method(model, images, target=2), method(model, images, [2] * 4))
+    with pytest.raises(ValueError, match="out of range"):
+        relevance(model, images, target=5)
+    with pytest.raises(ValueError, match="entries"):
+        relevance(model, images, target=[0, 1])
+
+
+def test_bad_arguments_are_named():
+    attentions = random_attention(1, 1, 5, 1)
+    with pytest.raises(ValueError, match="head_fusion"):
+        rollout_matrix(attentions, "median")
+    with pytest.raises(ValueError, match="discard_ratio"):
+        rollout_matrix(attentions, discard_ratio=1.0)
+    with pytest.raises(ValueError, match="prefix"):
+        patch_map(rollout_matrix(attentions), (2, 3), 1)
+
+
+# -- attention distance --------------------------------------------------------------------------
+def test_mean_attention_distance_by_hand():
+    # 1x2 grid of 4x4 patches with a class token. Head 0: each patch looks only at the other
+    # (4 px away); head 1: patches split evenly between themselves and the other (2 px), and
+    # the class-token column is ignored after renormalising over the patches.
+    head0 = torch.tensor([[1.0, 0, 0], [0, 0, 1], [0, 1, 0]])
+    head1 = torch.tensor([[1.0, 0, 0], [0.5, 0.25, 0.25], [0.0, 0.5, 0.5]])
+    attention = torch.stack([head0, head1])[None]  # (1, 2, 3, 3)
+    distance = mean_attention_distance([attention, attention], (1, 2), (4, 4), 1)
+    torch.testing.assert_close(distance, torch.tensor([[4.0, 2.0], [4.0, 2.0]]))
+
+
+# -- faithfulness --------------------------------------------------------------------------------
+def test_remove_patches_blanks_the_ranked_patches():
+    images = torch.ones(2, 3, 4, 8)
+    scores = torch.tensor([[[0.9, 0.1]], [[0.2, 0.7]]])  # (B, 1, 2): 4x4 patches
+    most = remove_patches(images, scores, 0.5, most_relevant=True)
+    assert most[0, :, :, :4].abs().sum() == 0 and (most[0, :, :, 4:] == 1).all()
+    assert most[1, :, :, 4:].abs().sum() == 0 and (most[1, :, :, :4] == 1).all()
+    least = remove_patches(images, scores, 0.5, most_relevant=False)
+    assert torch.equal(least + most, images)
+    assert remove_patches(images, scores, 1.0, True).abs().sum() == 0
+
+
+def test_perturbation_curves_and_area():
+    model = tiny_model()
+    images = images_for(model, batch=6)
+    with torch.no_grad():
+        predicted = model(images).argmax(1)
+        blank_prediction = model(torch.zeros_like(images)).argmax(1)
+    scores = torch.rand(6, 4, 4)
+    curve = perturbation_curve(model, images, predicted, scores, positive=True)
+    assert curve.shape == (11,)
+    assert curve[0] == 1.0  # nothing removed: labels are the model's own predictions
+    assert curve[-1] == (blank_prediction == predicted).float().mean()  # everything removed
+    result = faithfulness(model, images, predicted, scores, fractions=(0.0, 0.5, 1.0), batch_size=4)
+    assert result.positive_curve.shape == result.negative_curve.shape == (3,)
+    c = result.positive_curve
+    assert result.positive_auc == pytest.approx(float((c[0] + 2 * c[1] + c[2]) / 4))
+    assert 0.0 <= result.negative_auc <= 1.0
