@@ -374,3 +374,6 @@ def test_perturbation_curves_and_area():
     c = result.positive_curve
     assert result.positive_auc == pytest.approx(float((c[0] + 2 * c[1] + c[2]) / 4))
     assert 0.0 <= result.negative_auc <= 1.0
+    # the shared end points (nothing / everything removed) match a direct negative curve
+    direct = perturbation_curve(model, images, predicted, scores, False, (0.0, 0.5, 1.0))
+    torch.testing.assert_close(result.negative_curve, direct)

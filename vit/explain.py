@@ -481,16 +481,24 @@ def faithfulness(
     `batch_size` images; accuracy is over all B.
     """
     fractions = tuple(float(f) for f in fractions)
+    num_patches = relevance_map.shape[-2] * relevance_map.shape[-1]
+    # Removing nothing or everything gives the same images whatever the order: the negative
+    # curve reuses those points from the positive one instead of running the model again.
+    ordered = [i for i, f in enumerate(fractions) if 0 < round(f * num_patches) < num_patches]
     curves = {}
     for positive in (True, False):
-        correct = torch.zeros(len(fractions), dtype=torch.float64)
+        wanted = fractions if positive else tuple(fractions[i] for i in ordered)
+        correct = torch.zeros(len(wanted), dtype=torch.float64)
         for start in range(0, len(images), batch_size):
             chunk = slice(start, start + batch_size)
             accuracy = perturbation_curve(
-                model, images[chunk], labels[chunk], relevance_map[chunk], positive, fractions
+                model, images[chunk], labels[chunk], relevance_map[chunk], positive, wanted
             )
             correct += accuracy.cpu().double() * len(images[chunk])
         curves[positive] = (correct / len(images)).float()
+    negative = curves[True].clone()
+    negative[ordered] = curves[False]
+    curves[False] = negative
     return Faithfulness(
         fractions,
         curves[True],
