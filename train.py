@@ -44,25 +44,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bool_flag = argparse.BooleanOptionalAction
     g = p.add_argument_group("data")
-    g.add_argument("--data", help=f"cifar10, cifar100, or a folder with train/ and test/ (or "
-                   f"val/) subfolders of class folders (default {D.data})")
+    g.add_argument(
+        "--data",
+        help=f"cifar10, cifar100, or a folder with train/ and test/ (or "
+        f"val/) subfolders of class folders (default {D.data})",
+    )
     g.add_argument("--data-root", help=f"where CIFAR is downloaded (default {D.data_root})")
     g.add_argument("--download", action=bool_flag, help="download CIFAR if missing (default on)")
-    g.add_argument("--train-subset", type=_int_or_none, metavar="N",
-                   help="train on N images, stratified by class (quick runs)")
-    g.add_argument("--test-subset", type=_int_or_none, metavar="N",
-                   help="evaluate on N test images, stratified by class")
-    g.add_argument("--cache", action=bool_flag,
-                   help="decode images once into memory (default: images <= 64 px only)")
+    g.add_argument(
+        "--train-subset",
+        type=_int_or_none,
+        metavar="N",
+        help="train on N images, stratified by class (quick runs)",
+    )
+    g.add_argument(
+        "--test-subset",
+        type=_int_or_none,
+        metavar="N",
+        help="evaluate on N test images, stratified by class",
+    )
+    g.add_argument(
+        "--cache",
+        action=bool_flag,
+        help="decode images once into memory (default: images <= 64 px only)",
+    )
     g.add_argument("--workers", type=int, help=f"data loader processes (default {D.workers})")
 
     g = p.add_argument_group("model")
     g.add_argument("--model", help=f"a name from vit.list_models() (default {D.model})")
-    g.add_argument("--pretrained", nargs="?", const="timm", metavar="PATH",
-                   help="fine-tune from weights: a file, or no value for timm's default weights")
+    g.add_argument(
+        "--pretrained",
+        nargs="?",
+        const="timm",
+        metavar="PATH",
+        help="fine-tune from weights: a file, or no value for timm's default weights",
+    )
     g.add_argument("--img-size", type=_int_or_none, help="model input size (pos_embed resampled)")
-    g.add_argument("--model-kwargs", nargs="*", metavar="KEY=VALUE",
-                   help="other ViTConfig fields, e.g. depth=6 embed_dim=128 num_heads=4")
+    g.add_argument(
+        "--model-kwargs",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="other ViTConfig fields, e.g. depth=6 embed_dim=128 num_heads=4",
+    )
     g.add_argument("--drop-path", type=float, help=f"stochastic depth rate (default {D.drop_path})")
     g.add_argument("--drop", type=float, help=f"dropout before the head (default {D.drop})")
 
@@ -73,19 +96,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min-lr", type=float, help=f"cosine floor (default {D.min_lr})")
     g.add_argument("--weight-decay", type=float, help=f"default {D.weight_decay}")
     g.add_argument("--warmup-epochs", type=float, help=f"linear warmup (default {D.warmup_epochs})")
-    g.add_argument("--clip-grad", type=_float_or_none,
-                   help=f"max gradient norm, 0 for none (default {D.clip_grad})")
+    g.add_argument(
+        "--clip-grad",
+        type=_float_or_none,
+        help=f"max gradient norm, 0 for none (default {D.clip_grad})",
+    )
     g.add_argument("--label-smoothing", type=float, help=f"default {D.label_smoothing}")
     g.add_argument("--model-ema", action=bool_flag, help="keep an EMA of the weights (default on)")
     g.add_argument("--model-ema-decay", type=float, help=f"default {D.model_ema_decay}")
     g.add_argument("--amp", action=bool_flag, help="mixed precision (default off)")
-    g.add_argument("--amp-dtype", choices=("bfloat16", "float16"),
-                   help=f"default {D.amp_dtype}")
+    g.add_argument("--amp-dtype", choices=("bfloat16", "float16"), help=f"default {D.amp_dtype}")
     g.add_argument("--compile", action=bool_flag, help="torch.compile the model (default off)")
 
     g = p.add_argument_group("augmentation")
-    g.add_argument("--crop", choices=("auto", "pad", "rrc"),
-                   help="pad+random crop, random resized crop, or auto (pad for <= 64 px)")
+    g.add_argument(
+        "--crop",
+        choices=("auto", "pad", "rrc"),
+        help="pad+random crop, random resized crop, or auto (pad for <= 64 px)",
+    )
     g.add_argument("--rrc-scale", type=float, help=f"smallest crop area (default {D.rrc_scale})")
     g.add_argument("--hflip", type=float, help=f"horizontal flip probability (default {D.hflip})")
     g.add_argument("--aa", choices=("none", "randaug"), help=f"RandAugment policy (default {D.aa})")
@@ -101,8 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, help=f"default {D.seed}")
     g.add_argument("--device", help="auto, cpu, cuda, cuda:1, ... (default auto)")
     g.add_argument("--output-dir", help="run folder (default runs/MODEL-DATA-TIMESTAMP)")
-    g.add_argument("--resume", metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its last complete checkpoint")
+    g.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its last complete checkpoint",
+    )
     return p
 
 

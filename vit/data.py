@@ -139,9 +139,7 @@ def scan_folder(root: Path) -> tuple[list[Path], list[int], list[str]]:
         raise ValueError(f"{root} has no class folders; expected {root}/<class name>/<image files>")
     paths, labels = [], []
     for label, name in enumerate(classes):
-        files = sorted(
-            p for p in (root / name).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS
-        )
+        files = sorted(p for p in (root / name).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
         if not files:
             raise ValueError(
                 f"class folder {root / name} holds no images (accepted extensions: "

@@ -437,6 +437,11 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
     ema = ModelEma(model, cfg.model_ema_decay) if cfg.model_ema else None
 
     start_epoch, best_top1, history = 0, -1.0, []
+    if cfg.resume and main:
+        # Temporary files of a save that was killed before its rename: never complete.
+        for leftover in run_dir.glob(".*.tmp"):
+            logger.warning("removing %s, left by an interrupted save", leftover)
+            leftover.unlink(missing_ok=True)
     if cfg.resume and state_path.is_file():
         state = load_training_state(state_path)
         model.load_state_dict(state["model"])
@@ -450,7 +455,9 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
         start_epoch, best_top1, history = state["epoch"], state["best_top1"], state["history"]
         set_rng_state(state["rng"][info.rank] if info.rank < len(state["rng"]) else state["rng"][0])
         if main:
-            logger.info("resumed %s after epoch %d (best top-1 %.4f)", run_dir, start_epoch, best_top1)
+            logger.info(
+                "resumed %s after epoch %d (best top-1 %.4f)", run_dir, start_epoch, best_top1
+            )
     elif cfg.resume and main:
         logger.warning("no complete checkpoint in %s yet: starting from epoch 1", run_dir)
 
@@ -497,8 +504,18 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
         train_set.epoch = epoch
         started = time.perf_counter()
         train_stats = train_one_epoch(
-            train_model, train_loader, optimizer, scheduler, scaler, ema, mixup, cfg, epoch,
-            device, info, model,
+            train_model,
+            train_loader,
+            optimizer,
+            scheduler,
+            scaler,
+            ema,
+            mixup,
+            cfg,
+            epoch,
+            device,
+            info,
+            model,
         )
         seconds = time.perf_counter() - started
         test = evaluate(model, test_loader, num_classes, device, cfg.amp, cfg.amp_dtype, main)
@@ -522,7 +539,9 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
         }
         history.append(row)
         # With EMA on, the EMA weights are the ones kept, judged and saved as the model.
-        kept, kept_name, kept_metrics = (ema.module, "ema", ema_test) if ema else (model, "model", test)
+        kept, kept_name, kept_metrics = (
+            (ema.module, "ema", ema_test) if ema else (model, "model", test)
+        )
         improved = kept_metrics["top1"] > best_top1
         best_top1 = max(best_top1, kept_metrics["top1"])
         if main:
@@ -538,7 +557,9 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
                 "train_config": cfg.to_dict(),
             }
             if improved:
-                save_weights(kept, run_dir / "best.safetensors", class_names, cfg.model, extra=extra)
+                save_weights(
+                    kept, run_dir / "best.safetensors", class_names, cfg.model, extra=extra
+                )
             save_weights(kept, run_dir / "model.safetensors", class_names, cfg.model, extra=extra)
         # Every process's RNG state, so a resumed DDP run continues every stream.
         rng = gather_rng_states(info)
@@ -646,8 +667,13 @@ def train_one_epoch(
 
         batch = labels.shape[0]
         correct = (logits.argmax(dim=1) == labels).sum()
-        totals += torch.stack([loss.detach().double() * batch, correct.double(), torch.tensor(
-            float(batch), dtype=torch.float64, device=device)])
+        totals += torch.stack(
+            [
+                loss.detach().double() * batch,
+                correct.double(),
+                torch.tensor(float(batch), dtype=torch.float64, device=device),
+            ]
+        )
         if info.is_main:
             elapsed = time.perf_counter() - started
             bar.set_postfix(

@@ -69,6 +69,8 @@ def plot_confusion_matrix(
             for j in range(k):
                 value = normalised[i, j]
                 color = "white" if value > 0.5 else "black"
-                ax.text(j, i, f"{100 * value:.0f}", ha="center", va="center", color=color, fontsize=7)
+                ax.text(
+                    j, i, f"{100 * value:.0f}", ha="center", va="center", color=color, fontsize=7
+                )
     ax.set(xlabel="predicted class", ylabel="true class", title=title or "Confusion matrix (%)")
     return _save(fig, path)

@@ -1,0 +1,179 @@
+"""Evaluate a trained ViT: top-1, top-5, per-class accuracy, a confusion matrix PNG, a JSON report.
+
+    python evaluate.py --checkpoint runs/RUN --data cifar10
+    python evaluate.py --checkpoint runs/RUN/best.safetensors --data path/to/folder --json r.json
+    python evaluate.py --checkpoint vit_base_patch16_224 --pretrained --data path/to/imagenet
+
+A run folder means its model.safetensors. A model name (with --pretrained, or --pretrained PATH)
+is evaluated on an ImageNet-style folder: class folders named by WordNet ids (n01440764, ...)
+are matched to the model's 1000 ImageNet classes, whichever subset of them is present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+import vit
+from vit.data import CorruptImageError, EvalTransform, load_split
+from vit.distributed import DistInfo, resolve_device
+from vit.engine import eval_loader, evaluate
+from vit.plots import plot_confusion_matrix
+from vit.weights import atomic_write
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a run folder, a .safetensors file, or a model name (with --pretrained)",
+    )
+    p.add_argument(
+        "--pretrained",
+        nargs="?",
+        const="timm",
+        metavar="PATH",
+        help="with a model name: timm's default weights, or a weights file",
+    )
+    p.add_argument(
+        "--data",
+        required=True,
+        help="cifar10, cifar100, or a folder with test/ (or val/) class folders",
+    )
+    p.add_argument("--data-root", default="data", help="where CIFAR is downloaded")
+    p.add_argument("--split", default="test", choices=("test", "train"))
+    p.add_argument("--subset", type=int, help="evaluate on N images, stratified by class")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--amp", action="store_true", help="bfloat16 autocast")
+    p.add_argument("--json", type=Path, help="write the report here (default: beside the PNG)")
+    p.add_argument(
+        "--output-dir",
+        type=Path,
+        help="where confusion_matrix.png goes (default: RUN/eval-DATA/ or beside "
+        "the file; ./eval-MODEL-DATA for a model name)",
+    )
+    return p
+
+
+def load_for_eval(checkpoint: str, pretrained: str | None) -> tuple[torch.nn.Module, Path]:
+    """(model with .class_names and .preprocess, default output folder) from the argument."""
+    path = Path(checkpoint)
+    if path.is_dir():
+        path = path / "model.safetensors"
+        if not path.is_file():
+            raise FileNotFoundError(f"{checkpoint} has no model.safetensors: is it a run folder?")
+    if path.suffix == ".safetensors" and path.is_file():
+        return vit.load_model(path), path.parent
+    if checkpoint in vit.list_models():
+        if not pretrained:
+            raise ValueError(
+                f"{checkpoint} is a model name: pass --pretrained (timm's weights) or "
+                f"--pretrained PATH, or evaluating random weights would mean nothing"
+            )
+        weights = True if pretrained == "timm" else pretrained
+        model = vit.create_model(checkpoint, pretrained=weights)
+        model.class_names = imagenet_class_ids() if model.num_classes == 1000 else None
+        return model, Path(f"eval-{checkpoint}")
+    raise FileNotFoundError(
+        f"--checkpoint {checkpoint}: not a run folder, an existing .safetensors file or a model "
+        f"name (see vit.list_models())"
+    )
+
+
+def imagenet_class_ids() -> list[str]:
+    """The 1000 ImageNet-1k WordNet ids in class-index order (timm ships the list)."""
+    from timm.data import ImageNetInfo
+
+    return list(ImageNetInfo().label_names())
+
+
+def label_mapping(data_classes: list[str], model_classes: list[str] | None, num_outputs: int):
+    """Index map from the dataset's class order to the model's output order, by name.
+
+    Without model class names the folder order must be the model's order (same count)."""
+    if model_classes is None:
+        if len(data_classes) != num_outputs:
+            raise ValueError(
+                f"the data has {len(data_classes)} classes and the model {num_outputs} outputs, "
+                f"and the model has no class names to match them by"
+            )
+        return list(range(len(data_classes)))
+    missing = [c for c in data_classes if c not in model_classes]
+    if missing:
+        raise ValueError(
+            f"data classes {missing[:10]} are not among the model's classes "
+            f"(first ones: {model_classes[:10]}); the class folder names must match them"
+        )
+    return [model_classes.index(c) for c in data_classes]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        report = run(args)
+    except (CorruptImageError, FileNotFoundError, ValueError) as e:
+        print(f"evaluate.py: error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
+        f"on {report['num_images']} images"
+    )
+    return 0
+
+
+def run(args: argparse.Namespace) -> dict:
+    device = resolve_device(args.device, DistInfo())
+    model, default_dir = load_for_eval(args.checkpoint, args.pretrained)
+    model = model.to(device).eval()
+    dataset = load_split(args.data, args.split, args.data_root, subset=args.subset)
+    mapping = label_mapping(dataset.class_names, model.class_names, model.num_classes)
+    # Labels in the model's index space; the confusion matrix is over the model's classes.
+    dataset.labels = torch.tensor(mapping)[torch.from_numpy(dataset.labels)].numpy()
+    dataset.transform = EvalTransform(model.preprocess)
+    class_names = model.class_names or [str(i) for i in range(model.num_classes)]
+    loader = eval_loader(dataset, args.batch_size, args.workers, DistInfo(), device.type == "cuda")
+    result = evaluate(model, loader, model.num_classes, device, amp=args.amp, progress=True)
+
+    # Report only the classes present in the data (ImageNet subsets would list 1000 otherwise).
+    present = sorted(set(mapping))
+    confusion = result["confusion"][present][:, present]
+    names = [class_names[i] for i in present]
+    data_name = Path(args.data.rstrip("/")).name
+    out_dir = args.output_dir or (default_dir / f"eval-{data_name}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    png = plot_confusion_matrix(
+        confusion,
+        names,
+        out_dir / "confusion_matrix.png",
+        title=f"{args.checkpoint} on {data_name} ({args.split}): top-1 {100 * result['top1']:.1f}%",
+    )
+    report = {
+        "top1": result["top1"],
+        "top5": result["top5"],
+        "per_class": {class_names[i]: result["per_class"][i] for i in present},
+        "num_images": result["num_images"],
+        "loss": result["loss"],
+        "checkpoint": str(args.checkpoint),
+        "data": args.data,
+        "split": args.split,
+        "confusion_matrix": confusion.tolist(),
+        "confusion_matrix_png": str(png),
+    }
+    json_path = args.json or out_dir / "report.json"
+    atomic_write(Path(json_path), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
+    return report
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Shared fixtures: a tiny, learnable image folder made on the fly (no downloads)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+CLASSES = ("blue", "green", "red")
+
+
+def make_image_folder(
+    root: Path,
+    classes: tuple[str, ...] = CLASSES,
+    train_per_class: int = 16,
+    test_per_class: int = 6,
+    size: int = 32,
+    test_name: str = "test",
+    seed: int = 0,
+) -> Path:
+    """root/{train,test}/<class>/<i>.jpg: noisy 32x32 JPEGs whose class sets the strongest
+    colour channel (the first class blue, then green, red), so a tiny model can learn them."""
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", train_per_class), (test_name, test_per_class)):
+        for label, name in enumerate(classes):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            channel = 2 - label % 3  # blue, green, red
+            for i in range(count):
+                image = rng.integers(0, 110, size=(size, size, 3), dtype=np.uint8)
+                image[..., channel] += np.uint8(120)
+                Image.fromarray(image).save(folder / f"{i:04d}.jpg", quality=95)
+    return root
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory) -> Path:
+    """A read-only tiny dataset (3 classes, 16 train and 6 test images each); copy to modify."""
+    return make_image_folder(tmp_path_factory.mktemp("images"))
+
+
+@pytest.fixture
+def make_images():
+    """The folder builder itself, for tests that need their own (e.g. to corrupt a file)."""
+    return make_image_folder
+
+
+def _load_script(name: str):
+    """train.py / evaluate.py as modules (they live at the repository root, not in vit/)."""
+    path = Path(__file__).resolve().parents[1] / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"{name}_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def train_script():
+    return _load_script("train")
+
+
+@pytest.fixture(scope="session")
+def evaluate_script():
+    return _load_script("evaluate")
+
+
+def tiny_train_args(data: Path, out: Path, epochs: int = 2, *extra: str) -> list[str]:
+    """train.py flags for a seconds-long CPU run of a 2-block, 32-wide ViT."""
+    return [
+        "--data", str(data), "--output-dir", str(out), "--epochs", str(epochs),
+        "--model-kwargs", "depth=2", "embed_dim=32", "num_heads=2",
+        "--batch-size", "8", "--lr", "3e-3", "--warmup-epochs", "1",
+        "--workers", "0", "--device", "cpu", *extra,
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_args():
+    return tiny_train_args

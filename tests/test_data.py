@@ -1,0 +1,160 @@
+"""Datasets, augmentation pipelines and MixUp/CutMix on tiny real image files."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vit
+from vit.configs import Preprocess
+from vit.data import (
+    AugmentConfig,
+    CorruptImageError,
+    EvalTransform,
+    MixupCutmix,
+    load_split,
+    one_hot,
+    soft_target_cross_entropy,
+    stratified_indices,
+    train_transform,
+)
+
+CLASSES = ("blue", "green", "red")  # as made by conftest.make_image_folder
+CIFAR_PRE = vit.create_model("vit_cifar_patch4_32", depth=1).preprocess
+
+
+def test_image_folder_splits(image_folder):
+    train = load_split(str(image_folder), "train")
+    test = load_split(str(image_folder), "test")
+    assert train.class_names == test.class_names == sorted(CLASSES)
+    assert len(train) == 48 and len(test) == 18
+    assert np.bincount(train.labels).tolist() == [16, 16, 16]
+    image, label = train[20]
+    assert image.shape == (32, 32, 3) and image.dtype == np.uint8 and label == 1
+    assert train.images is not None  # 32x32 images are cached decoded by default
+
+
+def test_val_folder_is_accepted_as_test_split(tmp_path, make_images):
+    make_images(tmp_path, train_per_class=2, test_per_class=3, test_name="val")
+    assert len(load_split(str(tmp_path), "test")) == 9
+
+
+def test_subset_is_stratified(image_folder):
+    ds = load_split(str(image_folder), "train", subset=9, seed=1)
+    assert np.bincount(ds.labels).tolist() == [3, 3, 3]
+    labels = np.repeat(np.arange(4), 10)
+    chosen = stratified_indices(labels, 10, seed=0)
+    assert np.bincount(labels[chosen]).tolist() == [3, 3, 2, 2]
+
+
+def test_unknown_data_names_the_input(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"'imagenet42'.*cifar10, cifar100"):
+        load_split("imagenet42", "train")
+    (tmp_path / "test" / "a").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"no train/ subfolder"):
+        load_split(str(tmp_path), "train")
+
+
+def test_empty_class_folder_is_named(tmp_path, make_images):
+    make_images(tmp_path, train_per_class=2, test_per_class=1)
+    (tmp_path / "train" / "zebra").mkdir()
+    with pytest.raises(ValueError, match=r"zebra holds no images"):
+        load_split(str(tmp_path), "train")
+    with pytest.raises(ValueError, match=r"no class folders"):
+        (tmp_path / "empty" / "train").mkdir(parents=True)
+        load_split(str(tmp_path / "empty"), "train")
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_corrupt_image_is_reported_by_path(tmp_path, make_images, cache):
+    make_images(tmp_path, train_per_class=3, test_per_class=1)
+    bad = tmp_path / "train" / "green" / "0001.jpg"
+    bad.write_bytes(b"\xff\xd8 definitely not a jpeg")
+    if cache:
+        with pytest.raises(CorruptImageError, match=str(bad)):
+            load_split(str(tmp_path), "train", cache=True)
+    else:
+        ds = load_split(str(tmp_path), "train", cache=False)
+        ds[0]  # a good image still loads
+        with pytest.raises(CorruptImageError, match=str(bad)):
+            ds[4]
+
+
+@pytest.mark.parametrize(
+    ("size", "crop"), [((32, 32), "auto"), ((48, 40), "pad"), ((48, 40), "rrc")]
+)
+def test_train_transform_output(size, crop):
+    image = np.random.default_rng(0).integers(0, 256, (*size, 3), dtype=np.uint8)
+    pre = Preprocess(input_size=(32, 32), mean=(0.5,) * 3, std=(0.25,) * 3)
+    out = train_transform(pre, AugmentConfig(crop=crop, reprob=1.0))(image=image)["image"]
+    assert out.shape == (3, 32, 32) and out.dtype == torch.float32
+    assert -2.0 - 1e-6 <= out.min() and out.max() <= 2.0 + 1e-6  # (x/255 - 0.5) / 0.25
+
+
+def test_augmentation_seeded_per_sample_and_epoch(image_folder):
+    ds = load_split(str(image_folder), "train")
+    ds.transform = train_transform(CIFAR_PRE, AugmentConfig())
+    first = ds[7][0]
+    ds[3]  # drawing another sample must not change sample 7's augmentation
+    assert torch.equal(first, ds[7][0])
+    ds.epoch = 1
+    assert not torch.equal(first, ds[7][0])
+    ds.epoch, ds.seed = 0, 1
+    assert not torch.equal(first, ds[7][0])
+
+
+def test_eval_transform_matches_create_transform():
+    image = np.random.default_rng(0).integers(0, 256, (50, 60, 3), dtype=np.uint8)
+    pre = Preprocess(input_size=(32, 32), crop_pct=0.875)
+    expected = vit.create_transform(pre)(Image.fromarray(image))
+    assert torch.equal(EvalTransform(pre)(image), expected)
+
+
+def test_one_hot_label_smoothing():
+    targets = one_hot(torch.tensor([2, 0]), 4, smoothing=0.2)
+    assert torch.allclose(targets.sum(1), torch.ones(2))
+    assert targets[0].tolist() == pytest.approx([0.05, 0.05, 0.85, 0.05])
+
+
+def test_mixup_mixes_images_and_labels_alike():
+    torch.manual_seed(0)
+    x, y = torch.rand(6, 3, 8, 8), torch.tensor([0, 1, 2, 3, 4, 0])
+    mixed, targets = MixupCutmix(5, mixup_alpha=0.4, cutmix_alpha=0.0)(x, y)
+    assert torch.allclose(targets.sum(1), torch.ones(6))
+    lam = targets[1, 1].item()  # sample 1 (class 1) is mixed with sample 4 (class 4)
+    assert 0 < lam < 1 and targets[1, 4].item() == pytest.approx(1 - lam)
+    assert torch.allclose(mixed, lam * x + (1 - lam) * x.flip(0), atol=1e-6)
+
+
+def test_cutmix_label_weights_equal_pasted_area():
+    torch.manual_seed(3)
+    x = torch.zeros(4, 1, 16, 16)
+    x[1] = 1.0  # sample 2 receives its box from sample 1 (the batch mixes with itself reversed)
+    y = torch.tensor([0, 1, 2, 3])
+    for _ in range(5):
+        mixed, targets = MixupCutmix(4, mixup_alpha=0.0, cutmix_alpha=1.0, label_smoothing=0.1)(
+            x, y
+        )
+        pasted = mixed[2].mean().item()  # fraction of sample 2 now coming from sample 1
+        assert torch.allclose(targets.sum(1), torch.ones(4))
+        # smoothed targets: own class (1 - 0.1 + 0.025) * lam + 0.025 * (1 - lam)
+        lam = 1 - pasted
+        assert targets[2, 2].item() == pytest.approx(0.925 * lam + 0.025 * (1 - lam), abs=1e-6)
+        assert targets[2, 1].item() == pytest.approx(0.025 * lam + 0.925 * (1 - lam), abs=1e-6)
+
+
+def test_soft_target_cross_entropy_equals_hard_for_one_hot():
+    logits, labels = torch.randn(5, 7), torch.tensor([0, 3, 6, 2, 2])
+    soft = soft_target_cross_entropy(logits, one_hot(labels, 7))
+    assert soft.item() == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item())
+
+
+def test_copied_folder_fixture_is_independent(image_folder, tmp_path):
+    copy = shutil.copytree(image_folder, tmp_path / "copy")
+    (copy / "train" / "red" / "0000.jpg").unlink()
+    assert len(load_split(str(copy), "train")) == 47
+    assert len(load_split(str(image_folder), "train")) == 48

@@ -1,0 +1,269 @@
+"""train.py end to end on tiny real image files: run folder, config layering, resume, NaN."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+import vit
+import vit.engine as engine
+from vit.model import VisionTransformer
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN_FILES = (
+    "config.yaml",
+    "metrics.csv",
+    "curves.png",
+    "training_state.pt",
+    "model.safetensors",
+    "best.safetensors",
+)
+# Every stochastic part of the recipe on: RandAugment, erasing, MixUp/CutMix, stochastic
+# depth, EMA. Resuming must restore all of their random streams to match exactly.
+RECIPE = ("--drop-path", "0.1", "--mixup", "0.8", "--cutmix", "1.0", "--reprob", "0.5")
+
+
+def read_rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def assert_same_weights(a: Path, b: Path, atol: float = 0.0) -> None:
+    wa, wb = load_file(a), load_file(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.allclose(wa[key], wb[key], rtol=0, atol=atol), key
+
+
+def no_temporary_files(run: Path) -> bool:
+    return not [p for p in run.rglob("*") if p.name.endswith(".tmp")]
+
+
+@pytest.fixture(scope="module")
+def reference_run(image_folder, tmp_path_factory, train_script, tiny_args) -> Path:
+    """4 uninterrupted epochs of the full recipe: what every resumed run must reproduce."""
+    run = tmp_path_factory.mktemp("reference") / "run"
+    assert train_script.main(tiny_args(image_folder, run, 4, *RECIPE)) == 0
+    return run
+
+
+def test_run_folder_is_complete_and_loadable(reference_run):
+    run = reference_run
+    for name in RUN_FILES:
+        assert (run / name).is_file(), name
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert no_temporary_files(run)
+
+    rows = read_rows(run / "metrics.csv")
+    assert [int(r["epoch"]) for r in rows] == [1, 2, 3, 4]
+    for row in rows:
+        assert 0 <= float(row["test_top1"]) <= float(row["test_top5"]) <= 1
+        assert float(row["train_images_per_s"]) > 0
+    # 3 colour classes: the tiny model learns them well above chance (1/3) in 4 epochs
+    assert float(rows[-1]["ema_top1"]) >= 0.6
+
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["epochs"] == 4 and config["model_kwargs"]["embed_dim"] == 32
+    assert config["mixup"] == 0.8 and config["model_ema"] is True
+
+    model = vit.load_model(run / "model.safetensors")  # the file alone rebuilds the model
+    assert model.class_names == ["blue", "green", "red"]
+    assert model.config.depth == 2 and model.num_classes == 3
+    metadata = vit.weights.read_metadata(run / "model.safetensors")
+    assert metadata["vit.weights"] == "ema" and metadata["vit.epoch"] == 4
+    assert metadata["vit.top1"] == pytest.approx(float(rows[-1]["ema_top1"]))
+    best = vit.weights.read_metadata(run / "best.safetensors")
+    assert best["vit.top1"] == pytest.approx(max(float(r["ema_top1"]) for r in rows))
+
+    state = torch.load(run / "training_state.pt", weights_only=True)  # no pickled code
+    assert state["epoch"] == 4 and len(state["history"]) == 4
+    assert {"model", "optimizer", "scheduler", "scaler", "ema", "rng"} <= set(state)
+
+
+def test_config_yaml_is_overridden_by_flags(tmp_path, train_script):
+    config = tmp_path / "c.yaml"
+    config.write_text("lr: 1e-3\nepochs: 7\nbatch-size: 16\nmodel_kwargs: {depth: 3}\naa: none\n")
+    cfg = train_script.parse_config(["--config", str(config), "--epochs", "3"])
+    assert cfg.lr == 1e-3 and isinstance(cfg.lr, float)  # YAML reads 1e-3 as a string
+    assert (cfg.epochs, cfg.batch_size, cfg.aa) == (3, 16, "none")
+    assert cfg.model_kwargs == {"depth": 3}
+    assert cfg.weight_decay == engine.TrainConfig.weight_decay  # untouched default
+    cfg = train_script.parse_config(["--config", str(config), "--model-kwargs", "depth=5"])
+    assert cfg.model_kwargs == {"depth": 5}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("learning_rate: 0.1\n", "unknown key 'learning_rate'"),
+        ("aa: autoaugment\n", "aa must be one of"),
+        ("epochs: many\n", "bad value for epochs"),
+    ],
+)
+def test_bad_config_values_are_named(tmp_path, train_script, text, message):
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    with pytest.raises(SystemExit, match=message):
+        train_script.parse_config(["--config", str(config)])
+
+
+def test_shipped_configs_parse(train_script):
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        train_script.parse_config(["--config", str(path)])
+
+
+def test_resume_reads_the_run_config_and_flags_win(tmp_path, train_script):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"epochs": 2, "lr": 0.01, "data": "x"}))
+    cfg = train_script.parse_config(["--resume", str(run), "--epochs", "5"])
+    assert (cfg.epochs, cfg.lr, cfg.data, cfg.output_dir) == (5, 0.01, "x", str(run))
+
+
+def _interrupt_after_save(monkeypatch, at_epoch: int, mid_save: bool) -> None:
+    """Make the save at `at_epoch` end the process like a kill: after the file is complete,
+    or (mid_save) halfway through writing its temporary file, before the rename."""
+    original = engine.save_training_state
+
+    def save(state: dict, path: Path) -> None:
+        if state["epoch"] == at_epoch and mid_save:
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            partial = buffer.getvalue()[: len(buffer.getvalue()) // 2]
+            (path.parent / f".{path.name}.killed.tmp").write_bytes(partial)
+            raise KeyboardInterrupt
+        original(state, path)
+        if state["epoch"] == at_epoch:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "save_training_state", save)
+
+
+@pytest.mark.parametrize("mid_save", [False, True], ids=["after-save", "during-save"])
+def test_killed_run_resumes_to_identical_weights(
+    reference_run, image_folder, tmp_path, train_script, tiny_args, monkeypatch, mid_save
+):
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        _interrupt_after_save(patch, at_epoch=3 if mid_save else 2, mid_save=mid_save)
+        with pytest.raises(KeyboardInterrupt):
+            train_script.main(tiny_args(image_folder, run, 4, *RECIPE))
+    # the last complete checkpoint is epoch 2 either way
+    assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 2
+    assert no_temporary_files(run) is not mid_save  # a kill mid-save leaves its temp file
+
+    assert train_script.main(["--resume", str(run)]) == 0
+    assert no_temporary_files(run)
+    assert_same_weights(run / "model.safetensors", reference_run / "model.safetensors")
+    assert_same_weights(run / "best.safetensors", reference_run / "best.safetensors")
+    ours = torch.load(run / "training_state.pt", weights_only=True)
+    theirs = torch.load(reference_run / "training_state.pt", weights_only=True)
+    for key in theirs["model"]:
+        assert torch.equal(ours["model"][key], theirs["model"][key]), key
+    rows, expected = read_rows(run / "metrics.csv"), read_rows(reference_run / "metrics.csv")
+    for row, ref in zip(rows, expected, strict=True):
+        for key in ("epoch", "train_loss", "train_acc", "test_loss", "test_top1", "ema_top1"):
+            assert row[key] == ref[key], (key, row["epoch"])
+
+
+def test_sigkilled_process_resumes_to_identical_weights(
+    reference_run, image_folder, tmp_path, tiny_args
+):
+    """A real `kill -9` at whatever moment the first checkpoint appears, then --resume."""
+    run = tmp_path / "run"
+    command = [sys.executable, str(ROOT / "train.py")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen(
+        command + tiny_args(image_folder, run, 4, *RECIPE),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not (run / "training_state.pt").exists() and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    state = torch.load(run / "training_state.pt", weights_only=True)
+    assert 1 <= state["epoch"] <= 4
+    resumed = subprocess.run(command + ["--resume", str(run)], env=env, capture_output=True)
+    assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
+    assert_same_weights(run / "model.safetensors", reference_run / "model.safetensors")
+
+
+def test_nan_loss_stops_and_keeps_the_last_checkpoint(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
+):
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1)) == 0
+    kept = {name: (run / name).read_bytes() for name in RUN_FILES if name != "curves.png"}
+
+    def diverged(self, x, pre_logits=False):  # logits of a model whose weights blew up
+        return x[:, 0, : self.num_classes] * float("nan")
+
+    monkeypatch.setattr(VisionTransformer, "forward_head", diverged)
+    assert train_script.main(["--resume", str(run), "--epochs", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "loss became nan at epoch 2, step 1/" in err and "end of epoch 1" in err
+    for name, content in kept.items():
+        if name != "config.yaml":  # the resumed run records its new --epochs
+            assert (run / name).read_bytes() == content, name
+
+
+def test_data_errors_exit_with_a_message(tmp_path, train_script, tiny_args, capsys):
+    assert train_script.main(tiny_args(tmp_path / "missing", tmp_path / "run")) == 2
+    assert "neither one of cifar10, cifar100" in capsys.readouterr().err
+
+
+def test_batch_larger_than_dataset_is_explained(image_folder, tmp_path, train_script, tiny_args):
+    args = tiny_args(image_folder, tmp_path / "run") + ["--batch-size", "100"]
+    assert train_script.main(args) == 2
+
+
+def test_interrupted_atomic_write_keeps_the_old_file(tmp_path):
+    path = tmp_path / "training_state.pt"
+    engine.save_training_state({"epoch": 1}, path)
+
+    def dies_mid_write(tmp: Path) -> None:
+        tmp.write_bytes(b"half a checkpo")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        vit.weights.atomic_write(path, dies_mid_write)
+    assert engine.load_training_state(path) == {"epoch": 1}
+    assert no_temporary_files(tmp_path)
+
+
+def test_warmup_cosine_schedule():
+    factor = engine.warmup_cosine(total_steps=110, warmup_steps=10, min_ratio=0.01)
+    assert factor(0) == pytest.approx(0.1) and factor(9) == pytest.approx(1.0)
+    assert factor(60) == pytest.approx(0.01 + 0.99 * 0.5)  # halfway through the cosine
+    assert factor(110) == pytest.approx(0.01)
+
+
+def test_no_weight_decay_on_biases_norms_and_embeddings():
+    model = vit.create_model("vit_cifar_patch4_32", depth=1, embed_dim=32, num_heads=2)
+    decay, no_decay = engine.param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    skipped = {names[id(p)] for p in no_decay["params"]}
+    assert {"pos_embed", "cls_token", "norm.weight", "head.bias"} <= skipped
+    assert {names[id(p)] for p in decay["params"]} == {
+        "patch_embed.proj.weight",
+        "blocks.0.attn.qkv.weight",
+        "blocks.0.attn.proj.weight",
+        "blocks.0.mlp.fc1.weight",
+        "blocks.0.mlp.fc2.weight",
+        "head.weight",
+    }
