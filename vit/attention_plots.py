@@ -83,7 +83,7 @@ def plot_explanations(
     for name, values in maps.items():
         if len(values) != batch:
             raise ValueError(f"map {name!r} has {len(values)} entries for {batch} images")
-    fig, axes = _new_figure(batch, 1 + len(maps))
+    fig, axes = _new_figure(batch, 1 + len(maps), cell=1.6)
     for i in range(batch):
         axes[i, 0].imshow(images[i], interpolation="nearest")
         if row_titles is not None:
@@ -113,7 +113,7 @@ def plot_attention_grid(
     """
     gh, gw = grid_size
     depth, heads = len(attentions), attentions[0].shape[1]
-    fig, axes = _new_figure(depth, heads, cell=1.4)
+    fig, axes = _new_figure(depth, heads, cell=1.0)
     for layer, attention in enumerate(attentions):
         rows = attention[image_index, :, query, num_prefix_tokens:].reshape(heads, gh, gw)
         for head in range(heads):

@@ -1,0 +1,58 @@
+"""notebooks/attention_maps.ipynb runs top to bottom and draws its figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "attention_maps.ipynb"
+# The notebook reads VIT_WEIGHTS too (the kernel inherits the environment): another model.
+WEIGHTS = Path(os.environ.get("VIT_WEIGHTS", ROOT / "weights" / "cifar10_vit_cpu.safetensors"))
+TEST_DIR = ROOT.parent / "shared" / "data" / "cifar10-jpg" / "test"
+
+
+@pytest.fixture
+def this_python_kernel(tmp_path, monkeypatch) -> str:
+    """A kernelspec that runs ipykernel with the interpreter running the tests.
+
+    A "python3" kernel found on the Jupyter path might belong to another environment without
+    `vit` installed; a uniquely named spec in a JUPYTER_PATH folder (searched first) cannot."""
+    name = "vit-tests-python"
+    spec_dir = tmp_path / "kernels" / name
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "vit tests",
+        "language": "python",
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    return name
+
+
+def test_attention_notebook_runs(this_python_kernel):
+    if not TEST_DIR.is_dir():
+        pytest.skip(f"CIFAR-10 test images not found at {TEST_DIR} (the shared data copy)")
+    assert WEIGHTS.exists(), f"the notebook needs the trained model {WEIGHTS}"
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(
+        notebook,
+        kernel_name=this_python_kernel,
+        timeout=600,
+        resources={"metadata": {"path": str(NOTEBOOK.parent)}},  # run from notebooks/
+    )
+    client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
+
+    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
+    assert not [out for out in outputs if out.output_type == "error"]
+    images = [out for out in outputs if "image/png" in out.get("data", {})]
+    assert len(images) == 3  # side-by-side maps, per-head grid, attention distance
+    text = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
+    assert "of 10 correct" in text
