@@ -9,9 +9,9 @@ Three maps of "which patches mattered", all of shape (B, gh, gw) and all batched
 * `relevance` (Chefer, Gur & Wolf 2021, "Generic Attention-model Explainability"):
   R = I, then R += mean_h((grad * A)^+) @ R block by block; the map is R's readout row.
 
-The model-level functions run the model once (twice never: one forward, and one backward for
-the gradient methods) with its explicit attention path switched on, whatever it was using
-before, and restore everything afterwards. The matrix-level functions (`rollout_matrix`,
+The model-level functions run one forward pass (plus one backward for the gradient methods)
+in eval mode with the explicit attention path switched on, whatever the model was using
+before, and restore both settings afterwards. The matrix-level functions (`rollout_matrix`,
 `gradient_rollout_matrix`, `relevance_matrix`, `patch_map`) take captured tensors and work for
 any number of prefix tokens and any grid, which is what the tests exercise directly.
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -105,7 +105,7 @@ class AttentionRecord:
     logits: torch.Tensor
     attentions: list[torch.Tensor]
     gradients: list[torch.Tensor] | None = None
-    targets: torch.Tensor | None = field(default=None)
+    targets: torch.Tensor | None = None
 
 
 def record_attention(
