@@ -146,7 +146,9 @@ def _convert(parser: argparse.ArgumentParser, key: str, value, source: str):
         try:
             value = action.type(value)
         except ValueError as e:
-            raise SystemExit(f"train.py: error: {source}: bad value for {key}: {value!r} ({e})")
+            raise SystemExit(
+                f"train.py: error: {source}: bad value for {key}: {value!r} ({e})"
+            ) from e
     if action.choices and value not in action.choices:
         raise SystemExit(
             f"train.py: error: {source}: {key} must be one of {list(action.choices)}, got {value!r}"

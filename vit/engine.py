@@ -207,7 +207,9 @@ class ModelEma:
     def update(self, model: nn.Module) -> None:
         self.updates += 1
         decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        for ema, current in zip(self.module.state_dict().values(), model.state_dict().values()):
+        for ema, current in zip(
+            self.module.state_dict().values(), model.state_dict().values(), strict=True
+        ):
             if ema.dtype.is_floating_point:
                 ema.lerp_(current.detach(), 1.0 - decay)
             else:

@@ -1,0 +1,67 @@
+"""DistributedDataParallel: two CPU processes (gloo) equal one process on the same global batch."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vit.distributed import DistInfo, from_env
+
+ROOT = Path(__file__).resolve().parents[1]
+# No MixUp/CutMix or stochastic depth: their random draws differ per process by design.
+# Augmentation stays on: it is seeded per sample, so both runs see the same images.
+DETERMINISTIC = ("--mixup", "0", "--cutmix", "0", "--drop-path", "0", "--reprob", "0.5")
+
+
+def test_from_env_reads_torchrun_variables():
+    assert from_env({}) == DistInfo()
+    info = from_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
+    assert (info.rank, info.world_size, info.local_rank, info.is_main) == (3, 4, 1, False)
+    assert info.enabled and not DistInfo().enabled
+
+
+def _metrics(run: Path) -> list[dict]:
+    with open(run / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_two_processes_equal_one_on_the_same_global_batch(image_folder, tmp_path, tiny_args):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    # one process, batch 8 == two processes, batch 4 each
+    one = tiny_args(image_folder, single, 2, *DETERMINISTIC) + ["--batch-size", "8"]
+    two = tiny_args(image_folder, ddp, 2, *DETERMINISTIC) + ["--batch-size", "4"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    for command in (
+        torchrun + ["--nproc_per_node", "1", str(ROOT / "train.py"), *one],
+        torchrun + ["--nproc_per_node", "2", str(ROOT / "train.py"), *two],
+    ):
+        done = subprocess.run(command, env=env, capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stderr.decode()[-3000:]
+
+    a, b = load_file(single / "model.safetensors"), load_file(ddp / "model.safetensors")
+    for key in a:
+        # The gradient all-reduce sums in another order, so weights agree up to rounding, about
+        # 1e-7 here. One exception sets the tolerance: the key part of the qkv bias has a zero
+        # true gradient (softmax ignores a shift shared by all keys), so its gradient is pure
+        # rounding noise, which Adam rescales into real steps (~1e-5 after 12 steps of lr 3e-3).
+        assert torch.allclose(a[key], b[key], rtol=0, atol=5e-5), key
+        if not key.endswith("qkv.bias"):
+            assert torch.allclose(a[key], b[key], rtol=0, atol=2e-6), key
+    moved = load_file(single / "model.safetensors")["head.weight"].abs().sum()
+    assert moved > 0  # the zero-initialised head trained: the comparison is not vacuous
+    rows_a, rows_b = _metrics(single), _metrics(ddp)
+    for row_a, row_b in zip(rows_a, rows_b, strict=True):
+        assert float(row_a["train_loss"]) == pytest.approx(float(row_b["train_loss"]), rel=1e-4)
+        # evaluation is sharded across processes and the counts summed: same images, once each
+        assert row_a["test_top1"] == row_b["test_top1"]
+    # rank 0 alone writes the run folder: one TensorBoard event file, one metrics row per epoch
+    assert len(list((ddp / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    assert len(rows_b) == 2
