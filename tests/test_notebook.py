@@ -55,4 +55,4 @@ def test_attention_notebook_runs(this_python_kernel):
     images = [out for out in outputs if "image/png" in out.get("data", {})]
     assert len(images) == 3  # side-by-side maps, per-head grid, attention distance
     text = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
-    assert "of 10 correct" in text
+    assert "of 10 shown images correct" in text and "uniform attention" in text
