@@ -222,6 +222,53 @@ def test_nan_loss_stops_and_keeps_the_last_checkpoint(
             assert (run / name).read_bytes() == content, name
 
 
+def test_fine_tune_from_weights_at_another_size(image_folder, tmp_path, train_script, tiny_args):
+    """--pretrained PATH --img-size 48: position embeddings resampled from the 8x8 to a 12x12
+    grid, the 5-class head replaced by a fresh 3-class one, 32x32 images resized to 48x48."""
+    torch.manual_seed(0)
+    source = vit.create_model("vit_cifar_patch4_32", num_classes=5, depth=2, embed_dim=32,
+                              num_heads=2)  # fmt: skip
+    vit.save_weights(source, tmp_path / "source.safetensors")
+    run = tmp_path / "run"
+    args = tiny_args(image_folder, run, 1) + [
+        "--pretrained", str(tmp_path / "source.safetensors"), "--img-size", "48",
+        "--lr", "1e-12", "--min-lr", "1e-13", "--no-model-ema",
+    ]  # fmt: skip
+    assert train_script.main(args) == 0
+    tuned = vit.load_model(run / "model.safetensors")
+    assert tuned.patch_embed.img_size == (48, 48) and tuned.num_classes == 3
+    assert tuned.pos_embed.shape == (1, 1 + 12 * 12, 32)
+    assert tuned.preprocess.input_size == (48, 48)
+    # a learning rate of 1e-12 leaves the fine-tuned weights where the source put them
+    weights = tuned.state_dict()
+    assert torch.allclose(weights["blocks.1.mlp.fc1.weight"], source.blocks[1].mlp.fc1.weight)
+    expected = vit.resample_abs_pos_embed(source.pos_embed.detach(), (12, 12))
+    assert torch.allclose(weights["pos_embed"], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_mixed_precision_trains(image_folder, tmp_path, train_script, tiny_args, dtype):
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1, "--amp", "--amp-dtype", dtype)) == 0
+    row = read_rows(run / "metrics.csv")[0]
+    assert 0 < float(row["train_loss"]) < 2 and float(row["test_top1"]) > 0
+    state = torch.load(run / "training_state.pt", weights_only=True)
+    if dtype == "float16":  # float16 needs the gradient scaler; bfloat16 has float32's range
+        assert state["scaler"]["scale"] > 0
+    else:
+        assert state["scaler"] == {}
+
+
+def test_corrupt_image_stops_training_naming_it(
+    image_folder, make_images, tmp_path, train_script, tiny_args, capsys
+):
+    data = make_images(tmp_path / "data", train_per_class=4, test_per_class=2)
+    bad = data / "train" / "red" / "0002.jpg"
+    bad.write_bytes(b"\x89PNG truncated")
+    assert train_script.main(tiny_args(data, tmp_path / "run", 1, "--no-cache")) == 2
+    assert f"cannot read image {bad}" in capsys.readouterr().err
+
+
 def test_data_errors_exit_with_a_message(tmp_path, train_script, tiny_args, capsys):
     assert train_script.main(tiny_args(tmp_path / "missing", tmp_path / "run")) == 2
     assert "neither one of cifar10, cifar100" in capsys.readouterr().err
@@ -267,3 +314,35 @@ def test_no_weight_decay_on_biases_norms_and_embeddings():
         "blocks.0.mlp.fc2.weight",
         "head.weight",
     }
+
+
+CIFAR10_JPG = ROOT / "../shared/data/cifar10-jpg"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not (CIFAR10_JPG / "train").is_dir(),
+    reason=f"the CIFAR-10 JPEG copy is not at {CIFAR10_JPG.resolve()}",
+)
+def test_learns_real_cifar10_well_above_chance(tmp_path, train_script, evaluate_script):
+    """Briefly train on 5,000 real CIFAR-10 images; 1,000 test images must score >= 25%
+    top-1 (chance: 10%), both in training's metrics and through evaluate.py."""
+    run = tmp_path / "run"
+    args = [
+        "--data", str(CIFAR10_JPG), "--output-dir", str(run), "--device", "cpu",
+        "--train-subset", "5000", "--test-subset", "1000", "--epochs", "5",
+        "--model-kwargs", "embed_dim=64", "depth=3", "num_heads=4",
+        "--batch-size", "32", "--lr", "2e-3", "--warmup-epochs", "0.3", "--workers", "0",
+        "--aa", "none", "--reprob", "0", "--mixup", "0", "--cutmix", "0", "--drop-path", "0",
+        "--label-smoothing", "0", "--model-ema-decay", "0.99",
+    ]  # fmt: skip
+    assert train_script.main(args) == 0
+    top1 = float(read_rows(run / "metrics.csv")[-1]["ema_top1"])
+    assert top1 >= 0.25
+    report = tmp_path / "report.json"
+    eval_args = ["--checkpoint", str(run), "--data", str(CIFAR10_JPG), "--subset", "1000",
+                 "--json", str(report), "--workers", "0", "--device", "cpu"]  # fmt: skip
+    assert evaluate_script.main(eval_args) == 0
+    result = yaml.safe_load(report.read_text())  # JSON is YAML
+    assert result["num_images"] == 1000 and len(result["per_class"]) == 10
+    assert result["top1"] == pytest.approx(top1)
