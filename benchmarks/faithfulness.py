@@ -7,7 +7,7 @@ first: a faithful map makes accuracy collapse, so a LOWER area under the curve i
 Negative perturbation removes the least relevant first: a HIGHER area is better. A random map
 is the baseline every method must beat. Maps explain the predicted class (the default).
 
-    python benchmarks/faithfulness.py                       # 500 test images, about 4 minutes
+    python benchmarks/faithfulness.py                       # 500 test images, about 3 minutes
     python benchmarks/faithfulness.py --num-images 2000 --weights path/to/model.safetensors
 """
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -31,6 +33,15 @@ A2 = [[0.0, 0.2, 0.8], [1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]
 #   a1 = [[.6 .3 .1] [0 .75 .25] [.2 0 .8]],  a2 = [[.5 .1 .4] [.5 .5 0] [.25 .25 .5]]
 # and rollout = a2 @ a1, worked out by hand:
 ROLLOUT = [[0.38, 0.225, 0.395], [0.3, 0.525, 0.175], [0.25, 0.2625, 0.4875]]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on shared cores they lose a lot."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 def tiny_model(seed: int = 0, **overrides) -> vit.VisionTransformer:
@@ -377,3 +388,36 @@ def test_perturbation_curves_and_area():
     # the shared end points (nothing / everything removed) match a direct negative curve
     direct = perturbation_curve(model, images, predicted, scores, False, (0.0, 0.5, 1.0))
     torch.testing.assert_close(result.negative_curve, direct)
+
+
+def test_faithfulness_script_prints_a_table(tmp_path, capsys):
+    # The benchmark end to end on a tiny saved model and a tiny image folder.
+    import importlib.util
+
+    from PIL import Image
+
+    classes = [f"class{i}" for i in range(3)]
+    generator = np.random.default_rng(0)
+    for name in classes:
+        (tmp_path / "test" / name).mkdir(parents=True)
+        for j in range(2):
+            pixels = generator.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "test" / name / f"{j:04d}.jpg")
+    model = tiny_model(num_classes=3)
+    model.preprocess = vit.Preprocess(input_size=(16, 16), crop_pct=1.0)
+    weights = vit.save_weights(model, tmp_path / "tiny.safetensors", class_names=classes)
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "faithfulness.py"
+    spec = importlib.util.spec_from_file_location("faithfulness_benchmark", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    args = ["--weights", str(weights), "--data", str(tmp_path / "test"), "--num-images", "6"]
+    script.main([*args, "--threads", "1"])
+
+    out = capsys.readouterr().out
+    assert "6 CIFAR-10 test images" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "AUC" not in line]
+    assert len(rows) == 6  # random baseline + five methods
+    for row in rows:
+        positive, negative = (float(cell) for cell in row.strip("|").split("|")[1:])
+        assert 0.0 <= positive <= 1.0 and 0.0 <= negative <= 1.0
