@@ -7,8 +7,8 @@ first: a faithful map makes accuracy collapse, so a LOWER area under the curve i
 Negative perturbation removes the least relevant first: a HIGHER area is better. A random map
 is the baseline every method must beat. Maps explain the predicted class (the default).
 
-    python benchmarks/faithfulness.py                       # 500 test images, about 3 minutes
-    python benchmarks/faithfulness.py --num-images 2000 --weights path/to/model.safetensors
+    python benchmarks/faithfulness.py                       # 1000 test images, about 3 minutes
+    python benchmarks/faithfulness.py --num-images 200 --weights path/to/model.safetensors
 """
 
 from __future__ import annotations
@@ -78,9 +78,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--weights", default=ROOT / "weights/cifar10_vit_cpu.safetensors")
     parser.add_argument("--data", default=ROOT.parent / "shared/data/cifar10-jpg/test")
-    parser.add_argument("--num-images", type=int, default=500)
+    parser.add_argument("--num-images", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=250)
-    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    # One thread: these small models gain little from intra-op threads, and on CPU cores shared
+    # with other jobs two threads ran this script 2.5x slower than one.
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
