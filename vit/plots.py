@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .weights import atomic_write
 
@@ -39,6 +40,7 @@ def plot_curves(history: Sequence[dict], path: str | Path) -> Path:
     ax_loss.set(xlabel="epoch", ylabel="cross-entropy loss", title="Loss")
     ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="Accuracy")
     for ax in (ax_loss, ax_acc):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs only
         ax.grid(alpha=0.3)
         ax.legend()
     return _save(fig, path)
