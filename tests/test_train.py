@@ -325,20 +325,28 @@ CIFAR10_JPG = ROOT / "../shared/data/cifar10-jpg"
     reason=f"the CIFAR-10 JPEG copy is not at {CIFAR10_JPG.resolve()}",
 )
 def test_learns_real_cifar10_well_above_chance(tmp_path, train_script, evaluate_script):
-    """Briefly train on 5,000 real CIFAR-10 images; 1,000 test images must score >= 25%
-    top-1 (chance: 10%), both in training's metrics and through evaluate.py."""
+    """Train 6 epochs on 10,000 real CIFAR-10 images (~2 min); 1,000 test images must score
+    >= 30% top-1 (chance: 10%; this run measured 34.9%), in training's metrics and through
+    evaluate.py alike."""
     run = tmp_path / "run"
     args = [
         "--data", str(CIFAR10_JPG), "--output-dir", str(run), "--device", "cpu",
-        "--train-subset", "5000", "--test-subset", "1000", "--epochs", "5",
+        "--train-subset", "10000", "--test-subset", "1000", "--epochs", "6",
         "--model-kwargs", "embed_dim=64", "depth=3", "num_heads=4",
         "--batch-size", "32", "--lr", "2e-3", "--warmup-epochs", "0.3", "--workers", "0",
         "--aa", "none", "--reprob", "0", "--mixup", "0", "--cutmix", "0", "--drop-path", "0",
         "--label-smoothing", "0", "--model-ema-decay", "0.99",
     ]  # fmt: skip
-    assert train_script.main(args) == 0
+    # One thread: on a few shared cores, two OpenMP threads stall each other (an epoch measured
+    # 165 s instead of 15 s under load); one thread runs this small model at ~650 images/s.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert train_script.main(args) == 0
+    finally:
+        torch.set_num_threads(threads)
     top1 = float(read_rows(run / "metrics.csv")[-1]["ema_top1"])
-    assert top1 >= 0.25
+    assert top1 >= 0.30
     report = tmp_path / "report.json"
     eval_args = ["--checkpoint", str(run), "--data", str(CIFAR10_JPG), "--subset", "1000",
                  "--json", str(report), "--workers", "0", "--device", "cpu"]  # fmt: skip
