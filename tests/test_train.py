@@ -259,6 +259,17 @@ def test_mixed_precision_trains(image_folder, tmp_path, train_script, tiny_args,
         assert state["scaler"] == {}
 
 
+@pytest.mark.slow
+def test_compiled_training_matches_eager(image_folder, tmp_path, train_script, tiny_args):
+    """--compile (torch.compile; ~40 s of compilation on CPU) trains to the eager weights,
+    and its checkpoints carry plain parameter names (no `_orig_mod.` prefix)."""
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    assert train_script.main(tiny_args(image_folder, eager, 1, "--no-model-ema")) == 0
+    args = tiny_args(image_folder, compiled, 1, "--no-model-ema", "--compile")
+    assert train_script.main(args) == 0
+    assert_same_weights(compiled / "model.safetensors", eager / "model.safetensors", atol=1e-5)
+
+
 def test_corrupt_image_stops_training_naming_it(
     image_folder, make_images, tmp_path, train_script, tiny_args, capsys
 ):
