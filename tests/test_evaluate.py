@@ -97,3 +97,24 @@ def test_model_name_with_weights_file(checkpoint, image_folder, tmp_path, evalua
     # vit_cifar_patch4_32 has 9 blocks of 192 channels: the tiny checkpoint does not fit it
     assert evaluate_script.main(args) == 2
     assert "another architecture" in capsys.readouterr().err
+
+
+def test_imagenet_style_folder_with_a_model_name(make_images, tmp_path, evaluate_script):
+    """A timm name + weights on an ImageNet-style folder holding two WordNet-id classes:
+    labels map to ImageNet indices 0 and 1 (tench, goldfish), 40x40 images resized to 224."""
+    torch.manual_seed(0)
+    model = vit.create_model("vit_tiny_patch16_224")
+    with torch.no_grad():
+        model.head.bias[1] = 100.0  # the zero-initialised head now says "goldfish" for all
+    weights = tmp_path / "vit_tiny.safetensors"
+    vit.save_weights(model, weights)
+    data = make_images(tmp_path / "imagenet", ("n01440764", "n01443537"), 1, 3, size=40)
+    report = tmp_path / "r.json"
+    args = ["--checkpoint", "vit_tiny_patch16_224", "--pretrained", str(weights),
+            "--data", str(data), "--json", str(report), "--workers", "0", "--device", "cpu",
+            "--output-dir", str(tmp_path / "out")]  # fmt: skip
+    assert evaluate_script.main(args) == 0
+    result = json.loads(report.read_text())
+    assert result["per_class"] == {"n01440764": 0.0, "n01443537": 1.0}
+    assert result["top1"] == 0.5 and result["num_images"] == 6
+    assert (tmp_path / "out" / "confusion_matrix.png").is_file()
