@@ -158,3 +158,44 @@ def test_copied_folder_fixture_is_independent(image_folder, tmp_path):
     (copy / "train" / "red" / "0000.jpg").unlink()
     assert len(load_split(str(copy), "train")) == 47
     assert len(load_split(str(image_folder), "train")) == 48
+
+
+def _write_fake_cifar10(root, per_batch: int = 4) -> np.ndarray:
+    """torchvision's CIFAR-10 pickle layout with a few random images; returns the test images
+    as (N, 32, 32, 3)."""
+    import pickle
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    test_images = None
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        chw = rng.integers(0, 256, (per_batch, 3, 32, 32), dtype=np.uint8)
+        entry = {"data": chw.reshape(per_batch, -1), "labels": list(range(per_batch))}
+        (folder / name).write_bytes(pickle.dumps(entry))
+        test_images = chw.transpose(0, 2, 3, 1)
+    names = ["airplane", "automobile", "bird", "cat", "deer"]
+    names += ["dog", "frog", "horse", "ship", "truck"]
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": names}))
+    return test_images
+
+
+def test_torchvision_cifar10_arrays(tmp_path, monkeypatch):
+    """--data cifar10 reads torchvision's CIFAR-10 files (md5 checks off for the fakes)."""
+    from torchvision.datasets import cifar
+
+    expected = _write_fake_cifar10(tmp_path)
+    monkeypatch.setattr(cifar, "check_integrity", lambda *args, **kwargs: True)
+    monkeypatch.setattr(cifar.CIFAR10, "_check_integrity", lambda self: True)
+    train = load_split("cifar10", "train", data_root=tmp_path, download=False)
+    test = load_split("CIFAR10", "test", data_root=tmp_path, download=False)
+    assert len(train) == 20 and len(test) == 4
+    assert train.class_names[:3] == ["airplane", "automobile", "bird"]
+    assert np.array_equal(test.image(2), expected[2]) and test[2][1] == 2
+    test.transform = EvalTransform(CIFAR_PRE)
+    assert test[0][0].shape == (3, 32, 32)
+
+
+def test_missing_cifar_without_download_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"cifar100 is not in .* pass --data a folder"):
+        load_split("cifar100", "train", data_root=tmp_path, download=False)

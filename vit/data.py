@@ -169,7 +169,7 @@ def _torchvision_split(name: str, root: Path, train: bool, download: bool) -> Im
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
     try:
         ds = cls(root=str(root), train=train, download=download)
-    except RuntimeError as e:  # "Dataset not found or corrupted" when offline
+    except (RuntimeError, OSError) as e:  # not found / corrupted; URLError when offline
         raise FileNotFoundError(
             f"{name} is not in {root} and could not be downloaded ({e}); run once with "
             f"internet access, or pass --data a folder with train/ and test/ subfolders"
