@@ -384,13 +384,17 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
     # single-process run. DDP copies rank 0's initial weights to every process.
     seed_everything(cfg.seed + info.rank)
 
-    # data
+    # data: rank 0 first, so that a CIFAR download happens once, not once per process
+    if not main:
+        distributed.barrier()
     train_set = load_split(
         cfg.data, "train", cfg.data_root, cfg.download, cfg.cache, cfg.train_subset, cfg.seed
     )
     test_set = load_split(
         cfg.data, "test", cfg.data_root, cfg.download, cfg.cache, cfg.test_subset, cfg.seed
     )
+    if main:
+        distributed.barrier()
     if test_set.class_names != train_set.class_names:
         raise ValueError(
             f"train and test splits of {cfg.data} have different classes: "
