@@ -73,6 +73,9 @@ def test_our_files_carry_config_and_class_names(tmp_path):
     names = ["a", "b", "c", "d", "e"]
     path = vit.save_weights(model, tmp_path / "run" / "model.safetensors", class_names=names)
     assert sorted(p.name for p in path.parent.iterdir()) == ["model.safetensors"]  # no temp left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # a normal file, not mkstemp's 0600
     restored = vit.load_model(path)  # no other file, no architecture given
     assert restored.class_names == names
     assert restored.patch_embed.img_size == (32, 48)
