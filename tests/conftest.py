@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 CLASSES = ("blue", "green", "red")
@@ -80,3 +81,12 @@ def tiny_train_args(data: Path, out: Path, epochs: int = 2, *extra: str) -> list
 @pytest.fixture(scope="session")
 def tiny_args():
     return tiny_train_args
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on shared cores they lose a lot."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -22,13 +22,7 @@ from vit.explain import attention_rollout, model_attention_distance, record_atte
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on shared cores they lose a lot."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -35,13 +35,7 @@ A2 = [[0.0, 0.2, 0.8], [1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]
 ROLLOUT = [[0.38, 0.225, 0.395], [0.3, 0.525, 0.175], [0.25, 0.2625, 0.4875]]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on shared cores they lose a lot."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see conftest.py
 
 
 def tiny_model(seed: int = 0, **overrides) -> vit.VisionTransformer:
