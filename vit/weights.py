@@ -29,7 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
 
-from .model import VisionTransformer
+from .model import VisionTransformer, to_pair
 
 logger = logging.getLogger("vit")
 
@@ -227,9 +227,8 @@ def resample_abs_pos_embed(
             f"{old_size[0]}x{old_size[1]} grid; pass old_size=(grid_h, grid_w)"
         )
     dim, dtype = posemb.shape[-1], posemb.dtype
-    grid = (
-        grid.float().reshape(1, old_size[0], old_size[1], dim).permute(0, 3, 1, 2)
-    )  # (1, D, h, w)
+    grid = grid.float().reshape(1, old_size[0], old_size[1], dim)  # (1, h, w, D)
+    grid = grid.permute(0, 3, 1, 2)  # channels first for F.interpolate: (1, D, h, w)
     grid = F.interpolate(grid, size=new_size, mode=interpolation, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)  # (1, new_h*new_w, D)
     return torch.cat([prefix, grid], dim=1)
@@ -241,10 +240,8 @@ def _stored_grid(metadata: dict) -> tuple[int, int] | None:
     config = metadata.get("vit.config")
     if not config:
         return None
-    img = config["img_size"]
-    patch = config["patch_size"]
-    img = (img, img) if isinstance(img, int) else img
-    patch = (patch, patch) if isinstance(patch, int) else patch
+    img = to_pair(config["img_size"], "img_size")
+    patch = to_pair(config["patch_size"], "patch_size")
     return (img[0] // patch[0], img[1] // patch[1])
 
 
