@@ -1,4 +1,4 @@
-"""notebooks/attention_maps.ipynb runs top to bottom and draws its figures."""
+"""The notebooks run top to bottom, draw their figures and pass their own checks."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "notebooks" / "attention_maps.ipynb"
+NOTEBOOKS = ROOT / "notebooks"
 # The notebook reads VIT_WEIGHTS too (the kernel inherits the environment): another model.
 WEIGHTS = Path(os.environ.get("VIT_WEIGHTS", ROOT / "weights" / "cifar10_vit_cpu.safetensors"))
 TEST_DIR = ROOT.parent / "shared" / "data" / "cifar10-jpg" / "test"
@@ -23,7 +23,9 @@ def this_python_kernel(tmp_path, monkeypatch) -> str:
     """A kernelspec that runs ipykernel with the interpreter running the tests.
 
     A "python3" kernel found on the Jupyter path might belong to another environment without
-    `vit` installed; a uniquely named spec in a JUPYTER_PATH folder (searched first) cannot."""
+    `vit` installed; a uniquely named spec in a JUPYTER_PATH folder (searched first) cannot.
+    The kernel inherits the environment, HF_HUB_OFFLINE=1 included: the 224x224 sections use
+    timm's pretrained weights only if they are already cached, and never download in a test."""
     name = "vit-tests-python"
     spec_dir = tmp_path / "kernels" / name
     spec_dir.mkdir(parents=True)
@@ -34,25 +36,33 @@ def this_python_kernel(tmp_path, monkeypatch) -> str:
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     return name
+
+
+def run_notebook(path: Path, kernel_name: str) -> tuple[int, str]:
+    """Execute `path` from its own folder; return (figures drawn, printed text)."""
+    notebook = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        notebook,
+        kernel_name=kernel_name,
+        timeout=600,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
+    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
+    assert not [out for out in outputs if out.output_type == "error"]
+    images = [out for out in outputs if "image/png" in out.get("data", {})]
+    text = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
+    return len(images), text
 
 
 def test_attention_notebook_runs(this_python_kernel):
     if not TEST_DIR.is_dir():
         pytest.skip(f"CIFAR-10 test images not found at {TEST_DIR} (the shared data copy)")
     assert WEIGHTS.exists(), f"the notebook needs the trained model {WEIGHTS}"
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(
-        notebook,
-        kernel_name=this_python_kernel,
-        timeout=600,
-        resources={"metadata": {"path": str(NOTEBOOK.parent)}},  # run from notebooks/
-    )
-    client.execute()  # raises CellExecutionError, with the cell and traceback, on any error
-
-    outputs = [out for cell in notebook.cells if cell.cell_type == "code" for out in cell.outputs]
-    assert not [out for out in outputs if out.output_type == "error"]
-    images = [out for out in outputs if "image/png" in out.get("data", {})]
-    assert len(images) == 3  # side-by-side maps, per-head grid, attention distance
-    text = "".join(out.get("text", "") for out in outputs if out.output_type == "stream")
+    images, text = run_notebook(NOTEBOOKS / "attention_maps.ipynb", this_python_kernel)
+    # CIFAR: side-by-side maps, per-head grid, attention distance; then the 224x224 photo's maps
+    assert images == 4
     assert "of 10 shown images correct" in text and "uniform attention" in text
+    assert "14x14 = 196 patch tokens + 1 class token; each map is (1, 14, 14)" in text
