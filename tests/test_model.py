@@ -1,5 +1,7 @@
 """The model: shapes, both attention paths, and logits identical to timm's for the same weights."""
 
+from functools import partial
+
 import pytest
 import timm
 import torch
@@ -92,6 +94,30 @@ def test_logits_match_timm_for_other_geometries(kwargs):
     theirs = TimmViT(**kwargs)
     torch.nn.init.normal_(theirs.head.weight, std=0.02)
     assert_same_logits_as_timm(vit.VisionTransformer(**kwargs), theirs)
+
+
+@pytest.mark.parametrize("global_pool", ["token", "avg"])
+def test_norm_eps_reaches_every_layernorm_and_matches_timm_bit_for_bit(global_pool):
+    kwargs = dict(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, global_pool=global_pool
+    )
+    ours = vit.VisionTransformer(**kwargs, norm_eps=1e-12)
+    norms = [m for m in ours.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) == 2 * 2 + 1  # two per block, and the final norm (or fc_norm for "avg")
+    assert {m.eps for m in norms} == {1e-12}
+    torch.manual_seed(0)
+    theirs = TimmViT(**kwargs, num_classes=5, norm_layer=partial(torch.nn.LayerNorm, eps=1e-12))
+    randomise_head(theirs)
+    ours = vit.VisionTransformer(**kwargs, num_classes=5, norm_eps=1e-12)
+    assert_same_logits_as_timm(ours, theirs)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        ours.set_fused_attn(True)
+        # the same kernels on the same tensors: identical bits (a wrong eps alone breaks this)
+        assert torch.equal(ours(x), theirs(x))
+        default_eps = vit.VisionTransformer(**kwargs, num_classes=5)  # 1e-6
+        default_eps.load_state_dict(theirs.state_dict())
+        assert not torch.equal(default_eps.eval()(x), theirs(x))
 
 
 @pytest.mark.parametrize("name", [n for n in MODELS if n.endswith("_32")])

@@ -9,8 +9,10 @@ from pathlib import Path
 from torchvision import transforms as T
 
 from .configs import Preprocess, get_spec
+from .layouts import huggingface
+from .layouts import torchvision as torchvision_layout
 from .model import VisionTransformer, ViTConfig, to_pair
-from .weights import load_weights, read_metadata
+from .weights import load_weights, read_checkpoint, read_metadata
 
 
 def create_model(
@@ -24,11 +26,14 @@ def create_model(
 
     pretrained: False for fresh initialisation; True for timm's default pretrained weights for
         this name (downloaded through timm from the Hugging Face hub); or a weights file path
-        (see `vit.load_weights` for the formats).
+        in any layout `vit.load_weights` reads (timm, transformers, torchvision, Google JAX).
     num_classes: replace the classifier (a pretrained head of another size is dropped).
     img_size: another input size; pretrained position embeddings are resampled to it.
     overrides: any other `ViTConfig` field, e.g. drop_path_rate=0.1.
-    The model's `preprocess` attribute says how to prepare images (see `create_transform`).
+    The model's `preprocess` attribute says how to prepare images (see `create_transform`):
+    the name's (timm's) preprocessing, or torchvision's for torchvision weights. With weights
+    whose LayerNorm eps is known (transformers': 1e-12) the model is built with that eps, so
+    its logits equal the original model's, unless `norm_eps` is overridden.
     """
     spec = get_spec(name)
     unknown = set(overrides) - set(ViTConfig.__dataclass_fields__)
@@ -44,14 +49,20 @@ def create_model(
     if img_size is not None:
         kwargs["img_size"] = img_size
         preprocess = replace(preprocess, input_size=to_pair(img_size, "img_size"))
+    checkpoint = None
+    if pretrained is True:
+        checkpoint = read_checkpoint(_timm_pretrained(name, spec.pretrained_tag))
+    elif pretrained:
+        checkpoint = read_checkpoint(pretrained)
+    if checkpoint is not None and checkpoint.norm_eps is not None and "norm_eps" not in overrides:
+        kwargs["norm_eps"] = checkpoint.norm_eps
     model = VisionTransformer(**kwargs)
+    if checkpoint is not None and checkpoint.layout == "torchvision":
+        preprocess = Preprocess.from_dict(torchvision_layout.preprocess_for(preprocess.input_size))
     model.preprocess = preprocess
     model.model_name = name
-
-    if pretrained is True:
-        load_weights(model, _timm_pretrained(name, spec.pretrained_tag))
-    elif pretrained:
-        load_weights(model, pretrained)
+    if checkpoint is not None:
+        load_weights(model, checkpoint)
     return model
 
 
@@ -68,10 +79,29 @@ def _timm_pretrained(name: str, tag: str | None):
 
 
 def load_model(path: str | Path, num_classes: int | None = None) -> VisionTransformer:
-    """Rebuild a model saved by `vit.save_weights` from its `.safetensors` file alone.
+    """Rebuild a model from a file or folder that says what architecture it holds.
 
-    The architecture, class names (`model.class_names`) and preprocessing come from the
-    file's metadata."""
+    path: a `.safetensors` file written by `vit.save_weights` (the architecture, class names
+        and preprocessing come from its metadata), or a transformers ViT folder (`config.json`
+        + `model.safetensors` or `pytorch_model.bin`; `preprocessor_config.json` if present).
+    num_classes: replace the classifier (the stored head is then dropped).
+    The result carries `model.class_names` (None when unknown), `model.model_name` and
+    `model.preprocess`.
+    """
+    path = Path(path)
+    if path.is_dir():
+        return _load_transformers_folder(path, num_classes)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no such file or folder; vit.load_model reads our .safetensors files and "
+            f"transformers folders (config.json + weights)"
+        )
+    if path.suffix != ".safetensors":
+        raise ValueError(
+            f"{path} does not say which architecture it holds (only our .safetensors files and "
+            f"transformers folders do); load it with vit.create_model(NAME, pretrained="
+            f"{str(path)!r}) instead"
+        )
     metadata = read_metadata(path)
     if "vit.config" not in metadata:
         raise ValueError(
@@ -90,6 +120,34 @@ def load_model(path: str | Path, num_classes: int | None = None) -> VisionTransf
         Preprocess.from_dict(stored)
         if stored
         else Preprocess(input_size=model.patch_embed.img_size)
+    )
+    return model
+
+
+def _load_transformers_folder(folder: Path, num_classes: int | None) -> VisionTransformer:
+    """A transformers ViT folder -> our model, architecture and class names from config.json."""
+    hf_config = (
+        huggingface.read_json(folder / "config.json")
+        if (folder / "config.json").is_file()
+        else None
+    )
+    if hf_config is None:
+        raise FileNotFoundError(
+            f"{folder} is a folder without config.json: vit.load_model reads transformers ViT "
+            f"folders (config.json + model.safetensors or pytorch_model.bin) or our "
+            f".safetensors files"
+        )
+    config, class_names = huggingface.config_from_hf(hf_config, source=str(folder))
+    if num_classes is not None:
+        config["num_classes"] = num_classes
+    model = VisionTransformer(**config)
+    load_weights(model, folder)
+    model.class_names = class_names if len(class_names or ()) == model.num_classes else None
+    model.model_name = hf_config.get("_name_or_path") or folder.name
+    processor = folder / "preprocessor_config.json"
+    settings = huggingface.read_json(processor) if processor.is_file() else {}
+    model.preprocess = Preprocess.from_dict(
+        huggingface.preprocess_from_hf(settings, model.patch_embed.img_size)
     )
     return model
 

@@ -52,6 +52,9 @@ class ViTConfig:
     qkv_bias: bool = True
     class_token: bool = True
     fc_norm: bool | None = None  # None: timm's default, a norm after pooling only for "avg"
+    # LayerNorm epsilon everywhere: 1e-6 as in the JAX ViT and timm (PyTorch's default is 1e-5,
+    # transformers' ViT uses 1e-12); a checkpoint's own value is needed to reproduce its logits.
+    norm_eps: float = 1e-6
     drop_rate: float = 0.0  # dropout before the head
     pos_drop_rate: float = 0.0  # dropout after adding position embeddings
     proj_drop_rate: float = 0.0  # dropout after the attention projection and in the MLP
@@ -192,14 +195,16 @@ class Block(nn.Module):
         proj_drop: float = 0.0,
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
+        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        # eps=1e-6 as in the original JAX ViT and timm (PyTorch's default is 1e-5)
-        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
-        self.attn = Attention(dim, num_heads, qkv_bias, attn_drop, proj_drop)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(
+            dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop
+        )
         self.drop_path1 = DropPath(drop_path)
-        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), proj_drop)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
         self.drop_path2 = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -245,21 +250,28 @@ class VisionTransformer(nn.Module):
                 Block(
                     cfg.embed_dim,
                     cfg.num_heads,
-                    cfg.mlp_ratio,
-                    cfg.qkv_bias,
-                    cfg.proj_drop_rate,
-                    cfg.attn_drop_rate,
-                    rate,
+                    mlp_ratio=cfg.mlp_ratio,
+                    qkv_bias=cfg.qkv_bias,
+                    proj_drop=cfg.proj_drop_rate,
+                    attn_drop=cfg.attn_drop_rate,
+                    drop_path=rate,
+                    norm_eps=cfg.norm_eps,
                 )
                 for rate in drop_path_rates
             ]
         )
         # timm's layout: the final norm sits before pooling, or after it (fc_norm) for "avg"
-        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(cfg.embed_dim, eps=1e-6)
-        self.fc_norm = nn.LayerNorm(cfg.embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
+        self.fc_norm = (
+            nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
+        )
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = self._make_head(cfg.num_classes)
         self.init_weights()
+        # Set by vit.create_model / vit.load_model, saved beside the weights by vit.save_weights.
+        self.model_name: str | None = None
+        self.class_names: list[str] | None = None  # one per output, in output order
+        self.preprocess = None  # a vit.Preprocess: how images must be prepared for this model
 
     # -- construction ------------------------------------------------------------------------
     def _make_head(self, num_classes: int) -> nn.Module:

@@ -1,12 +1,14 @@
-"""Reading, converting and loading ViT weights; saving them with their config.
+"""Reading checkpoint files, loading them into a model, saving ours with their config.
 
-Sources `load_weights` accepts:
+Files are read here; what their tensors are called is `vit.layouts`' job, so every source
+below works in every layout (timm's, transformers', torchvision's, Google's JAX):
   * `.safetensors` files (ours carry the model config and class names in their metadata),
-  * torch pickles `.pth/.pt/.bin` holding a state dict, possibly under `model`/`state_dict`
+  * torch pickles `.pth/.pt/.bin/.ckpt` holding a state dict, possibly under `model`/`state_dict`
     and/or with DistributedDataParallel's `module.` prefix -- read with `weights_only=True`,
     so a file that would run code while loading is refused,
   * Google's original JAX `.npz` checkpoints (vit_jax and big_vision layouts),
-  * a timm (or our) model instance, or a plain dict of tensors.
+  * a transformers folder (`config.json` + `model.safetensors` or `pytorch_model.bin`),
+  * a model instance (timm's, ours, transformers' or torchvision's), or a plain dict of tensors.
 """
 
 from __future__ import annotations
@@ -14,9 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import pickle
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,13 +29,38 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
 
+from . import layouts
+from .io import atomic_write
+from .layouts import huggingface
+from .layouts.google_jax import convert_jax_checkpoint
 from .model import VisionTransformer, to_pair
+
+# Re-exported: other modules and users import them from here.
+__all__ = [
+    "Checkpoint",
+    "LoadReport",
+    "adapt_state_dict",
+    "atomic_write",
+    "convert_jax_checkpoint",
+    "load_weights",
+    "read_checkpoint",
+    "read_metadata",
+    "read_state_dict",
+    "resample_abs_pos_embed",
+    "save_weights",
+]
 
 logger = logging.getLogger("vit")
 
 TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
-ACCEPTED = "a .safetensors, .pth/.pt/.bin/.ckpt or Google .npz file, an nn.Module, or a dict"
+ACCEPTED = (
+    "a .safetensors, .pth/.pt/.bin/.ckpt or Google .npz file, a transformers folder "
+    "(config.json + weights), an nn.Module, or a dict"
+)
 WRAPPER_KEYS = ("model", "state_dict", "model_state_dict")
+# LayerNorm eps a layout's checkpoints are trained with when nothing else says (timm, torchvision
+# and JAX: 1e-6, which is also our default); transformers' ViTConfig default is 1e-12.
+LAYOUT_NORM_EPS = {"transformers": 1e-12}
 
 
 @dataclass
@@ -47,7 +72,20 @@ class LoadReport:
     unexpected: list[str] = field(default_factory=list)  # in the source, absent from the model
     fresh_head: bool = False  # the source's head was absent or of another num_classes
     resampled_pos_embed: tuple | None = None  # (old grid, new grid) when resampled
+    layout: str = "timm"  # the source's naming: timm, transformers, torchvision, google_jax
     messages: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Checkpoint:
+    """A source read and renamed to timm's names, with what it says about itself."""
+
+    state_dict: dict[str, torch.Tensor]  # timm names, on the CPU
+    metadata: dict = field(default_factory=dict)  # our "vit.*" metadata ({} for other files)
+    layout: str = "timm"
+    notes: list[str] = field(default_factory=list)  # what the conversion dropped or assumed
+    norm_eps: float | None = None  # LayerNorm eps the weights were trained with, if known
+    description: str = ""  # the source, for messages
 
 
 # -- reading files -------------------------------------------------------------------------------
@@ -96,33 +134,27 @@ def _read_torch(path: Path) -> dict[str, torch.Tensor]:
     return _unwrap(state, path)
 
 
-def _read_npz(path: Path) -> dict[str, torch.Tensor]:
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
+            return {k: npz[k] for k in npz.files}
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
         raise ValueError(f"cannot read {path}: truncated or not an .npz archive ({e})") from e
-    return convert_jax_checkpoint(arrays, source=str(path))
 
 
-def read_state_dict(source: str | Path | nn.Module | Mapping) -> tuple[dict, dict]:
-    """Any accepted source -> (timm-named state dict on CPU, our metadata or {})."""
-    if isinstance(source, nn.Module):
-        return dict(source.state_dict()), {}
-    if isinstance(source, Mapping):
-        return _unwrap(source, "the given dict"), {}
-    if not isinstance(source, (str, Path)):
-        raise TypeError(f"cannot load weights from a {type(source).__name__}; accepted: {ACCEPTED}")
-    path = Path(source)
-    if not path.is_file():
-        raise FileNotFoundError(f"weights file not found: {path}")
+def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"cannot read {path}: truncated or corrupt safetensors ({e})") from e
+
+
+def _read_file(path: Path) -> tuple[dict, dict]:
+    """One weights file -> (tensors or arrays under the file's own names, our metadata or {})."""
     suffix = path.suffix.lower()
     if suffix == ".safetensors":
         metadata = read_metadata(path)
-        try:
-            return load_file(str(path), device="cpu"), metadata
-        except (SafetensorError, OSError) as e:
-            raise ValueError(f"cannot read {path}: truncated or corrupt safetensors ({e})") from e
+        return _read_safetensors(path), metadata
     if suffix in TORCH_SUFFIXES:
         return _read_torch(path), {}
     if suffix == ".npz":
@@ -130,73 +162,50 @@ def read_state_dict(source: str | Path | nn.Module | Mapping) -> tuple[dict, dic
     raise ValueError(f"unsupported weights file {path} (suffix {suffix!r}); accepted: {ACCEPTED}")
 
 
-# -- Google's JAX checkpoints ------------------------------------------------------------------
-def convert_jax_checkpoint(arrays: Mapping[str, np.ndarray], source: str = "npz") -> dict:
-    """Google's ViT `.npz` (vit_jax / augreg, or big_vision) -> a timm-named state dict.
+def _read_transformers_folder(folder: Path) -> tuple[dict, float]:
+    """A transformers folder -> (its tensors, merged over shards; its LayerNorm eps)."""
+    config = huggingface.read_json(folder / "config.json")
+    huggingface.config_from_hf(config, source=str(folder))  # refuses what is not a plain ViT
+    tensors: dict[str, torch.Tensor] = {}
+    for path in huggingface.weights_files(folder):
+        tensors.update(_read_file(path)[0])
+    return tensors, float(config.get("layer_norm_eps", 1e-12))
 
-    Flax stores Dense kernels as (in, out) and attention kernels per head: query/key/value
-    (D, nh, hs) and out (nh, hs, D). PyTorch's Linear wants (out, in), and our attention
-    has one fused qkv Linear, so q, k and v are flattened and stacked along the output axis.
-    """
-    prefix = next(
-        (
-            p
-            for p in ("", "opt/target/", "params/", "params/img/")
-            if f"{p}embedding/kernel" in arrays
-        ),
-        None,
-    )
-    if prefix is None:
-        raise ValueError(f"{source} is not a ViT JAX checkpoint: it has no 'embedding/kernel'")
 
-    def get(name: str) -> torch.Tensor:
-        try:
-            return torch.from_numpy(np.asarray(arrays[prefix + name], dtype=np.float32))
-        except KeyError:
-            raise KeyError(f"{source} lacks the array {prefix + name!r}") from None
+def read_checkpoint(source: str | Path | nn.Module | Mapping | Checkpoint) -> Checkpoint:
+    """Any accepted source -> its tensors under timm's names, with its metadata and layout."""
+    if isinstance(source, Checkpoint):
+        return source
+    norm_eps, metadata = None, {}
+    if isinstance(source, nn.Module):
+        raw, description = dict(source.state_dict()), f"a {type(source).__name__}"
+    elif isinstance(source, Mapping):
+        raw, description = _unwrap(source, "the given dict"), "the given dict"
+    elif isinstance(source, (str, Path)):
+        path = description = Path(source)
+        if path.is_dir():
+            if not (path / "config.json").is_file():
+                raise ValueError(f"{path} is a folder without config.json; accepted: {ACCEPTED}")
+            raw, norm_eps = _read_transformers_folder(path)
+        elif not path.is_file():
+            raise FileNotFoundError(f"weights file not found: {path}")
+        else:
+            raw, metadata = _read_file(path)
+        description = str(description)
+    else:
+        raise TypeError(f"cannot load weights from a {type(source).__name__}; accepted: {ACCEPTED}")
+    state_dict, layout, notes = layouts.to_timm(raw, description)
+    if "vit.config" in metadata:
+        norm_eps = metadata["vit.config"].get("norm_eps", 1e-6)
+    elif norm_eps is None:
+        norm_eps = LAYOUT_NORM_EPS.get(layout)
+    return Checkpoint(state_dict, metadata, layout, notes, norm_eps, description)
 
-    def has(name: str) -> bool:
-        return prefix + name in arrays
 
-    def dense(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return get(f"{name}/kernel").T, get(f"{name}/bias")  # (in, out) -> (out, in)
-
-    def norm(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        return get(f"{name}/scale"), get(f"{name}/bias")
-
-    # big_vision names sub-layers from 0 and keeps pos_embedding at the top level
-    big_vision = has("pos_embedding") or prefix.startswith("params/")
-    attn_i, ln2_i, mlp_i = (0, 1, 0) if big_vision else (1, 2, 3)
-    sd: dict[str, torch.Tensor] = {}
-    sd["patch_embed.proj.weight"] = get("embedding/kernel").permute(3, 2, 0, 1)  # HWIO -> OIHW
-    sd["patch_embed.proj.bias"] = get("embedding/bias")
-    if has("cls"):
-        sd["cls_token"] = get("cls")  # (1, 1, D)
-    pos = get("pos_embedding" if big_vision else "Transformer/posembed_input/pos_embedding")
-    sd["pos_embed"] = pos.reshape(1, -1, pos.shape[-1])  # (1, N, D)
-    sd["norm.weight"], sd["norm.bias"] = norm("Transformer/encoder_norm")
-    if has("head/kernel"):
-        sd["head.weight"], sd["head.bias"] = dense("head")
-
-    depth = sum(1 for k in arrays if k.startswith(prefix) and k.endswith("LayerNorm_0/scale"))
-    for i in range(depth):
-        src, dst = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
-        mha = f"{src}MultiHeadDotProductAttention_{attn_i}/"
-        sd[dst + "norm1.weight"], sd[dst + "norm1.bias"] = norm(src + "LayerNorm_0")
-        q, k, v = (get(f"{mha}{n}/kernel").flatten(1).T for n in ("query", "key", "value"))
-        sd[dst + "attn.qkv.weight"] = torch.cat([q, k, v])  # (3*D, D)
-        sd[dst + "attn.qkv.bias"] = torch.cat(
-            [get(f"{mha}{n}/bias").flatten() for n in ("query", "key", "value")]
-        )  # (3*D,)
-        sd[dst + "attn.proj.weight"] = get(f"{mha}out/kernel").flatten(0, 1).T  # (D, D)
-        sd[dst + "attn.proj.bias"] = get(f"{mha}out/bias")
-        sd[dst + "norm2.weight"], sd[dst + "norm2.bias"] = norm(f"{src}LayerNorm_{ln2_i}")
-        mlp = f"{src}MlpBlock_{mlp_i}/"
-        sd[dst + "mlp.fc1.weight"], sd[dst + "mlp.fc1.bias"] = dense(mlp + "Dense_0")
-        sd[dst + "mlp.fc2.weight"], sd[dst + "mlp.fc2.bias"] = dense(mlp + "Dense_1")
-    if has("pre_logits/kernel"):
-        logger.warning("%s: ignoring its pre_logits layer (a ViT-21k representation layer)", source)
-    return sd
+def read_state_dict(source: str | Path | nn.Module | Mapping) -> tuple[dict, dict]:
+    """Any accepted source -> (timm-named state dict on CPU, our metadata or {})."""
+    checkpoint = read_checkpoint(source)
+    return checkpoint.state_dict, checkpoint.metadata
 
 
 # -- position embeddings -----------------------------------------------------------------------
@@ -289,19 +298,32 @@ def adapt_state_dict(
 
 def load_weights(
     model: VisionTransformer,
-    source: str | Path | nn.Module | Mapping,
+    source: str | Path | nn.Module | Mapping | Checkpoint,
     strict: bool = True,
 ) -> LoadReport:
-    """Load weights from any accepted source into `model`, reporting every key.
+    """Load weights from any accepted source, in any supported layout, into `model`, reporting
+    every key.
 
     Position embeddings are resampled to the model's grid and a head of another size is
     dropped (both with a logged message). Any other missing or unexpected key raises a
     KeyError naming it when `strict`; otherwise it is logged and listed in the report.
-    Shape mismatches always raise: they mean another architecture.
+    Shape mismatches always raise: they mean another architecture. A checkpoint trained with
+    another LayerNorm eps than the model's (transformers' 1e-12) loads with a warning: the
+    logits then differ slightly from the original's (`vit.create_model` and `vit.load_model`
+    build the model with the checkpoint's eps).
     """
-    state_dict, metadata = read_state_dict(source)
-    report = LoadReport()
-    state_dict = adapt_state_dict(state_dict, model, report, old_grid=_stored_grid(metadata))
+    checkpoint = read_checkpoint(source)
+    report = LoadReport(layout=checkpoint.layout, messages=list(checkpoint.notes))
+    eps = model.config.norm_eps
+    if checkpoint.norm_eps is not None and not math.isclose(checkpoint.norm_eps, eps, rel_tol=1e-9):
+        report.messages.append(
+            f"{checkpoint.description} was trained with LayerNorm eps {checkpoint.norm_eps:g} "
+            f"and the model uses {eps:g}: its logits will differ slightly from the original "
+            f"model's; build the model with norm_eps={checkpoint.norm_eps:g} to match exactly"
+        )
+    state_dict = adapt_state_dict(
+        checkpoint.state_dict, model, report, old_grid=_stored_grid(checkpoint.metadata)
+    )
     target = model.state_dict()
     wrong_shape = [
         f"{k}: checkpoint {tuple(v.shape)} vs model {tuple(target[k].shape)}"
@@ -310,7 +332,7 @@ def load_weights(
     ]
     if wrong_shape:
         raise ValueError(
-            f"weights from {_describe(source)} do not fit this model; shape mismatches:\n  "
+            f"weights from {checkpoint.description} do not fit this model; shape mismatches:\n  "
             + "\n  ".join(wrong_shape)
         )
     fresh_head = {"head.weight", "head.bias"} if report.fresh_head else set()
@@ -318,7 +340,7 @@ def load_weights(
     report.unexpected = sorted(set(state_dict) - set(target))
     if report.missing or report.unexpected:
         problem = (
-            f"weights from {_describe(source)}: missing keys {report.missing}, "
+            f"weights from {checkpoint.description}: missing keys {report.missing}, "
             f"unexpected keys {report.unexpected}"
         )
         if strict:
@@ -329,12 +351,6 @@ def load_weights(
     for message in report.messages:
         logger.warning("%s", message)
     return report
-
-
-def _describe(source) -> str:
-    if isinstance(source, (str, Path)):
-        return str(source)
-    return f"a {type(source).__name__}"
 
 
 # -- saving ------------------------------------------------------------------------------------
@@ -372,20 +388,3 @@ def save_weights(
         lambda tmp: save_file(tensors, str(tmp), {k: json.dumps(v) for k, v in metadata.items()}),
     )
     return path
-
-
-def atomic_write(path: Path, write) -> None:
-    """Call `write(tmp_path)` then rename the temporary file over `path` (atomic on POSIX)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        # mkstemp creates the file owner-only (0600); give it the permissions of a normal file.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -1,0 +1,76 @@
+"""Writing files so that nothing a user saved is ever half-written.
+
+Every writer first writes a temporary file (or folder) beside the target, then renames it over
+the target: on POSIX a rename within one filesystem is atomic, so a reader, or the user after a
+crash or Ctrl-C, sees either the old file or the new one, never a mixture.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _normal_permissions(path: str | Path, directory: bool = False) -> None:
+    """mkstemp/mkdtemp create owner-only files (0600/0700); give the permissions of a normal
+    file or folder under the current umask instead."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """Call `write(tmp_path)` then rename the temporary file over `path` (atomic on POSIX).
+
+    The temporary file sits in the target's folder (created if needed) so the rename never
+    crosses filesystems; it is removed if `write` raises, even on KeyboardInterrupt.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        _normal_permissions(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a text file (UTF-8) atomically."""
+    atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def atomic_write_dir(path: Path, write: Callable[[Path], object]) -> None:
+    """Call `write(tmp_dir)` to fill a fresh folder, then put it in place of `path`.
+
+    An existing `path` is replaced only after `write` succeeded: it is renamed aside, the new
+    folder renamed in, and the old one deleted, so a failure at any point leaves either the old
+    folder or the new one under `path`. `path` must be a folder (or absent), never a file.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path} exists and is not a folder; choose a folder path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    old = None
+    try:
+        write(tmp)
+        _normal_permissions(tmp, directory=True)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            os.replace(path, old / path.name)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and (old / path.name).exists() and not path.exists():
+            os.replace(old / path.name, path)  # put the previous folder back
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
