@@ -60,6 +60,8 @@ class ViTConfig:
     proj_drop_rate: float = 0.0  # dropout after the attention projection and in the MLP
     attn_drop_rate: float = 0.0  # dropout on the attention probabilities
     drop_path_rate: float = 0.0  # stochastic depth, rising linearly with depth to this value
+    patch_drop_rate: float = 0.0  # in training, drop this fraction of patch tokens at random
+    dynamic_img_size: bool = False  # accept any multiple of the patch size; resample pos_embed
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -68,8 +70,11 @@ class ViTConfig:
 class PatchEmbed(nn.Module):
     """Image to patch tokens: a Conv2d whose kernel and stride are both the patch size."""
 
-    def __init__(self, img_size, patch_size, in_chans: int, embed_dim: int) -> None:
+    def __init__(
+        self, img_size, patch_size, in_chans: int, embed_dim: int, dynamic_img_size: bool = False
+    ) -> None:
         super().__init__()
+        self.dynamic_img_size = dynamic_img_size
         self.img_size = to_pair(img_size, "img_size")
         self.patch_size = to_pair(patch_size, "patch_size")
         for side, image, patch in zip(
@@ -88,11 +93,17 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
-        if (H, W) != self.img_size:
+        if self.dynamic_img_size:
+            if H % self.patch_size[0] or W % self.patch_size[1]:
+                raise ValueError(
+                    f"input image size ({H}x{W}) is not a multiple of the patch size "
+                    f"({self.patch_size[0]}x{self.patch_size[1]})"
+                )
+        elif (H, W) != self.img_size:
             raise ValueError(
                 f"input image size ({H}x{W}) does not match the model's img_size "
                 f"({self.img_size[0]}x{self.img_size[1]}); resize the images or create the "
-                f"model with img_size=({H}, {W})"
+                f"model with img_size=({H}, {W}) or dynamic_img_size=True"
             )
         x = self.proj(x)  # (B, D, gh, gw)
         return x.flatten(2).transpose(1, 2)  # (B, gh*gw, D)
@@ -183,6 +194,35 @@ class DropPath(nn.Module):
         return f"drop_prob={self.drop_prob}"
 
 
+class PatchDropout(nn.Module):
+    """In training, keep a random subset of the patch tokens of each image (prefix tokens stay).
+
+    Fewer tokens make every block cheaper, so more images fit in the same time (Liu et al.
+    2023, "PatchDropout"). Evaluation always sees every token.
+    """
+
+    def __init__(self, prob: float, num_prefix_tokens: int) -> None:
+        super().__init__()
+        if not 0.0 <= prob < 1.0:
+            raise ValueError(f"patch_drop_rate must be in [0, 1), got {prob}")
+        self.prob = prob
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.prob == 0.0:
+            return x
+        prefix, patches = x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :]
+        B, L, D = patches.shape
+        keep = max(1, int(L * (1.0 - self.prob)))
+        # A random permutation per image; its first `keep` entries are the kept tokens.
+        kept = torch.randn(B, L, device=x.device).argsort(dim=1)[:, :keep]  # (B, keep)
+        patches = patches.gather(1, kept[:, :, None].expand(-1, -1, D))  # (B, keep, D)
+        return torch.cat([prefix, patches], dim=1)  # (B, prefix + keep, D)
+
+    def extra_repr(self) -> str:
+        return f"prob={self.prob}"
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
 
@@ -236,13 +276,20 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = 1 if cfg.class_token else 0
         use_fc_norm = cfg.global_pool == "avg" if cfg.fc_norm is None else cfg.fc_norm
 
-        self.patch_embed = PatchEmbed(cfg.img_size, cfg.patch_size, cfg.in_chans, cfg.embed_dim)
+        self.patch_embed = PatchEmbed(
+            cfg.img_size,
+            cfg.patch_size,
+            cfg.in_chans,
+            cfg.embed_dim,
+            dynamic_img_size=cfg.dynamic_img_size,
+        )
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
         self.pos_embed = nn.Parameter(
             torch.zeros(1, num_patches + self.num_prefix_tokens, cfg.embed_dim)
         )
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
+        self.patch_drop = PatchDropout(cfg.patch_drop_rate, self.num_prefix_tokens)
         # stochastic depth rises linearly from 0 at the first block to drop_path_rate at the last
         drop_path_rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.Sequential(
@@ -328,16 +375,33 @@ class VisionTransformer(nn.Module):
         return self.patch_embed.grid_size
 
     # -- forward -----------------------------------------------------------------------------
-    def _pos_embed(self, x: torch.Tensor) -> torch.Tensor:
+    def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        pos_embed = self.pos_embed  # (1, N, D) for the model's own grid
+        if grid != self.grid_size:  # only with dynamic_img_size: another input size
+            # Imported here: vit.weights imports this module. Differentiable, so training at
+            # a smaller size still trains the full-size embeddings.
+            from .weights import resample_abs_pos_embed
+
+            pos_embed = resample_abs_pos_embed(
+                pos_embed, grid, self.grid_size, num_prefix_tokens=self.num_prefix_tokens
+            )
         if self.cls_token is not None:
             cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
             x = torch.cat([cls, x], dim=1)  # (B, N, D)
-        return self.pos_drop(x + self.pos_embed)
+        return self.pos_drop(x + pos_embed)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images (B, C, H, W) -> normalised tokens (B, N, D), prefix tokens first."""
+        """Images (B, C, H, W) -> normalised tokens (B, N, D), prefix tokens first.
+
+        In training with patch_drop_rate > 0, N counts only the kept patch tokens.
+        """
+        grid = (
+            x.shape[-2] // self.patch_embed.patch_size[0],
+            x.shape[-1] // self.patch_embed.patch_size[1],
+        )
         x = self.patch_embed(x)  # (B, gh*gw, D)
-        x = self._pos_embed(x)  # (B, N, D)
+        x = self._pos_embed(x, grid)  # (B, N, D)
+        x = self.patch_drop(x)  # (B, N', D), N' <= N in training only
         x = self.blocks(x)
         return self.norm(x)
 

@@ -1,0 +1,99 @@
+"""Training throughput (forward + backward + AdamW step) of CIFAR-sized ViT shapes on this machine.
+
+    python benchmarks/training_throughput.py                       # the default grid
+    python benchmarks/training_throughput.py --threads 1 2 --sizes 16 32 --batch-size 256
+
+Every (shape, image size, patch-drop rate) row is timed in alternating rounds with the others,
+so that a change in machine load hits every row alike; each row reports its median round.
+Compare rows of one run, not figures across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import vit
+
+# (label, ViTConfig overrides on top of vit_cifar_patch4_32)
+SHAPES = {
+    "128d-4L-4h-r2 (0.55M)": {"embed_dim": 128, "depth": 4, "num_heads": 4, "mlp_ratio": 2.0},
+    "192d-6L-3h-r2 (1.8M)": {"embed_dim": 192, "depth": 6, "num_heads": 3, "mlp_ratio": 2.0},
+    "256d-6L-4h-r2 (3.2M)": {"embed_dim": 256, "depth": 6, "num_heads": 4, "mlp_ratio": 2.0},
+    "192d-9L-12h-r2 (2.7M)": {"embed_dim": 192, "depth": 9, "num_heads": 12, "mlp_ratio": 2.0},
+}
+
+
+def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float):
+    """A closure running one training step on a fixed random batch; returns the model too."""
+    torch.manual_seed(0)
+    model = vit.create_model(
+        "vit_cifar_patch4_32",
+        num_classes=10,
+        img_size=img_size,
+        patch_drop_rate=patch_drop,
+        **shape,
+    ).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    images = torch.randn(batch_size, 3, img_size, img_size)
+    labels = torch.randint(0, 10, (batch_size,))
+
+    def step() -> None:
+        loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return model, step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--sizes", nargs="+", type=int, default=[16, 24, 32])
+    parser.add_argument("--patch-drop", nargs="+", type=float, default=[0.0])
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3, help="training steps per round")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    rows = {}
+    for label in args.shapes:
+        for size in args.sizes:
+            for drop in args.patch_drop:
+                model, step = make_step(SHAPES[label], size, args.batch_size, drop)
+                step()  # warm-up: allocator, kernels
+                params = sum(p.numel() for p in model.parameters()) / 1e6
+                rows[(label, size, drop)] = {"step": step, "times": [], "params": params}
+    for _ in range(args.rounds):
+        for row in rows.values():
+            started = time.perf_counter()
+            for _ in range(args.steps):
+                row["step"]()
+            row["times"].append(time.perf_counter() - started)
+
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch_size}, "
+        f"float32, median of {args.rounds} rounds of {args.steps} steps"
+    )
+    print(
+        "| shape | params | image | tokens | patch drop | img/s |\n|---|---:|---:|---:|---:|---:|"
+    )
+    for (label, size, drop), row in rows.items():
+        tokens = (size // 4) ** 2
+        kept = tokens - int(tokens * drop)
+        per_second = args.batch_size * args.steps / statistics.median(row["times"])
+        print(
+            f"| {label} | {row['params']:.2f}M | {size} | {kept}+1 | {drop:.2f} | "
+            f"{per_second:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""Levers for fast training: patch dropout, dynamic image size, in-memory batch augmentation."""
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+import vit
+from vit.batch_loader import InMemoryBatches, random_crop, random_erase
+
+TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 5}
+
+
+def test_dynamic_img_size_matches_timm_at_other_sizes():
+    torch.manual_seed(0)
+    theirs = timm.create_model(
+        "vit_tiny_patch16_224", dynamic_img_size=True, num_classes=10, depth=2
+    ).eval()
+    torch.nn.init.normal_(theirs.head.weight)  # a zero head would compare zeros
+    ours = vit.create_model(
+        "vit_tiny_patch16_224", dynamic_img_size=True, num_classes=10, depth=2
+    ).eval()
+    ours.load_state_dict(theirs.state_dict())
+    for size in [(160, 96), (224, 224), (64, 64)]:
+        images = torch.randn(2, 3, *size)
+        reference = theirs(images)
+        assert reference.abs().max() > 0
+        assert torch.equal(ours(images), reference), size
+
+
+def test_fixed_size_model_refuses_other_sizes_and_names_the_fix():
+    model = vit.create_model("vit_cifar_patch4_32", **TINY)
+    with pytest.raises(ValueError, match="dynamic_img_size=True"):
+        model(torch.randn(1, 3, 16, 16))
+
+
+def test_training_at_a_smaller_size_trains_the_full_size_position_embeddings():
+    model = vit.create_model("vit_cifar_patch4_32", dynamic_img_size=True, **TINY).train()
+    model.head.weight.data.normal_()
+    model(torch.randn(4, 3, 16, 16)).sum().backward()
+    assert model.pos_embed.grad.shape == (1, 1 + 8 * 8, 32)
+    assert model.pos_embed.grad[:, 1:].abs().sum() > 0
+
+
+def test_patch_dropout_keeps_prefix_and_a_random_share_of_patches_in_training_only():
+    torch.manual_seed(0)
+    model = vit.create_model("vit_cifar_patch4_32", patch_drop_rate=0.75, **TINY)
+    reference = vit.create_model("vit_cifar_patch4_32", **TINY)
+    reference.load_state_dict(model.state_dict())
+    model.train()
+    tokens = torch.arange(2 * 65, dtype=torch.float32).view(2, 65, 1).expand(-1, -1, 32)
+    kept = model.patch_drop(tokens)  # (B, 1 + 16, D): 64 * 0.25 patches survive
+    assert kept.shape == (2, 17, 32)
+    assert torch.equal(kept[:, 0], tokens[:, 0])  # the class token is always kept
+    positions = kept[:, 1:, 0] - torch.tensor([[0.0], [65.0]])  # token index within its image
+    for row in positions.long().tolist():
+        assert len(set(row)) == 16 and set(row) <= set(range(1, 65))  # distinct patch tokens
+    assert positions[0].tolist() != positions[1].tolist()  # drawn per image
+    model.eval(), reference.eval()
+    images = torch.randn(3, 3, 32, 32)
+    model.head.weight.data.normal_(), reference.head.weight.data.copy_(model.head.weight.data)
+    assert torch.equal(model(images), reference(images))  # evaluation sees every token
+
+
+def test_patch_drop_rate_out_of_range_is_named():
+    with pytest.raises(ValueError, match="patch_drop_rate"):
+        vit.create_model("vit_cifar_patch4_32", patch_drop_rate=1.0, **TINY)
+
+
+def _batches(images, **overrides):
+    settings = {
+        "batch_size": 4,
+        "mean": (0.5, 0.4, 0.3),
+        "std": (0.2, 0.25, 0.3),
+        "seed": 1,
+        **overrides,
+    }
+    return InMemoryBatches(images, np.arange(len(images)), **settings)
+
+
+@pytest.fixture
+def images():
+    return np.random.default_rng(0).integers(0, 256, size=(12, 8, 8, 3), dtype=np.uint8)
+
+
+def test_unaugmented_batches_are_the_normalised_images_in_a_seeded_order(images):
+    loader = _batches(images, pad=0, hflip=0.0)
+    loader.set_epoch(0)
+    seen = []
+    for batch, labels in loader:
+        expected = torch.from_numpy(images[labels.numpy()]).permute(0, 3, 1, 2).float() / 255
+        mean, std = torch.tensor([0.5, 0.4, 0.3]), torch.tensor([0.2, 0.25, 0.3])
+        expected = (expected - mean[:, None, None]) / std[:, None, None]
+        torch.testing.assert_close(batch, expected)
+        seen += labels.tolist()
+    assert sorted(seen) == list(range(12)) and seen != list(range(12))
+
+
+def test_epochs_are_reproducible_and_differ_and_ranks_split_the_data(images):
+    def epoch(loader, number):
+        loader.set_epoch(number)
+        return [(b.clone(), y.clone()) for b, y in loader]
+
+    first, again = epoch(_batches(images), 3), epoch(_batches(images), 3)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
+    other = epoch(_batches(images), 4)
+    assert any(not torch.equal(a[1], b[1]) for a, b in zip(first, other))
+    shares = [
+        torch.cat([y for _, y in epoch(_batches(images, rank=r, world_size=2, batch_size=3), 0)])
+        for r in range(2)
+    ]
+    assert len(shares[0]) == len(shares[1]) == 6
+    assert sorted(torch.cat(shares).tolist()) == list(range(12))
+
+
+def test_random_crop_shifts_each_image_inside_its_zero_padding():
+    x = torch.arange(2 * 1 * 5 * 5, dtype=torch.float32).view(2, 1, 5, 5) + 1
+    out = random_crop(x, pad=2, generator=torch.Generator().manual_seed(0))
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for i in range(2):
+        windows = [padded[i, :, dy : dy + 5, dx : dx + 5] for dy in range(5) for dx in range(5)]
+        assert any(torch.equal(out[i], w) for w in windows)
+
+
+def test_random_erase_replaces_one_box_per_chosen_image_and_nothing_else():
+    x = torch.full((64, 3, 10, 10), 7.0)
+    out = random_erase(x, prob=0.5, generator=torch.Generator().manual_seed(0))
+    changed = (out != 7.0).any(dim=1)  # (B, H, W)
+    erased = changed.flatten(1).any(dim=1)
+    assert 16 < int(erased.sum()) < 48  # about half the images
+    for mask in changed[erased]:
+        rows, cols = mask.any(dim=1).nonzero().flatten(), mask.any(dim=0).nonzero().flatten()
+        height, width = len(rows), len(cols)
+        assert 1 <= height <= 4 and 1 <= width <= 4  # 10-40% of 10 pixels per side
+        assert int(mask.sum()) == height * width  # one solid rectangle
+        assert rows.diff().eq(1).all() and cols.diff().eq(1).all()
+
+
+def test_progressive_size_resizes_the_batch(images):
+    loader = _batches(images)
+    loader.set_epoch(0, size=4)
+    batch, _ = next(iter(loader))
+    assert batch.shape == (4, 3, 4, 4)
+
+
+def test_batch_larger_than_the_data_is_explained(images):
+    with pytest.raises(ValueError, match="batch size <= 6"):
+        _batches(images, batch_size=8, world_size=2)

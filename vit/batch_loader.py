@@ -1,0 +1,138 @@
+"""Training batches straight from uint8 images in memory, augmented a whole batch at a time.
+
+For small images (CIFAR: 50,000 x 3 x 32 x 32 bytes = 150 MB) per-image augmentation in
+Python costs as much as the model's step on a CPU. Here the decoded images live in one uint8
+tensor and every augmentation is a tensor operation on the batch:
+
+    uint8 (N, 3, H, W) --index--> (B, 3, H, W) --pad + random crop, flip, erase--> float
+    --resize to the epoch's size (progressive resizing)--> normalise --> (B, 3, S, S)
+
+Randomness comes from a generator seeded by (seed, epoch), never from the global RNG, so an
+epoch's batches are the same after a resume, and every process of a distributed run draws the
+same permutation and takes its own share of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+class InMemoryBatches:
+    """An iterable of (images (B, 3, S, S) float, labels (B,) int64) batches, one epoch each.
+
+    images: (N, H, W, 3) uint8 (numpy, as decoded) or (N, 3, H, W) uint8 tensor.
+    pad: pixels of zero padding before the random crop back to (H, W) (0: no crop).
+    hflip: probability of a horizontal flip. reprob: probability of random erasing (one box of
+    10-40% per side, filled with normal noise after normalisation, as timm's RandomErasing).
+    Call `set_epoch(epoch, size)` before iterating; `size` (default H) resizes the batch.
+    """
+
+    def __init__(
+        self,
+        images: np.ndarray | torch.Tensor,
+        labels: Sequence[int] | np.ndarray,
+        *,
+        batch_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        pad: int = 4,
+        hflip: float = 0.5,
+        reprob: float = 0.0,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        images = torch.as_tensor(images)
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise ValueError(
+                f"InMemoryBatches needs uint8 images (N, H, W, 3) or (N, 3, H, W), got "
+                f"{images.dtype} {tuple(images.shape)}"
+            )
+        if images.shape[-1] == 3 and images.shape[1] != 3:
+            images = images.permute(0, 3, 1, 2)  # (N, H, W, 3) -> (N, 3, H, W)
+        self.images = images.contiguous()
+        self.labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
+        if len(self.labels) != len(self.images):
+            raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels")
+        self.batch_size = batch_size
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
+        self.pad, self.hflip, self.reprob = pad, hflip, reprob
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.epoch = 0
+        self.size = int(self.images.shape[-1])
+        # Every process gets the same number of full batches (DDP steps in lockstep).
+        self.per_process = len(self.images) // world_size
+        if self.per_process < batch_size:
+            raise ValueError(
+                f"--batch-size {batch_size} is larger than the {self.per_process} training "
+                f"images each of the {world_size} process(es) gets; use a batch size <= "
+                f"{self.per_process}"
+            )
+
+    def set_epoch(self, epoch: int, size: int | None = None) -> None:
+        self.epoch = epoch
+        self.size = int(size or self.images.shape[-1])
+
+    def __len__(self) -> int:
+        return self.per_process // self.batch_size
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(len(self.images), generator=generator)
+        mine = order[self.rank :: self.world_size][: self.per_process]
+        for start in range(0, len(self) * self.batch_size, self.batch_size):
+            index = mine[start : start + self.batch_size]
+            yield self.augment(self.images[index], generator), self.labels[index]
+
+    def augment(self, batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """uint8 (B, 3, H, W) -> normalised float (B, 3, size, size), augmented."""
+        x = batch.float()  # (B, 3, H, W), 0..255
+        B, _, H, W = x.shape
+        if self.pad > 0:
+            x = random_crop(x, self.pad, generator)
+        if self.hflip > 0:
+            flip = torch.rand(B, generator=generator) < self.hflip  # (B,)
+            x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        if self.size != H or self.size != W:
+            x = F.interpolate(
+                x, size=(self.size, self.size), mode="bilinear", antialias=True, align_corners=False
+            )
+        x = (x - self.mean) / self.std
+        if self.reprob > 0:
+            x = random_erase(x, self.reprob, generator)
+        return x
+
+
+def random_crop(x: torch.Tensor, pad: int, generator: torch.Generator) -> torch.Tensor:
+    """Zero-pad (B, C, H, W) by `pad` on every side and crop each image back at its own offset."""
+    B, C, H, W = x.shape
+    padded = F.pad(x, (pad, pad, pad, pad))  # (B, C, H + 2p, W + 2p)
+    dy = torch.randint(0, 2 * pad + 1, (B,), generator=generator)
+    dx = torch.randint(0, 2 * pad + 1, (B,), generator=generator)
+    rows = (dy[:, None] + torch.arange(H))[:, None, :, None]  # (B, 1, H, 1)
+    cols = (dx[:, None] + torch.arange(W))[:, None, None, :]  # (B, 1, 1, W)
+    batch = torch.arange(B)[:, None, None, None]
+    channel = torch.arange(C)[None, :, None, None]
+    return padded[batch, channel, rows, cols]  # (B, C, H, W)
+
+
+def random_erase(x: torch.Tensor, prob: float, generator: torch.Generator) -> torch.Tensor:
+    """With probability `prob` per image, fill one box (10-40% per side) with N(0, 1) noise."""
+    B, C, H, W = x.shape
+    apply = torch.rand(B, generator=generator) < prob  # (B,)
+    box_h = (torch.empty(B).uniform_(0.1, 0.4, generator=generator) * H).long().clamp(min=1)
+    box_w = (torch.empty(B).uniform_(0.1, 0.4, generator=generator) * W).long().clamp(min=1)
+    top = (torch.rand(B, generator=generator) * (H - box_h + 1)).long()  # (B,)
+    left = (torch.rand(B, generator=generator) * (W - box_w + 1)).long()
+    rows = torch.arange(H)[None, :]  # (1, H)
+    cols = torch.arange(W)[None, :]
+    in_rows = (rows >= top[:, None]) & (rows < (top + box_h)[:, None])  # (B, H)
+    in_cols = (cols >= left[:, None]) & (cols < (left + box_w)[:, None])  # (B, W)
+    box = in_rows[:, None, :, None] & in_cols[:, None, None, :] & apply[:, None, None, None]
+    noise = torch.randn(x.shape, generator=generator)
+    return torch.where(box, noise, x)  # (B, C, H, W)
