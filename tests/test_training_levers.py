@@ -102,9 +102,12 @@ def test_epochs_are_reproducible_and_differ_and_ranks_split_the_data(images):
         return [(b.clone(), y.clone()) for b, y in loader]
 
     first, again = epoch(_batches(images), 3), epoch(_batches(images), 3)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again))
+    assert all(
+        torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        for a, b in zip(first, again, strict=True)
+    )
     other = epoch(_batches(images), 4)
-    assert any(not torch.equal(a[1], b[1]) for a, b in zip(first, other))
+    assert any(not torch.equal(a[1], b[1]) for a, b in zip(first, other, strict=True))
     shares = [
         torch.cat([y for _, y in epoch(_batches(images, rank=r, world_size=2, batch_size=3), 0)])
         for r in range(2)
