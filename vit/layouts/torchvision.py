@@ -45,7 +45,10 @@ BUILDERS = {
 
 
 def matches(keys: Collection[str]) -> bool:
-    return "encoder.pos_embedding" in keys or "conv_proj.weight" in keys
+    return any(
+        key.startswith(("conv_proj.", "encoder.pos_embedding", "encoder.layers.encoder_layer_"))
+        for key in keys
+    )
 
 
 def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[str]]:
