@@ -1,5 +1,8 @@
-"""`python -m vit.predict`: top-k output, class names, and clear messages for bad input."""
+"""`python -m vit.predict` and `vit.images`: files, folders and globs; CSV/JSON records; attention
+PNGs; evaluate.py's top-1; clear messages for bad input."""
 
+import csv
+import json
 import subprocess
 import sys
 
@@ -11,7 +14,9 @@ from PIL import Image
 from safetensors.torch import save_file
 
 import vit
-from vit.predict import class_names_for, load_image, main
+from vit.data import EvalTransform, load_split
+from vit.images import CorruptImageError, expand_image_paths, load_image, open_image
+from vit.predict import class_names_for, main
 
 NAMES = ["cat", "dog", "ship"]
 
@@ -29,6 +34,23 @@ def checkpoint(tmp_path):
 
 
 @pytest.fixture
+def varied_checkpoint(tmp_path):
+    """A tiny model with a random head (predictions vary by image) and a real resize + crop."""
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3
+    )
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    preprocess = vit.Preprocess(input_size=(32, 32), interpolation="bicubic", crop_pct=0.875)
+    return vit.save_weights(
+        model,
+        tmp_path / "varied.safetensors",
+        class_names=["blue", "green", "red"],
+        preprocess=preprocess.to_dict(),
+    )
+
+
+@pytest.fixture
 def images(tmp_path):
     rng = np.random.default_rng(0)
     rgb = tmp_path / "rgb.png"
@@ -40,6 +62,77 @@ def images(tmp_path):
     return rgb, gray, rgba
 
 
+def make_tree(root, sizes=((40, 56), (64, 48), (37, 37), (50, 90), (33, 45))):
+    """root/<class>/<i>.png of several sizes, and a text file that is not an image."""
+    rng = np.random.default_rng(1)
+    for name in ("blue", "green", "red"):
+        (root / name).mkdir(parents=True)
+        for i, (h, w) in enumerate(sizes):
+            pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name / f"{i}.png")
+    (root / "blue" / "notes.txt").write_text("not an image")
+    return root
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# -- vit.images ----------------------------------------------------------------------------------
+def test_grayscale_and_transparent_images_become_rgb(images, tmp_path):
+    _, gray, rgba = images
+    assert open_image(gray).mode == "RGB"
+    array = load_image(gray)
+    assert array.dtype == np.uint8 and array.shape == (32, 32, 3)
+    assert (array[..., 0] == array[..., 2]).all()  # replicated
+    converted = load_image(rgba)
+    alpha = np.asarray(Image.open(rgba))[..., 3:] / 255.0
+    blended = np.asarray(Image.open(rgba))[..., :3] * alpha + 255 * (1 - alpha)  # over white
+    assert np.abs(converted.astype(float) - blended).max() <= 1.0
+    palette = tmp_path / "palette.png"  # a GIF-style palette whose colour 0 is transparent
+    Image.fromarray(np.array([[0, 1], [1, 0]], np.uint8), "P").save(palette, transparency=0)
+    pixels = load_image(palette)
+    assert (pixels[0, 0] == 255).all() and (pixels[1, 1] == 255).all()  # transparent: white
+
+
+def test_unreadable_images_raise_a_value_error_naming_the_file(tmp_path):
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"\xff\xd8\xff not really a jpeg")
+    for path, reason in ((broken, ""), (tmp_path / "gone.png", "no such file"), (tmp_path, "")):
+        with pytest.raises(CorruptImageError, match=f"cannot read image {path}: {reason}"):
+            load_image(path)
+    assert issubclass(CorruptImageError, ValueError)
+
+
+def test_files_folders_and_globs_expand_in_order_without_duplicates(tmp_path):
+    tree = make_tree(tmp_path / "tree")
+    (tree / "deep" / "er").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(tree / "deep" / "er" / "x.jpg")
+    (tmp_path / "empty").mkdir()
+    paths, problems = expand_image_paths(
+        [
+            str(tree / "red" / "0.png"),
+            str(tree),  # recursive: includes deep/er/x.jpg, skips notes.txt
+            str(tmp_path / "tree" / "*" / "1.png"),
+            str(tmp_path / "empty"),
+            str(tmp_path / "nothing*.jpg"),
+            str(tmp_path / "missing.jpg"),
+        ]
+    )
+    assert paths[0] == tree / "red" / "0.png"
+    assert len(paths) == 16 and len(set(paths)) == 16  # 15 class images + x.jpg, once each
+    assert tree / "deep" / "er" / "x.jpg" in paths
+    assert all(p.suffix != ".txt" for p in paths)
+    assert problems == [
+        f"{tmp_path / 'empty'}: a folder without images (searched recursively for "
+        ".jpg, .jpeg, .png, .bmp, .webp, .gif, .tif, .tiff, .ppm)",
+        f"{tmp_path / 'nothing*.jpg'}: no image matches this pattern",
+        f"cannot read image {tmp_path / 'missing.jpg'}: no such file",
+    ]
+
+
+# -- terminal output -----------------------------------------------------------------------------
 def test_prints_top_k_with_stored_class_names(checkpoint, images, capsys):
     assert main([*map(str, images), "--checkpoint", str(checkpoint), "--top-k", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -52,26 +145,18 @@ def test_prints_top_k_with_stored_class_names(checkpoint, images, capsys):
     assert probability == pytest.approx(expected, abs=1e-4)
 
 
-def test_grayscale_and_transparent_images_become_rgb(images):
-    _, gray, rgba = images
-    assert load_image(gray).mode == "RGB"
-    converted = load_image(rgba)
-    assert converted.mode == "RGB"
-    alpha = np.asarray(Image.open(rgba))[..., 3:] / 255.0
-    blended = np.asarray(Image.open(rgba))[..., :3] * alpha + 255 * (1 - alpha)  # over white
-    assert np.abs(np.asarray(converted).astype(float) - blended).max() <= 1.0
-
-
 def test_bad_inputs_get_one_line_each_and_the_rest_is_classified(
     checkpoint, images, tmp_path, capsys
 ):
     not_image = tmp_path / "notes.txt"
     not_image.write_text("hello")
+    (tmp_path / "empty").mkdir()
     code = main(
         [
             str(images[0]),
             str(tmp_path / "missing.jpg"),
             str(not_image),
+            str(tmp_path / "empty"),
             "--checkpoint",
             str(checkpoint),
         ]
@@ -79,12 +164,14 @@ def test_bad_inputs_get_one_line_each_and_the_rest_is_classified(
     captured = capsys.readouterr()
     assert code == 1
     assert "rgb.png" in captured.out
-    assert f"error: {tmp_path / 'missing.jpg'}: no such file" in captured.err
-    assert f"error: {not_image}: not an image that can be read" in captured.err
-    assert "Traceback" not in captured.err
+    errors = captured.err.splitlines()
+    assert f"error: cannot read image {tmp_path / 'missing.jpg'}: no such file" in errors
+    assert any(line.startswith(f"error: cannot read image {not_image}: ") for line in errors)
+    assert f"error: {tmp_path / 'empty'}: a folder without images" in captured.err
+    assert len(errors) == 3 and "Traceback" not in captured.err
 
 
-def test_bad_flags_are_explained(checkpoint, images, capsys):
+def test_bad_flags_are_explained(checkpoint, images, tmp_path, capsys):
     assert main([str(images[0]), "--checkpoint", str(checkpoint.with_name("nope.pth"))]) == 2
     err = capsys.readouterr().err
     assert "--checkpoint" in err and "nope.pth: no such file" in err
@@ -93,6 +180,15 @@ def test_bad_flags_are_explained(checkpoint, images, capsys):
     assert "unknown --model 'vit_base_patch16_244'" in capsys.readouterr().err
     assert main([str(images[0])]) == 2
     assert "pass --model NAME" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(images[0]), "--checkpoint", str(checkpoint), "--output", "p.txt"])
+    assert "must end in .csv or .json" in capsys.readouterr().err
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for flag, target in (("--output", blocker / "p.csv"), ("--explain", blocker)):
+        assert main([str(images[0]), "--checkpoint", str(checkpoint), flag, str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"error: {flag} {target}: ")
 
 
 def test_imagenet_heads_get_imagenet_names_and_timm_files_need_model(tmp_path, images, capsys):
@@ -108,6 +204,98 @@ def test_imagenet_heads_get_imagenet_names_and_timm_files_need_model(tmp_path, i
     assert names[0] == "tench, Tinca tinca" and len(names) == 1000
     printed = capsys.readouterr().out.splitlines()[1].split("%")[1].strip()
     assert printed in names
+
+
+# -- records, batches and evaluate.py ------------------------------------------------------------
+def test_csv_and_json_records_hold_the_model_probabilities(
+    varied_checkpoint, tmp_path, one_thread, capsys
+):
+    tree = make_tree(tmp_path / "tree")
+    csv_path, json_path = tmp_path / "out" / "p.csv", tmp_path / "p.json"
+    args = [str(tree), "--checkpoint", str(varied_checkpoint), "--top-k", "2"]
+    assert main([*args, "--output", str(csv_path), "--batch-size", "4"]) == 0
+    assert main([*args, "--output", str(json_path), "--batch-size", "15"]) == 0
+    assert capsys.readouterr().out == ""  # with --output nothing goes to stdout
+    rows, records = read_csv(csv_path), json.loads(json_path.read_text())
+    assert list(rows[0]) == ["path", "label", "probability", "label_2", "probability_2"]
+    assert len(rows) == len(records) == 15
+    model = vit.load_model(varied_checkpoint).eval()
+    transform = vit.create_transform(model.preprocess)
+    for row, record in zip(rows, records, strict=True):
+        assert row["path"] == record["path"]
+        with torch.no_grad():
+            probs = model(transform(open_image(record["path"]))[None]).softmax(-1)[0]
+        best = probs.argsort(descending=True)
+        assert record["label"] == model.class_names[best[0]]
+        assert record["label_2"] == model.class_names[best[1]]
+        assert record["probability"] == pytest.approx(probs[best[0]].item(), abs=1e-6)
+        # batch size 4 (CSV) and 15 (JSON): the same numbers
+        assert float(row["probability_2"]) == pytest.approx(record["probability_2"], abs=2e-6)
+    assert len({r["label"] for r in records}) > 1  # the predictions do depend on the image
+
+
+def test_top1_equals_evaluate_on_the_same_images(
+    varied_checkpoint, tmp_path, one_thread, evaluate_script
+):
+    """predict's top-1 is evaluate.py's: the same accuracy, and image by image the class that
+    evaluate's own data pipeline (load_split + EvalTransform) gives."""
+    data = tmp_path / "data"
+    make_tree(data / "test")
+    (data / "test" / "blue" / "notes.txt").unlink()
+    out = tmp_path / "preds.csv"
+    assert (
+        main([str(data / "test"), "--checkpoint", str(varied_checkpoint), "--output", str(out)])
+        == 0
+    )
+    rows = read_csv(out)
+    report_path = tmp_path / "report.json"
+    code = evaluate_script.main(
+        [
+            "--checkpoint", str(varied_checkpoint), "--data", str(data), "--workers", "0",
+            "--device", "cpu", "--json", str(report_path), "--output-dir", str(tmp_path / "ev"),
+        ]
+    )  # fmt: skip
+    assert code == 0
+    report = json.loads(report_path.read_text())
+    correct = sum(row["label"] == row["path"].split("/")[-2] for row in rows)
+    assert report["num_images"] == len(rows) == 15
+    assert correct / len(rows) == pytest.approx(report["top1"], abs=1e-9)
+
+    model = vit.load_model(varied_checkpoint).eval()
+    dataset = load_split(str(data), "test", str(tmp_path))
+    dataset.transform = EvalTransform(model.preprocess)
+    by_path = {row["path"]: row["label"] for row in rows}
+    for index, path in enumerate(dataset.paths):
+        with torch.no_grad():
+            evaluate_top1 = model(dataset[index][0][None]).argmax(-1).item()
+        assert by_path[str(path)] == model.class_names[evaluate_top1]
+
+
+# -- attention overlays --------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["rollout", "gradient_rollout", "relevance"])
+def test_explain_writes_the_image_beside_its_map(
+    varied_checkpoint, tmp_path, one_thread, method, capsys
+):
+    tree = make_tree(tmp_path / "tree", sizes=((40, 56), (64, 48)))
+    Image.new("RGB", (40, 40), "white").save(tree / "red" / "0.jpg")  # beside red/0.png
+    out = tmp_path / "maps"
+    code = main(
+        [str(tree), "--checkpoint", str(varied_checkpoint), "--explain", str(out),
+         "--method", method, "--batch-size", "3"]
+    )  # fmt: skip
+    assert code == 0
+    pngs = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.png"))
+    assert pngs == [
+        "blue/0.png", "blue/1.png", "green/0.png", "green/1.png",
+        "red/0_jpg.png", "red/0_png.png", "red/1.png",
+    ]  # fmt: skip
+    assert not [p for p in out.rglob("*") if p.name.startswith(".")]  # no temporary files left
+    picture = np.asarray(Image.open(out / "blue" / "0.png").convert("RGB")).astype(int)
+    height, width, _ = picture.shape
+    assert width > 1.5 * height  # two panels side by side
+    left, right = picture[:, : width // 2], picture[:, width // 2 :]
+    assert np.abs(left - right).mean() > 5  # the right panel carries the heat map
+    assert "wrote 7 attention maps" in capsys.readouterr().err
 
 
 def test_runs_as_a_module(checkpoint, images):

@@ -1,47 +1,59 @@
-"""Classify images from the command line.
+"""Classify images from the command line: files, folders and glob patterns, in batches.
 
-    python -m vit.predict IMAGE [IMAGE ...] --model NAME [--checkpoint PATH] [--top-k 5]
+    python -m vit.predict IMAGE|FOLDER|GLOB ... --model NAME [--checkpoint PATH] [--top-k 5]
+        [--batch-size 32] [--device auto] [--output preds.csv|preds.json]
+        [--explain DIR [--method rollout|gradient_rollout|relevance]]
 
 With only --model, timm's pretrained weights for that name are used (downloaded once). With
---checkpoint, the weights come from that file; our own `.safetensors` files know their
-architecture and class names, so --model may be left out for them.
+--checkpoint, the weights come from that file or folder: our own `.safetensors` files and
+transformers folders know their architecture and class names, so --model may be left out for
+them; other files (timm, torchvision, transformers state dicts, Google .npz) need --model.
+
+Images are prepared exactly as `evaluate.py` prepares them (the model's resize, centre crop and
+normalisation), so the top-1 class here is evaluate's. Without --output the top-k classes are
+printed per image; with it, one record per image is written (CSV or JSON: path, label,
+probability, label_2, probability_2, ...). A file that cannot be read is named on stderr, the
+other images are still classified, and the exit status is 1 at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
+import json
+import os
 import sys
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from matplotlib.figure import Figure
+from PIL import Image
+from tqdm import tqdm
 
+from . import explain
+from .attention_plots import denormalize, draw_overlay
 from .configs import list_models
+from .distributed import DistInfo, resolve_device
 from .factory import create_model, create_transform, load_model
+from .images import CorruptImageError, expand_image_paths, open_image
+from .io import atomic_write, atomic_write_text
 from .model import VisionTransformer
 from .weights import read_metadata
+
+METHODS = {
+    "rollout": explain.attention_rollout,
+    "gradient_rollout": explain.gradient_rollout,
+    "relevance": explain.relevance,
+}
+OUTPUT_SUFFIXES = (".csv", ".json")
 
 
 class InputError(Exception):
     """A problem with what the user passed, reported as one line without a traceback."""
-
-
-def load_image(path: Path) -> Image.Image:
-    """Open an image as RGB: grayscale is replicated, transparency is composited on white."""
-    if not path.exists():
-        raise InputError(f"{path}: no such file")
-    if path.is_dir():
-        raise InputError(f"{path}: is a folder, expected an image file")
-    try:
-        with Image.open(path) as image:
-            image.load()
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
-        raise InputError(f"{path}: not an image that can be read ({e})") from None
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, rgba).convert("RGB")
-    return image.convert("RGB")
 
 
 def class_names_for(model: VisionTransformer) -> list[str]:
@@ -58,9 +70,12 @@ def class_names_for(model: VisionTransformer) -> list[str]:
 
 
 def build_model(name: str | None, checkpoint: Path | None) -> VisionTransformer:
+    """The model from --model and/or --checkpoint (see the module docstring)."""
     if checkpoint is not None:
+        if checkpoint.is_dir():
+            return load_model(checkpoint)  # a transformers folder
         if not checkpoint.is_file():
-            raise InputError(f"--checkpoint {checkpoint}: no such file")
+            raise InputError(f"--checkpoint {checkpoint}: no such file or folder")
         if checkpoint.suffix == ".safetensors" and "vit.config" in read_metadata(checkpoint):
             return load_model(checkpoint)
         if name is None:
@@ -78,45 +93,242 @@ def predict(model: VisionTransformer, images: list[Image.Image], top_k: int) -> 
     """PIL images -> (probabilities, class indices), each (B, top_k), best first."""
     transform = create_transform(model.preprocess)
     batch = torch.stack([transform(image) for image in images])  # (B, 3, H, W)
-    probs = model.eval()(batch).softmax(dim=-1)  # (B, num_classes)
+    device = next(model.parameters()).device
+    return top_classes(model, batch.to(device), top_k)
+
+
+@torch.inference_mode()
+def top_classes(model: VisionTransformer, batch: torch.Tensor, top_k: int) -> tuple:
+    """A prepared batch (B, 3, H, W) -> (probabilities, class indices), each (B, k), best first."""
+    probs = model.eval()(batch).float().softmax(dim=-1)  # (B, num_classes)
     return probs.topk(min(top_k, probs.shape[-1]), dim=-1)
 
 
-def main(argv: list[str] | None = None) -> int:
+def prepared_batches(
+    paths: Sequence[Path], transform, batch_size: int, workers: int
+) -> Iterator[tuple[list[Path], torch.Tensor | None, list[str]]]:
+    """Decode and prepare images batch by batch: (paths read, (B, 3, H, W) or None, errors)."""
+
+    def prepare(path: Path) -> torch.Tensor | str:
+        try:
+            return transform(open_image(path))
+        except CorruptImageError as e:
+            return str(e)
+
+    with ThreadPoolExecutor(max(1, workers)) as pool:  # PIL decodes without holding the GIL
+        for start in range(0, len(paths), batch_size):
+            chunk = paths[start : start + batch_size]
+            results = list(pool.map(prepare, chunk))
+            good = [(p, r) for p, r in zip(chunk, results, strict=True) if not isinstance(r, str)]
+            errors = [r for r in results if isinstance(r, str)]
+            batch = torch.stack([r for _, r in good]) if good else None
+            yield [p for p, _ in good], batch, errors
+
+
+def records_for(paths, probs, indices, names: list[str]) -> list[dict]:
+    """One dict per image: path, label, probability, label_2, probability_2, ..."""
+    records = []
+    for path, row_p, row_i in zip(paths, probs.tolist(), indices.tolist(), strict=True):
+        record = {"path": str(path)}
+        for rank, (p, i) in enumerate(zip(row_p, row_i, strict=True), start=1):
+            suffix = "" if rank == 1 else f"_{rank}"
+            record[f"label{suffix}"] = names[i]
+            record[f"probability{suffix}"] = round(p, 6)
+        records.append(record)
+    return records
+
+
+def write_records(path: Path, records: list[dict], top_k: int) -> None:
+    """CSV (header row, one row per image) or JSON (a list of objects), written atomically."""
+    if path.suffix.lower() == ".json":
+        atomic_write_text(path, json.dumps(records, indent=2) + "\n")
+        return
+    fields = ["path", "label", "probability"]
+    fields += [
+        f"{name}_{rank}" for rank in range(2, top_k + 1) for name in ("label", "probability")
+    ]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    atomic_write_text(path, buffer.getvalue())
+
+
+def print_records(records: list[dict], top_k: int) -> None:
+    """The terminal format: the path, then one `probability  label` line per class."""
+    for record in records:
+        print(record["path"])
+        for rank in range(1, top_k + 1):
+            suffix = "" if rank == 1 else f"_{rank}"
+            print(f"  {record[f'probability{suffix}']:7.2%}  {record[f'label{suffix}']}")
+
+
+# -- attention overlays --------------------------------------------------------------------------
+def explanation_paths(paths: Sequence[Path], folder: Path) -> dict[Path, Path]:
+    """One PNG per image under `folder`, mirroring the images' folders below their common
+    parent (cats/a.jpg -> DIR/cats/a.png; a.jpg and a.png side by side -> a_jpg.png, a_png.png)."""
+    absolute = [p.resolve() for p in paths]
+    root = Path(os.path.commonpath([p.parent for p in absolute])) if absolute else Path()
+    stems: dict[Path, int] = {}
+    for p in absolute:
+        key = p.relative_to(root).with_suffix("")
+        stems[key] = stems.get(key, 0) + 1
+    out = {}
+    for original, p in zip(paths, absolute, strict=True):
+        rel = p.relative_to(root)
+        name = rel.stem if stems[rel.with_suffix("")] == 1 else f"{rel.stem}_{rel.suffix[1:]}"
+        out[original] = folder / rel.parent / f"{name}.png"
+    return out
+
+
+def explanation_figure(image: np.ndarray, heatmap: torch.Tensor, title: str, method: str):
+    """The image (H, W, 3) in [0, 1] beside the same image with its map (gh, gw) over it."""
+    fig = Figure(figsize=(6.4, 3.6), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    left.imshow(image, interpolation="nearest")
+    left.set_title(title, fontsize=10)
+    draw_overlay(right, image, heatmap)
+    right.set_title(method.replace("_", " "), fontsize=10)
+    for ax in (left, right):
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return fig
+
+
+def save_explanations(
+    model: VisionTransformer,
+    batch: torch.Tensor,
+    records: list[dict],
+    targets: dict[Path, Path],
+    paths: Sequence[Path],
+    method: str,
+) -> None:
+    """Explain the batch's predicted classes with `method` and write one PNG per image."""
+    maps = METHODS[method](model, batch).detach().cpu()  # (B, gh, gw)
+    pixels = denormalize(batch.cpu(), model.preprocess.mean, model.preprocess.std)  # (B, H, W, 3)
+    for path, record, image, heatmap in zip(paths, records, pixels, maps, strict=True):
+        title = f"{record['label']} ({record['probability']:.1%})"
+        fig = explanation_figure(image, heatmap, title, method)
+        atomic_write(targets[path], lambda tmp, f=fig: f.savefig(tmp, format="png", dpi=100))
+
+
+# -- command line --------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m vit.predict", description="Top-k classes for each image."
+        prog="python -m vit.predict",
+        description="Top-k classes for each image.",
     )
-    parser.add_argument("images", nargs="+", type=Path, help="image files (any PIL format)")
+    parser.add_argument(
+        "images", nargs="+", help="image files, folders (searched recursively) or glob patterns"
+    )
     parser.add_argument("--model", help=f"model name, one of: {', '.join(list_models())}")
-    parser.add_argument("--checkpoint", type=Path, help="weights file (.safetensors/.pth/.npz)")
-    parser.add_argument("--top-k", type=int, default=5, help="classes to show per image")
-    args = parser.parse_args(argv)
-    if args.top_k < 1:
-        parser.error(f"--top-k must be at least 1, got {args.top_k}")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        help="weights file (.safetensors/.pth/.npz, any layout) or a transformers ViT folder",
+    )
+    parser.add_argument("--top-k", type=int, default=5, help="classes per image (default 5)")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
+    parser.add_argument("--workers", type=int, default=4, help="threads decoding images")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0")
+    parser.add_argument("--output", type=Path, help="write the predictions to FILE.csv or .json")
+    parser.add_argument("--explain", type=Path, metavar="DIR", help="one attention PNG per image")
+    parser.add_argument(
+        "--method", choices=sorted(METHODS), default="rollout", help="map for --explain"
+    )
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad flags before any work is done (output locations: InputError, one line)."""
+    for flag in ("top_k", "batch_size"):
+        if getattr(args, flag) < 1:
+            parser.error(
+                f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}"
+            )
     if args.model is not None and args.model not in list_models():
         parser.error(f"unknown --model {args.model!r}; known: {', '.join(list_models())}")
+    if args.output is not None:
+        if args.output.suffix.lower() not in OUTPUT_SUFFIXES:
+            parser.error(f"--output {args.output}: the file name must end in .csv or .json")
+        writable_location("--output", args.output, folder=False)
+    if args.explain is not None:
+        writable_location("--explain", args.explain, folder=True)
 
-    loaded, failed = [], []
-    for path in args.images:
-        try:
-            loaded.append((path, load_image(path)))
-        except InputError as e:
-            failed.append(str(e))
+
+def writable_location(flag: str, path: Path, folder: bool) -> None:
+    """Fail now, in one line, if `path` could not be written at the end."""
+    if not folder and path.is_dir():
+        raise InputError(f"{flag} {path}: is a folder; give a file name")
+    if folder and path.exists() and not path.is_dir():
+        raise InputError(f"{flag} {path}: exists and is not a folder")
+    existing = path if folder and path.is_dir() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {path}: cannot write there ({existing} is not a writable folder)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        model = build_model(args.model, args.checkpoint)
-    except (InputError, ValueError, KeyError, FileNotFoundError) as e:
+        check_args(parser, args)
+        device = resolve_device(args.device, DistInfo())
+        model = build_model(args.model, args.checkpoint).to(device).eval()
+    except (InputError, ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if loaded:
-        names = class_names_for(model)
-        probs, indices = predict(model, [image for _, image in loaded], args.top_k)
-        for (path, _), row_p, row_i in zip(loaded, probs.tolist(), indices.tolist(), strict=True):
-            print(path)
-            for p, i in zip(row_p, row_i, strict=True):
-                print(f"  {p:7.2%}  {names[i]}")
-    for message in failed:
+    if model.num_classes < 1:
+        print(
+            "error: the model has no classifier head (a feature extractor): nothing to predict",
+            file=sys.stderr,
+        )
+        return 2
+    top_k = min(args.top_k, model.num_classes)
+    paths, problems = expand_image_paths(args.images)
+    names = class_names_for(model)
+    transform = create_transform(model.preprocess)
+    targets = explanation_paths(paths, args.explain) if args.explain else {}
+    records: list[dict] = []
+    progress = tqdm(
+        total=len(paths),
+        unit="img",
+        file=sys.stderr,
+        disable=len(paths) <= args.batch_size or None,  # None: only on a terminal
+    )
+    for batch_paths, batch, errors in prepared_batches(
+        paths, transform, args.batch_size, args.workers
+    ):
+        problems += errors
+        if batch is not None:
+            batch = batch.to(device)
+            probs, indices = top_classes(model, batch, top_k)
+            batch_records = records_for(batch_paths, probs, indices, names)
+            records += batch_records
+            if args.explain:
+                save_explanations(model, batch, batch_records, targets, batch_paths, args.method)
+        progress.update(len(batch_paths) + len(errors))
+    progress.close()
+    return finish(args, records, problems, top_k)
+
+
+def finish(args: argparse.Namespace, records: list[dict], problems: list[str], top_k: int) -> int:
+    """Print or write the records, then the problems; the exit status."""
+    if args.output is None:
+        print_records(records, top_k)
+    else:
+        try:
+            write_records(args.output, records, top_k)
+        except OSError as e:
+            print(f"error: --output {args.output}: cannot write it ({e})", file=sys.stderr)
+            return 2
+        print(f"wrote {len(records)} predictions to {args.output}", file=sys.stderr)
+    if args.explain and records:
+        print(f"wrote {len(records)} attention maps to {args.explain}", file=sys.stderr)
+    for message in problems:
         print(f"error: {message}", file=sys.stderr)
-    return 1 if failed else 0
+    return 1 if problems or not records else 0
 
 
 if __name__ == "__main__":
