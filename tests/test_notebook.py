@@ -66,3 +66,20 @@ def test_attention_notebook_runs(this_python_kernel):
     assert images == 4
     assert "of 10 shown images correct" in text and "uniform attention" in text
     assert "14x14 = 196 patch tokens + 1 class token; each map is (1, 14, 14)" in text
+
+
+def test_walkthrough_notebook_runs_and_its_hand_computations_match_the_model(this_python_kernel):
+    """Every step by hand is checked with assert_close inside the notebook: any mismatch is a
+    cell error, which run_notebook raises. Offline (no cached weights) it uses random weights."""
+    images, text = run_notebook(NOTEBOOKS / "vit_walkthrough.ipynb", this_python_kernel)
+    # the patch grid, position-embedding similarity, the 12 heads' attention, the entropy plot
+    assert images == 4
+    for checked in (
+        "equal to model.patch_embed(x)",
+        "(1, 197, 768): equal to the input of model.blocks[0]",
+        "equal to model.blocks[0].attn",
+        "equal to model.blocks[0](tokens)",
+        "equal to model(x)",
+        "fused vs explicit",
+    ):
+        assert checked in text
