@@ -62,6 +62,8 @@ def atomic_write_dir(path: Path, write: Callable[[Path], object]) -> None:
     try:
         write(tmp)
         _normal_permissions(tmp, directory=True)
+        for inner in tmp.rglob("*"):  # some writers (safetensors) create owner-only files
+            _normal_permissions(inner, directory=inner.is_dir())
         if path.exists():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
             os.replace(path, old / path.name)

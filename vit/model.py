@@ -66,6 +66,11 @@ class ViTConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def uses_fc_norm(self) -> bool:
+        """Whether the final LayerNorm comes after pooling (fc_norm) instead of before it."""
+        return self.global_pool == "avg" if self.fc_norm is None else bool(self.fc_norm)
+
 
 class PatchEmbed(nn.Module):
     """Image to patch tokens: a Conv2d whose kernel and stride are both the patch size."""
@@ -274,7 +279,7 @@ class VisionTransformer(nn.Module):
         self.global_pool = cfg.global_pool
         self.embed_dim = self.num_features = cfg.embed_dim
         self.num_prefix_tokens = 1 if cfg.class_token else 0
-        use_fc_norm = cfg.global_pool == "avg" if cfg.fc_norm is None else cfg.fc_norm
+        use_fc_norm = cfg.uses_fc_norm
 
         self.patch_embed = PatchEmbed(
             cfg.img_size,

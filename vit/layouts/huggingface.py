@@ -194,7 +194,7 @@ def config_to_hf(config: ViTConfig, class_names: list[str] | None) -> dict:
         for bad, text in (
             (config.global_pool != "token", f"global_pool={config.global_pool!r}"),
             (not config.class_token, "no class token"),
-            (config.fc_norm is True, "an fc_norm after pooling"),
+            (config.uses_fc_norm, "a LayerNorm after pooling (fc_norm)"),
         )
         if bad
     ]

@@ -90,7 +90,7 @@ def constructor_args(config: ViTConfig) -> tuple[str | None, dict]:
             (patch[0] != patch[1], f"a non-square patch size {patch}"),
             (config.global_pool != "token", f"global_pool={config.global_pool!r}"),
             (not config.class_token, "no class token"),
-            (config.fc_norm is True, "an fc_norm after pooling"),
+            (config.uses_fc_norm, "a LayerNorm after pooling (fc_norm)"),
             (not config.qkv_bias, "qkv_bias=False"),
             (config.in_chans != 3, f"in_chans={config.in_chans}"),
             (config.norm_eps != 1e-6, f"norm_eps={config.norm_eps} (torchvision's is 1e-6)"),

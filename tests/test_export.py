@@ -1,0 +1,201 @@
+"""`vit.export` / `python -m vit.export`: ONNX, transformers and torchvision exports, each
+loaded back by the library it is for and compared with our logits (float32, eval)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import vit
+from vit import export
+from vit.export import MissingExtraError, export_onnx, export_torchvision, export_transformers
+
+onnxruntime = pytest.importorskip("onnxruntime")
+transformers = pytest.importorskip("transformers")
+torchvision = pytest.importorskip("torchvision")
+
+RTOL = 1e-5
+NAMES = ["cat", "dog", "ship"]
+TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+
+
+def relative_error(theirs, ours) -> float:
+    assert ours.abs().max() > 0
+    return ((torch.as_tensor(theirs) - ours).abs().max() / ours.abs().max()).item()
+
+
+@pytest.fixture
+def model():
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(**TINY)
+    torch.nn.init.normal_(model.head.weight, std=0.5)
+    model.class_names = NAMES
+    model.preprocess = vit.Preprocess(input_size=(32, 32), mean=(0.4, 0.5, 0.6), crop_pct=1.0)
+    return model.eval()
+
+
+def logits(model, x):
+    with torch.no_grad():
+        return model.eval()(x)
+
+
+def leftovers(folder):
+    return [p.name for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_onnx_has_a_dynamic_batch_and_our_logits(model, tmp_path, one_thread):
+    path = tmp_path / "model.onnx"
+    result = export_onnx(model, path)
+    assert result.path == path and result.max_relative_difference <= RTOL
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (batch_axis, *rest) = session.get_inputs()[0].shape
+    assert isinstance(batch_axis, str) and rest == [3, 32, 32]  # symbolic batch axis
+    x = torch.randn(5, 3, 32, 32)
+    (out,) = session.run(["logits"], {"pixel_values": x.numpy()})
+    assert out.shape == (5, 3)
+    assert relative_error(out, logits(model, x)) <= RTOL
+    metadata = session.get_modelmeta().custom_metadata_map
+    assert json.loads(metadata["vit.class_names"]) == NAMES
+    assert json.loads(metadata["vit.preprocess"])["mean"] == [0.4, 0.5, 0.6]
+    assert leftovers(tmp_path) == []
+
+
+def test_transformers_folder_loads_with_id2label_and_round_trips(model, tmp_path, one_thread):
+    folder = tmp_path / "hf"
+    result = export_transformers(model, folder)
+    assert result.max_relative_difference <= RTOL
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json", "model.safetensors", "preprocessor_config.json",
+    ]  # fmt: skip
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.stat().st_mode & 0o777 for p in folder.iterdir()} == {0o666 & ~umask}
+    theirs = transformers.ViTForImageClassification.from_pretrained(folder).eval()
+    assert theirs.config.id2label == dict(enumerate(NAMES))
+    assert theirs.config.layer_norm_eps == 1e-6  # ours, written down: logits match
+    x = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        assert relative_error(theirs(pixel_values=x).logits, logits(model, x)) <= RTOL
+    processor = transformers.ViTImageProcessor.from_pretrained(folder)
+    assert list(processor.image_mean) == [0.4, 0.5, 0.6]
+    back = vit.load_model(folder)  # and our reader takes our writer's folder back exactly
+    assert back.class_names == NAMES and torch.equal(logits(back, x), logits(model, x))
+
+
+def test_a_headless_model_becomes_a_vit_model(tmp_path, one_thread):
+    torch.manual_seed(0)
+    headless = vit.VisionTransformer(**{**TINY, "num_classes": 0})
+    result = export_transformers(headless, tmp_path / "hf")
+    assert result.target == "transformers ViTModel" and result.max_relative_difference <= RTOL
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["ViTModel"]
+
+
+def test_torchvision_state_dict_loads_into_vit_b_32(tmp_path, one_thread):
+    torch.manual_seed(0)
+    ours = vit.create_model("vit_base_patch32_224", num_classes=10)
+    torch.nn.init.normal_(ours.head.weight, std=0.02)
+    path = tmp_path / "vit_b_32.pth"
+    result = export_torchvision(ours, path)
+    assert "torchvision.models.vit_b_32(image_size=224, num_classes=10)" in result.target
+    theirs = torchvision.models.vit_b_32(num_classes=10)
+    theirs.load_state_dict(torch.load(path, weights_only=True), strict=True)
+    x = torch.randn(2, 3, 224, 224)
+    with torch.no_grad():
+        assert relative_error(theirs.eval()(x), logits(ours, x)) <= RTOL
+
+
+def test_torchvision_refuses_what_it_cannot_hold(tmp_path):
+    avg = vit.VisionTransformer(**{**TINY, "global_pool": "avg", "class_token": False})
+    with pytest.raises(
+        ValueError, match=r"global_pool=.avg., no class token, a LayerNorm after pooling"
+    ):
+        export_torchvision(avg, tmp_path / "avg.pth")
+    eps = vit.VisionTransformer(**{**TINY, "norm_eps": 1e-12})
+    with pytest.raises(ValueError, match=r"norm_eps=1e-12 \(torchvision's is 1e-6\)"):
+        export_torchvision(eps, tmp_path / "eps.pth")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_check_writes_nothing_and_keeps_the_previous_export(
+    model, tmp_path, monkeypatch, one_thread
+):
+    folder = tmp_path / "hf"
+    export_transformers(model, folder)
+    before = (folder / "model.safetensors").read_bytes()
+    monkeypatch.setattr(export, "relative_difference", lambda theirs, ours: 0.5)
+    with pytest.raises(ValueError, match=r"max relative difference 5\.00e-01 > tolerance"):
+        export_transformers(vit.VisionTransformer(**TINY), folder)
+    assert (folder / "model.safetensors").read_bytes() == before
+    with pytest.raises(ValueError, match="nothing was written"):
+        export_torchvision(model, tmp_path / "tv.pth")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_a_missing_extra_is_named(model, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
+    with pytest.raises(MissingExtraError, match=r"'onnxruntime'.*pip install -e '\.\[interop\]'"):
+        export_onnx(model, tmp_path / "m.onnx")
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(MissingExtraError, match="--hf .*'transformers'"):
+        export_transformers(model, tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_import_and_predict_need_no_extra(tmp_path):
+    blocked = ["transformers", "onnx", "onnxruntime", "onnxscript"]
+    code = (
+        "import sys\n"
+        f"for name in {blocked}: sys.modules[name] = None\n"
+        "import vit, vit.export, vit.predict, vit.weights\n"
+        "m = vit.VisionTransformer(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2)\n"
+        "print(m(__import__('torch').zeros(1, 3, 16, 16)).shape)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "torch.Size([1, 1000])"
+
+
+def test_command_line_writes_all_three(model, tmp_path, one_thread, capsys):
+    checkpoint = vit.save_weights(model, tmp_path / "m.safetensors", class_names=NAMES)
+    out = tmp_path / "out"
+    code = export.main(
+        [str(checkpoint), "--onnx", str(out / "m.onnx"), "--hf", str(out / "hf"),
+         "--torchvision", str(out / "tv.pth")]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    lines = [line for line in captured.out.splitlines() if line.startswith("--")]
+    assert [line.split(":")[0] for line in lines] == ["--onnx", "--hf", "--torchvision"]
+    differences = [float(line.rsplit(" ", 1)[1]) for line in lines]
+    assert all(0 <= d <= RTOL for d in differences)
+    tv = torchvision.models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=128,
+        num_classes=3,
+    )  # fmt: skip
+    tv.load_state_dict(torch.load(out / "tv.pth", weights_only=True))
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        assert (
+            relative_error(tv.eval()(torch.from_numpy(x)), logits(model, torch.from_numpy(x)))
+            <= RTOL
+        )
+
+
+def test_command_line_errors_are_one_line(model, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        export.main([str(tmp_path / "x.safetensors")])
+    assert "nothing to do" in capsys.readouterr().err
+    assert export.main([str(tmp_path / "missing.safetensors"), "--hf", str(tmp_path / "h")]) == 2
+    assert capsys.readouterr().err.startswith("error: --checkpoint")
+    avg = vit.VisionTransformer(**{**TINY, "global_pool": "avg"})
+    path = vit.save_weights(avg, tmp_path / "avg.safetensors")
+    assert export.main([str(path), "--torchvision", str(tmp_path / "tv.pth")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torchvision's VisionTransformer cannot hold" in err

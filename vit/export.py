@@ -1,0 +1,297 @@
+"""Hand a model on, verified: ONNX, a transformers folder, a torchvision state dict.
+
+    python -m vit.export CHECKPOINT [--model NAME] [--onnx FILE] [--hf DIR] [--torchvision FILE]
+
+CHECKPOINT is a model name (timm's pretrained weights), one of our `.safetensors` files, a
+transformers ViT folder, or (with --model NAME) any weights file `vit.load_weights` reads.
+Every export is checked before it is put in place: the written file is loaded by the library
+it is meant for (onnxruntime, `transformers.ViTForImageClassification.from_pretrained`,
+`torchvision.models.vit_*`), run on the same random images as our model, and its logits must
+agree with ours to `--tolerance` (max |theirs - ours| / max |ours|). A failed export leaves no
+file behind.
+
+onnx, onnxruntime, onnxscript and transformers are optional: `pip install -e '.[interop]'`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+from safetensors.torch import save_file
+
+from .configs import list_models
+from .factory import create_model
+from .io import atomic_write, atomic_write_dir
+from .layouts import huggingface
+from .layouts import torchvision as torchvision_layout
+from .model import VisionTransformer
+from .predict import InputError, build_model, class_names_for
+
+INSTALL_HINT = "pip install -e '.[interop]'"
+ONNX_OPSET = 18
+EXTERNAL_DATA_BYTES = 1_800_000_000  # protobuf's 2 GB limit: bigger models keep weights aside
+
+
+class MissingExtraError(ImportError):
+    """An export needs a package of the `interop` extra that is not installed."""
+
+
+@dataclass
+class ExportCheck:
+    """Where an export went and how closely the other library reproduced our logits."""
+
+    path: Path
+    target: str  # what ran the export, e.g. "onnxruntime", "torchvision.models.vit_b_16(...)"
+    max_relative_difference: float
+
+    def __str__(self) -> str:
+        return (
+            f"wrote {self.path}; {self.target} logits vs ours: max relative difference "
+            f"{self.max_relative_difference:.1e}"
+        )
+
+
+def require(module: str, purpose: str) -> ModuleType:
+    """Import an optional package, or fail saying which extra provides it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtraError(
+            f"{purpose} needs the package {module!r}, which is not installed: {INSTALL_HINT}"
+        ) from e
+
+
+def sample_images(model: VisionTransformer, batch: int, seed: int = 0) -> torch.Tensor:
+    """Seeded random normalised images (B, C, H, W) of the model's input size."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(
+        batch, model.config.in_chans, *model.patch_embed.img_size, generator=generator
+    )
+
+
+def cpu_float32(model: VisionTransformer) -> VisionTransformer:
+    """The model in eval mode on the CPU in float32: itself if it is already, else a copy (the
+    caller's model is left where it is)."""
+    if any(p.device.type != "cpu" or p.dtype != torch.float32 for p in model.parameters()):
+        model = copy.deepcopy(model).float().cpu()
+    return model.eval()
+
+
+@torch.no_grad()
+def our_outputs(model: VisionTransformer, images: torch.Tensor) -> torch.Tensor:
+    """Logits (B, num_classes), or for a headless model the final tokens (B, N, D)."""
+    return model(images) if model.num_classes else model.forward_features(images)
+
+
+def relative_difference(theirs: torch.Tensor, ours: torch.Tensor) -> float:
+    if theirs.shape != ours.shape:
+        raise ValueError(
+            f"output shape {tuple(theirs.shape)} differs from ours {tuple(ours.shape)}"
+        )
+    return ((theirs.float() - ours).abs().max() / ours.abs().max().clamp_min(1e-30)).item()
+
+
+def check(difference: float, tolerance: float, target: str) -> None:
+    if not difference <= tolerance:  # also catches NaN
+        raise ValueError(
+            f"{target} does not reproduce our logits: max relative difference {difference:.2e} > "
+            f"tolerance {tolerance:.0e}; nothing was written"
+        )
+
+
+# -- ONNX ----------------------------------------------------------------------------------------
+def export_onnx(
+    model: VisionTransformer, path: str | Path, tolerance: float = 1e-5, opset: int = ONNX_OPSET
+) -> ExportCheck:
+    """Export to ONNX with a dynamic batch size, then run it in onnxruntime at batch sizes 1 and
+    3 and compare with our logits. Input `pixel_values` (B, C, H, W) normalised as
+    `model.preprocess` says; output `logits` (B, num_classes). Class names and preprocessing
+    are stored in the model's metadata (`vit.class_names`, `vit.preprocess`)."""
+    for module in ("onnx", "onnxscript"):
+        require(module, "--onnx (torch.onnx's exporter)")
+    onnxruntime = require("onnxruntime", "--onnx (verifying the export)")
+    path = Path(path)
+    model = cpu_float32(model)
+    program = torch.onnx.export(
+        model,
+        (sample_images(model, 2),),
+        dynamo=True,
+        input_names=["pixel_values"],
+        output_names=["logits"],
+        dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1)}},
+        opset_version=opset,
+        verbose=False,
+    )
+    metadata = program.model.metadata_props
+    metadata["vit.class_names"] = json.dumps(class_names_for(model))
+    if model.preprocess is not None:
+        metadata["vit.preprocess"] = json.dumps(model.preprocess.to_dict())
+    large = sum(p.numel() * p.element_size() for p in model.parameters()) > EXTERNAL_DATA_BYTES
+    if large:  # the weights go to PATH.data beside it; write it in place (not atomic)
+        program.save(str(path), external_data=True)
+        return _verify_onnx(onnxruntime, path, model, tolerance)
+    result: list[ExportCheck] = []
+
+    def write(tmp: Path) -> None:
+        program.save(str(tmp), external_data=False)
+        result.append(_verify_onnx(onnxruntime, tmp, model, tolerance))
+
+    atomic_write(path, write)
+    return ExportCheck(path, result[0].target, result[0].max_relative_difference)
+
+
+def _verify_onnx(onnxruntime, path: Path, model: VisionTransformer, tolerance: float):
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    worst = 0.0
+    for batch in (1, 3):  # two batch sizes: the batch axis really is dynamic
+        images = sample_images(model, batch, seed=batch)
+        (logits,) = session.run(["logits"], {"pixel_values": images.numpy()})
+        worst = max(
+            worst, relative_difference(torch.from_numpy(logits), our_outputs(model, images))
+        )
+    check(worst, tolerance, "onnxruntime")
+    return ExportCheck(path, "onnxruntime (batch 1 and 3)", worst)
+
+
+# -- transformers --------------------------------------------------------------------------------
+def export_transformers(
+    model: VisionTransformer, folder: str | Path, tolerance: float = 1e-5
+) -> ExportCheck:
+    """Write a transformers ViT folder (config.json with id2label, model.safetensors,
+    preprocessor_config.json) and check that `ViTForImageClassification.from_pretrained`
+    (`ViTModel` for a headless model) reproduces our logits (final tokens)."""
+    transformers = require("transformers", "--hf (verifying the export)")
+    folder = Path(folder)
+    model = cpu_float32(model)
+    config = huggingface.config_to_hf(model.config, class_names_for(model))
+    with_head = model.num_classes > 0
+    tensors = huggingface.from_timm(model.state_dict(), with_head=with_head)
+    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
+    result: list[ExportCheck] = []
+
+    def write(tmp: Path) -> None:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tensors, str(tmp / "model.safetensors"), {"format": "pt"})
+        if model.preprocess is not None:
+            processor = huggingface.preprocess_to_hf(model.preprocess)
+            (tmp / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+        result.append(_verify_transformers(transformers, tmp, model, config, tolerance))
+
+    atomic_write_dir(folder, write)
+    return ExportCheck(folder, result[0].target, result[0].max_relative_difference)
+
+
+def _verify_transformers(transformers, folder: Path, model, config: dict, tolerance: float):
+    images = sample_images(model, 2)
+    if model.num_classes:
+        theirs = transformers.ViTForImageClassification.from_pretrained(str(folder)).eval()
+        names = [theirs.config.id2label[i] for i in range(model.num_classes)]
+        if names != [config["id2label"][str(i)] for i in range(model.num_classes)]:
+            raise ValueError("transformers read other class names than were written")
+        with torch.no_grad():
+            output = theirs(pixel_values=images).logits
+        target = "transformers ViTForImageClassification"
+    else:
+        theirs = transformers.ViTModel.from_pretrained(str(folder), add_pooling_layer=False).eval()
+        with torch.no_grad():
+            output = theirs(pixel_values=images).last_hidden_state
+        target = "transformers ViTModel"
+    difference = relative_difference(output, our_outputs(model, images))
+    check(difference, tolerance, target)
+    return ExportCheck(folder, target, difference)
+
+
+# -- torchvision ---------------------------------------------------------------------------------
+def export_torchvision(
+    model: VisionTransformer, path: str | Path, tolerance: float = 1e-5
+) -> ExportCheck:
+    """Write a state dict for torchvision's `VisionTransformer` and check it: loaded strictly
+    into `torchvision.models.vit_b_16` & co when the architecture is one of theirs (else into
+    `torchvision.models.VisionTransformer(...)` of the same shape), same logits. Models it
+    cannot express (mean pooling, no class token, ...) are refused, naming why."""
+    import torchvision  # a core dependency
+
+    path = Path(path)
+    model = cpu_float32(model)
+    builder, kwargs = torchvision_layout.constructor_args(model.config)
+    state = torchvision_layout.from_timm(model.state_dict())
+    state = {k: v.detach().contiguous() for k, v in state.items()}
+    if builder is not None:
+        build = getattr(torchvision.models, builder)
+        arch = dict(image_size=kwargs["image_size"], num_classes=kwargs["num_classes"])
+        target = f"torchvision.models.{builder}"
+    else:
+        build, arch, target = torchvision.models.VisionTransformer, kwargs, "torchvision"
+    result: list[ExportCheck] = []
+
+    def write(tmp: Path) -> None:
+        torch.save(state, tmp)
+        with torch.device("meta"):  # no random init of weights that are loaded next
+            theirs = build(**arch)
+        theirs.load_state_dict(torch.load(tmp, weights_only=True), strict=True, assign=True)
+        images = sample_images(model, 2)
+        with torch.no_grad():
+            difference = relative_difference(theirs.eval()(images), our_outputs(model, images))
+        check(difference, tolerance, target)
+        result.append(ExportCheck(path, f"{target}({_call_args(arch)})", difference))
+
+    atomic_write(path, write)
+    return result[0]
+
+
+def _call_args(kwargs: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in kwargs.items())
+
+
+# -- command line --------------------------------------------------------------------------------
+def load_checkpoint(checkpoint: str, name: str | None) -> VisionTransformer:
+    """A model name (timm's pretrained weights) or a path, as `python -m vit.predict` reads it."""
+    if checkpoint in list_models() and not Path(checkpoint).exists():
+        return create_model(checkpoint, pretrained=True)
+    return build_model(name, Path(checkpoint))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m vit.export",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("checkpoint", help="model name, .safetensors file or transformers folder")
+    parser.add_argument("--model", help="architecture name, for weights files that lack one")
+    parser.add_argument("--onnx", type=Path, metavar="FILE", help="ONNX model, dynamic batch")
+    parser.add_argument("--hf", type=Path, metavar="DIR", help="transformers ViT folder")
+    parser.add_argument("--torchvision", type=Path, metavar="FILE", help="torchvision state dict")
+    parser.add_argument("--tolerance", type=float, default=1e-5, help="max relative logit diff")
+    args = parser.parse_args(argv)
+    targets = [(flag, getattr(args, flag)) for flag in ("onnx", "hf", "torchvision")]
+    targets = [(flag, path) for flag, path in targets if path is not None]
+    if not targets:
+        parser.error("nothing to do: pass --onnx FILE, --hf DIR and/or --torchvision FILE")
+    try:
+        model = load_checkpoint(args.checkpoint, args.model)
+    except (InputError, ValueError, KeyError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    exporters = {"onnx": export_onnx, "hf": export_transformers, "torchvision": export_torchvision}
+    failed = 0
+    for flag, path in targets:
+        try:
+            print(f"--{flag}: {exporters[flag](model, path, tolerance=args.tolerance)}")
+        except (MissingExtraError, ValueError, OSError) as e:
+            print(f"error: --{flag} {path}: {e}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
