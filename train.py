@@ -29,6 +29,10 @@ def _int_or_none(value: str) -> int | None:
     return None if value.lower() in ("none", "null", "0") else int(value)
 
 
+def _str_or_none(value: str) -> str | None:
+    return None if value.lower() in ("none", "null", "") else value
+
+
 def _float_or_none(value: str) -> float | None:
     return None if value.lower() in ("none", "null") or float(value) == 0 else float(value)
 
@@ -69,6 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode images once into memory (default: images <= 64 px only)",
     )
     g.add_argument("--workers", type=int, help=f"data loader processes (default {D.workers})")
+    g.add_argument(
+        "--batch-augment",
+        action=bool_flag,
+        help="augment whole uint8 batches held in memory (pad-crop, flip, erasing; no "
+        "RandAugment): fast on CPUs (default off)",
+    )
+    g.add_argument(
+        "--cache-dir",
+        type=_str_or_none,
+        help=f"keep decoded images here between runs, none for off (default {D.cache_dir})",
+    )
 
     g = p.add_argument_group("model")
     g.add_argument("--model", help=f"a name from vit.list_models() (default {D.model})")
@@ -88,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--drop-path", type=float, help=f"stochastic depth rate (default {D.drop_path})")
     g.add_argument("--drop", type=float, help=f"dropout before the head (default {D.drop})")
+    g.add_argument(
+        "--patch-drop",
+        type=float,
+        help=f"fraction of patch tokens dropped at random in training (default {D.patch_drop})",
+    )
 
     g = p.add_argument_group("optimisation")
     g.add_argument("--epochs", type=int, help=f"default {D.epochs}")
@@ -95,7 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float, help=f"peak AdamW learning rate (default {D.lr})")
     g.add_argument("--min-lr", type=float, help=f"cosine floor (default {D.min_lr})")
     g.add_argument("--weight-decay", type=float, help=f"default {D.weight_decay}")
-    g.add_argument("--warmup-epochs", type=float, help=f"linear warmup (default {D.warmup_epochs})")
+    g.add_argument("--warmup-epochs", type=float, help="linear warmup (default: 5%% of --epochs)")
+    g.add_argument(
+        "--progressive-size",
+        type=_int_or_none,
+        help="train the first epochs at this image size, growing linearly to --img-size "
+        "(needs --batch-augment; default off)",
+    )
+    g.add_argument(
+        "--progressive-epochs",
+        type=float,
+        help="epochs over which the image size grows (default: half of --epochs)",
+    )
     g.add_argument(
         "--clip-grad",
         type=_float_or_none,
@@ -103,7 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--label-smoothing", type=float, help=f"default {D.label_smoothing}")
     g.add_argument("--model-ema", action=bool_flag, help="keep an EMA of the weights (default on)")
-    g.add_argument("--model-ema-decay", type=float, help=f"default {D.model_ema_decay}")
+    g.add_argument(
+        "--model-ema-decay",
+        type=float,
+        help="default: averages over the last ~2%% of the optimizer steps",
+    )
     g.add_argument("--amp", action=bool_flag, help="mixed precision (default off)")
     g.add_argument("--amp-dtype", choices=("bfloat16", "float16"), help=f"default {D.amp_dtype}")
     g.add_argument("--compile", action=bool_flag, help="torch.compile the model (default off)")
@@ -127,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     g.add_argument("--config", type=Path, help="YAML file of settings (keys: flag names)")
     g.add_argument("--seed", type=int, help=f"default {D.seed}")
+    g.add_argument(
+        "--threads", type=int, help="PyTorch threads per process (default: torch's own choice)"
+    )
+    g.add_argument(
+        "--eval-interval",
+        type=int,
+        help=f"evaluate every N epochs and after the last (default {D.eval_interval})",
+    )
     g.add_argument("--device", help="auto, cpu, cuda, cuda:1, ... (default auto)")
     g.add_argument("--output-dir", help="run folder (default runs/MODEL-DATA-TIMESTAMP)")
     g.add_argument(

@@ -74,7 +74,7 @@ def tiny_train_args(data: Path, out: Path, epochs: int = 2, *extra: str) -> list
         "--data", str(data), "--output-dir", str(out), "--epochs", str(epochs),
         "--model-kwargs", "depth=2", "embed_dim=32", "num_heads=2",
         "--batch-size", "8", "--lr", "3e-3", "--warmup-epochs", "1",
-        "--workers", "0", "--device", "cpu", *extra,
+        "--workers", "0", "--device", "cpu", "--cache-dir", "none", *extra,
     ]  # fmt: skip
 
 

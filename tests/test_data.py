@@ -199,3 +199,29 @@ def test_torchvision_cifar10_arrays(tmp_path, monkeypatch):
 def test_missing_cifar_without_download_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"cifar100 is not in .* pass --data a folder"):
         load_split("cifar100", "train", data_root=tmp_path, download=False)
+
+
+def test_decoded_images_are_kept_on_disk_and_redecoded_when_a_file_changes(
+    image_folder, tmp_path, monkeypatch
+):
+    folder = tmp_path / "data"
+    shutil.copytree(image_folder, folder)
+    cache = tmp_path / "cache"
+    first = load_split(str(folder), "train", cache=True, cache_dir=cache)
+    assert len(list(cache.glob("decoded-*.npy"))) == 1
+
+    def no_decoding(path):
+        raise AssertionError(f"decoded {path} again")
+
+    monkeypatch.setattr("vit.data.load_image", no_decoding)
+    again = load_split(str(folder), "train", cache=True, cache_dir=cache)
+    assert np.array_equal(np.stack(first.images), again.images)
+    monkeypatch.undo()
+
+    changed = sorted((folder / "train" / "red").iterdir())[0]
+    Image.new("RGB", (32, 32), (1, 2, 3)).save(changed)
+    updated = load_split(str(folder), "train", cache=True, cache_dir=cache)
+    index = updated.paths.index(changed)
+    # decoded anew, not the stale copy (JPEG moves a flat colour by a level or two at most)
+    assert np.abs(updated.images[index].astype(int) - (1, 2, 3)).max() <= 3
+    assert len(list(cache.glob("decoded-*.npy"))) == 2

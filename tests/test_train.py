@@ -365,3 +365,74 @@ def test_learns_real_cifar10_well_above_chance(tmp_path, train_script, evaluate_
     result = yaml.safe_load(report.read_text())  # JSON is YAML
     assert result["num_images"] == 1000 and len(result["per_class"]) == 10
     assert result["top1"] == pytest.approx(top1)
+
+
+def test_epoch_based_settings_follow_the_length_of_the_run():
+    short, long = engine.TrainConfig(epochs=4), engine.TrainConfig(epochs=200)
+    assert engine.resolve_warmup_epochs(short) == pytest.approx(0.2)  # not 10 of 4 epochs
+    assert engine.resolve_warmup_epochs(long) == pytest.approx(10)
+    assert engine.resolve_warmup_epochs(engine.TrainConfig(epochs=4, warmup_epochs=1)) == 1
+    with pytest.raises(ValueError, match="--warmup-epochs 10.0 is not shorter than --epochs 4"):
+        engine.resolve_warmup_epochs(engine.TrainConfig(epochs=4, warmup_epochs=10.0))
+    # 4 epochs of 5,000 images at batch 128: 156 steps. A 0.999 EMA would still hold 86% of
+    # the random initial weights at the end; the default spans ~2% of the steps instead.
+    steps = 4 * (5000 // 128)
+    decay = engine.resolve_ema_decay(short, steps)
+    assert decay**steps < 1e-6
+    assert engine.resolve_ema_decay(long, 200 * 390) == pytest.approx(1 - 1 / 1560)
+    assert engine.resolve_ema_decay(engine.TrainConfig(model_ema_decay=0.9), steps) == 0.9
+
+
+def test_progressive_image_size_grows_in_whole_patches_to_the_model_size():
+    cfg = engine.TrainConfig(epochs=20, progressive_size=16)
+    sizes = [engine.image_size_for_epoch(cfg, e, final=32, patch=4) for e in range(20)]
+    assert sizes[0] == 16 and sizes[10:] == [32] * 10  # grows over half of the run
+    assert sizes == sorted(sizes) and all(s % 4 == 0 for s in sizes)
+    assert len(set(sizes[:10])) >= 4  # several steps, not a jump
+    fixed = engine.TrainConfig(epochs=20)
+    assert {engine.image_size_for_epoch(fixed, e, final=32, patch=4) for e in range(20)} == {32}
+
+
+FAST = (
+    "--batch-augment", "--progressive-size", "16", "--progressive-epochs", "3",
+    "--patch-drop", "0.25", "--reprob", "0.5", "--aa", "none", "--mixup", "0.8",
+    "--eval-interval", "2",
+)  # fmt: skip
+
+
+def test_fast_cpu_levers_train_evaluate_on_schedule_and_resume_exactly(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch
+):
+    reference = tmp_path / "reference"
+    assert train_script.main(tiny_args(image_folder, reference, 5, *FAST)) == 0
+    rows = read_rows(reference / "metrics.csv")
+    assert [r["image_size"] for r in rows] == ["16", "20", "24", "32", "32"]
+    assert [bool(r["test_top1"]) for r in rows] == [False, True, False, True, True]
+    assert vit.load_model(reference / "model.safetensors").patch_embed.dynamic_img_size
+
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        _interrupt_after_save(patch, at_epoch=3, mid_save=False)
+        with pytest.raises(KeyboardInterrupt):
+            train_script.main(tiny_args(image_folder, run, 5, *FAST))
+    assert train_script.main(["--resume", str(run)]) == 0
+    assert_same_weights(run / "model.safetensors", reference / "model.safetensors")
+    for row, ref in zip(read_rows(run / "metrics.csv"), rows, strict=True):
+        for key in ("epoch", "train_loss", "train_acc", "test_top1", "ema_top1", "image_size"):
+            assert row[key] == ref[key], (key, row["epoch"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--batch-augment", "--aa", "randaug"), "--batch-augment does pad-and-crop"),
+        (("--progressive-size", "16"), "--progressive-size needs --batch-augment"),
+        (("--batch-augment", "--aa", "none", "--no-cache"), "leave --cache on"),
+    ],
+)
+def test_lever_combinations_that_cannot_work_are_explained(
+    image_folder, tmp_path, train_script, tiny_args, capsys, flags, message
+):
+    args = tiny_args(image_folder, tmp_path / "run", 1, *flags)
+    assert train_script.main(args) == 2
+    assert message in capsys.readouterr().err

@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from tqdm import tqdm
 
 from . import distributed
+from .batch_loader import InMemoryBatches
 from .data import (
     AugmentConfig,
     EvalTransform,
@@ -73,6 +74,7 @@ METRIC_KEYS = (
     "lr",
     "epoch_seconds",
     "train_images_per_s",
+    "image_size",
 )
 
 
@@ -98,7 +100,7 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr: float = 1e-5
     weight_decay: float = 0.05
-    warmup_epochs: float = 10.0
+    warmup_epochs: float | None = None  # None: 5% of the epochs (10 of 200)
     clip_grad: float | None = 1.0
     label_smoothing: float = 0.1
     mixup: float = 0.8  # MixUp alpha (0: off)
@@ -107,6 +109,9 @@ class TrainConfig:
     mixup_switch_prob: float = 0.5
     drop_path: float = 0.1
     drop: float = 0.0  # dropout before the head
+    patch_drop: float = 0.0  # in training, drop this fraction of patch tokens at random
+    progressive_size: int | None = None  # first epochs at this image size, growing to img_size
+    progressive_epochs: float | None = None  # epochs to grow over (None: half of the run)
     crop: str = "auto"
     rrc_scale: float = 0.08
     hflip: float = 0.5
@@ -114,12 +119,16 @@ class TrainConfig:
     aa_n: int = 2
     reprob: float = 0.25
     model_ema: bool = True
-    model_ema_decay: float = 0.999
+    model_ema_decay: float | None = None  # None: averages over ~2% of the run's steps
     amp: bool = False
     amp_dtype: str = "bfloat16"
     compile: bool = False
     seed: int = 0
     workers: int = 4
+    threads: int | None = None  # torch intra-op threads per process (None: torch's default)
+    batch_augment: bool = False  # augment whole uint8 batches in memory (crop, flip, erasing)
+    eval_interval: int = 1  # evaluate every this many epochs (and always after the last)
+    cache_dir: str | None = "~/.cache/vit"  # decoded images kept between runs (None: off)
     device: str = "auto"
     output_dir: str | None = None
     resume: str | None = None
@@ -152,7 +161,14 @@ def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
     pretrained: bool | str = False
     if cfg.pretrained:
         pretrained = True if cfg.pretrained in ("timm", "true", "True") else cfg.pretrained
-    overrides = {"drop_path_rate": cfg.drop_path, "drop_rate": cfg.drop, **cfg.model_kwargs}
+    overrides = {
+        "drop_path_rate": cfg.drop_path,
+        "drop_rate": cfg.drop,
+        "patch_drop_rate": cfg.patch_drop,
+        # Progressive resizing feeds smaller images early on: resample pos_embed on the fly.
+        "dynamic_img_size": cfg.progressive_size is not None,
+        **cfg.model_kwargs,
+    }
     return create_model(
         cfg.model,
         pretrained=pretrained,
@@ -160,6 +176,47 @@ def build_model(cfg: TrainConfig, num_classes: int) -> VisionTransformer:
         img_size=cfg.img_size,
         **overrides,
     )
+
+
+# -- settings that follow the length of the run ------------------------------------------------
+WARMUP_FRACTION = 0.05  # warmup when none is given: 10 of 200 epochs, 0.2 of 4
+EMA_HORIZON = 0.02  # the default EMA averages over about this fraction of the optimizer steps
+
+
+def resolve_warmup_epochs(cfg: TrainConfig) -> float:
+    """The warmup length: as given, or a fixed fraction of the run; never the whole run."""
+    if cfg.warmup_epochs is None:
+        return WARMUP_FRACTION * cfg.epochs
+    if cfg.warmup_epochs >= cfg.epochs:
+        raise ValueError(
+            f"--warmup-epochs {cfg.warmup_epochs} is not shorter than --epochs {cfg.epochs}: "
+            f"the learning rate would never leave warmup; give fewer warmup epochs, or leave "
+            f"--warmup-epochs unset for {100 * WARMUP_FRACTION:.0f}% of the run"
+        )
+    return cfg.warmup_epochs
+
+
+def resolve_ema_decay(cfg: TrainConfig, total_steps: int) -> float:
+    """The EMA decay: as given, or 1 - 1/horizon for a horizon of EMA_HORIZON of the steps.
+
+    A fixed 0.999 averages over ~1,000 steps: right for 200 epochs, but a short run of a few
+    hundred steps would keep mostly its random initial weights.
+    """
+    if cfg.model_ema_decay is not None:
+        return cfg.model_ema_decay
+    return 1.0 - 1.0 / max(1.0, EMA_HORIZON * total_steps)
+
+
+def image_size_for_epoch(cfg: TrainConfig, epoch: int, final: int, patch: int) -> int:
+    """Progressive resizing: `progressive_size` at epoch 0, growing linearly to `final` at
+    `progressive_epochs` (default half the run), in whole patches."""
+    if cfg.progressive_size is None:
+        return final
+    ramp = cfg.progressive_epochs if cfg.progressive_epochs is not None else cfg.epochs / 2
+    if epoch >= ramp:
+        return final
+    size = cfg.progressive_size + (final - cfg.progressive_size) * epoch / ramp
+    return max(patch, int(size) // patch * patch)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -321,6 +378,66 @@ def eval_loader(
     )
 
 
+def build_train_loader(
+    cfg: TrainConfig, train_set: ImageDataset, preprocess, info: DistInfo, pin: bool
+) -> DataLoader | InMemoryBatches:
+    """Training batches: whole uint8 batches augmented in memory (--batch-augment), or a
+    DataLoader running the albumentations pipeline per image in worker processes."""
+    per_process = len(train_set) // info.world_size
+    if per_process < cfg.batch_size:
+        raise ValueError(
+            f"--batch-size {cfg.batch_size} is larger than the {per_process} training images "
+            f"each of the {info.world_size} process(es) gets; use a batch size <= {per_process}"
+        )
+    if cfg.batch_augment:
+        return in_memory_batches(cfg, train_set, preprocess, info)
+    if cfg.progressive_size is not None:
+        raise ValueError("--progressive-size needs --batch-augment (it resizes whole batches)")
+    sampler = DistributedSampler(
+        train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed
+    )
+    return DataLoader(
+        train_set,
+        batch_size=cfg.batch_size,
+        sampler=sampler,
+        num_workers=cfg.workers,
+        pin_memory=pin,
+        drop_last=True,  # equal-sized batches: DDP averages gradients over equal shares
+    )
+
+
+def in_memory_batches(
+    cfg: TrainConfig, train_set: ImageDataset, preprocess, info: DistInfo
+) -> InMemoryBatches:
+    """--batch-augment: the decoded training images as one uint8 array, augmented per batch."""
+    if cfg.aa != "none" or cfg.crop not in ("auto", "pad"):
+        raise ValueError(
+            f"--batch-augment does pad-and-crop, flips and random erasing only; got --aa "
+            f"{cfg.aa} --crop {cfg.crop}: use --aa none --crop pad, or leave out --batch-augment"
+        )
+    if train_set.images is None:
+        raise ValueError("--batch-augment keeps the images in memory: leave --cache on")
+    shapes = {image.shape for image in train_set.images}
+    if len(shapes) != 1 or next(iter(shapes))[:2] != tuple(preprocess.input_size):
+        raise ValueError(
+            f"--batch-augment needs every training image at the model's input size "
+            f"{tuple(preprocess.input_size)}; {cfg.data} has sizes {sorted(shapes)[:5]}"
+        )
+    return InMemoryBatches(
+        np.stack(train_set.images) if isinstance(train_set.images, list) else train_set.images,
+        train_set.labels,
+        batch_size=cfg.batch_size,
+        mean=preprocess.mean,
+        std=preprocess.std,
+        pad=preprocess.input_size[0] // 8,  # the CIFAR standard: 4 pixels on 32
+        hflip=cfg.hflip,
+        reprob=cfg.reprob,
+        seed=cfg.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+    )
+
+
 # -- run-folder files ----------------------------------------------------------------------------
 def save_yaml(data: dict, path: Path) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(yaml.safe_dump(data, sort_keys=False)))
@@ -354,6 +471,8 @@ def train(cfg: TrainConfig, info: DistInfo | None = None) -> dict:
     Raises NonFiniteLossError (leaving the last checkpoint untouched) if the loss diverges.
     """
     info = info or DistInfo()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     device = distributed.resolve_device(cfg.device, info)
     distributed.setup(info, device)
     try:
@@ -387,11 +506,19 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
     # data: rank 0 first, so that a CIFAR download happens once, not once per process
     if not main:
         distributed.barrier()
-    train_set = load_split(
-        cfg.data, "train", cfg.data_root, cfg.download, cfg.cache, cfg.train_subset, cfg.seed
-    )
-    test_set = load_split(
-        cfg.data, "test", cfg.data_root, cfg.download, cfg.cache, cfg.test_subset, cfg.seed
+    cache_dir = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else None
+    train_set, test_set = (
+        load_split(
+            cfg.data,
+            split,
+            data_root=cfg.data_root,
+            download=cfg.download,
+            cache=cfg.cache,
+            subset=subset,
+            seed=cfg.seed,
+            cache_dir=cache_dir,
+        )
+        for split, subset in (("train", cfg.train_subset), ("test", cfg.test_subset))
     )
     if main:
         distributed.barrier()
@@ -408,24 +535,8 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
     train_set.seed = cfg.seed
     test_set.transform = EvalTransform(preprocess)
 
-    per_process = len(train_set) // info.world_size
-    if per_process < cfg.batch_size:
-        raise ValueError(
-            f"--batch-size {cfg.batch_size} is larger than the {per_process} training images "
-            f"each of the {info.world_size} process(es) gets; use a batch size <= {per_process}"
-        )
-    sampler = DistributedSampler(
-        train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed
-    )
     pin = device.type == "cuda"
-    train_loader = DataLoader(
-        train_set,
-        batch_size=cfg.batch_size,
-        sampler=sampler,
-        num_workers=cfg.workers,
-        pin_memory=pin,
-        drop_last=True,  # equal-sized batches: DDP averages gradients over equal shares
-    )
+    train_loader = build_train_loader(cfg, train_set, preprocess, info, pin)
     test_loader = eval_loader(test_set, cfg.batch_size, cfg.workers, info, pin)
 
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
@@ -434,13 +545,14 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
         optimizer,
         warmup_cosine(
             cfg.epochs * steps_per_epoch,
-            round(cfg.warmup_epochs * steps_per_epoch),
+            round(resolve_warmup_epochs(cfg) * steps_per_epoch),
             cfg.min_lr / cfg.lr,
         ),
     )
     # A gradient scaler only for float16: bfloat16 has float32's range and needs none.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp and cfg.amp_dtype == "float16")
-    ema = ModelEma(model, cfg.model_ema_decay) if cfg.model_ema else None
+    ema_decay = resolve_ema_decay(cfg, cfg.epochs * steps_per_epoch)
+    ema = ModelEma(model, ema_decay) if cfg.model_ema else None
 
     start_epoch, best_top1, history = 0, -1.0, []
     if cfg.resume and main:
@@ -505,9 +617,14 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
         )
 
     row: dict = history[-1] if history else {}
+    final_size = preprocess.input_size[0]
     for epoch in range(start_epoch, cfg.epochs):
-        sampler.set_epoch(epoch)
-        train_set.epoch = epoch
+        size = image_size_for_epoch(cfg, epoch, final_size, model.patch_embed.patch_size[0])
+        if isinstance(train_loader, InMemoryBatches):
+            train_loader.set_epoch(epoch, size)
+        else:
+            train_loader.sampler.set_epoch(epoch)
+            train_set.epoch = epoch
         started = time.perf_counter()
         train_stats = train_one_epoch(
             train_model,
@@ -524,32 +641,35 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
             model,
         )
         seconds = time.perf_counter() - started
-        test = evaluate(model, test_loader, num_classes, device, cfg.amp, cfg.amp_dtype, main)
-        ema_test = None
-        if ema is not None:
-            ema_test = evaluate(
-                ema.module, test_loader, num_classes, device, cfg.amp, cfg.amp_dtype, main
-            )
+        test = ema_test = None
+        if (epoch + 1) % cfg.eval_interval == 0 or epoch + 1 == cfg.epochs:
+            test = evaluate(model, test_loader, num_classes, device, cfg.amp, cfg.amp_dtype, main)
+            if ema is not None:
+                ema_test = evaluate(
+                    ema.module, test_loader, num_classes, device, cfg.amp, cfg.amp_dtype, main
+                )
         row = {
             "epoch": epoch + 1,
             "train_loss": train_stats["loss"],
             "train_acc": train_stats["acc"],
-            "test_loss": test["loss"],
-            "test_top1": test["top1"],
-            "test_top5": test["top5"],
+            "test_loss": test["loss"] if test else None,
+            "test_top1": test["top1"] if test else None,
+            "test_top5": test["top5"] if test else None,
             "ema_top1": ema_test["top1"] if ema_test else None,
             "ema_top5": ema_test["top5"] if ema_test else None,
             "lr": train_stats["lr"],
             "epoch_seconds": seconds,
             "train_images_per_s": train_stats["images"] * info.world_size / seconds,
+            "image_size": size,
         }
         history.append(row)
         # With EMA on, the EMA weights are the ones kept, judged and saved as the model.
         kept, kept_name, kept_metrics = (
             (ema.module, "ema", ema_test) if ema else (model, "model", test)
         )
-        improved = kept_metrics["top1"] > best_top1
-        best_top1 = max(best_top1, kept_metrics["top1"])
+        improved = kept_metrics is not None and kept_metrics["top1"] > best_top1
+        if improved:
+            best_top1 = kept_metrics["top1"]
         if main:
             log_epoch(writer, row, cfg.epochs)
             write_metrics_csv(history, run_dir / METRICS_FILE)
@@ -557,8 +677,8 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
             extra = {
                 "weights": kept_name,
                 "epoch": epoch + 1,
-                "top1": kept_metrics["top1"],
-                "top5": kept_metrics["top5"],
+                "top1": kept_metrics["top1"] if kept_metrics else None,
+                "top5": kept_metrics["top5"] if kept_metrics else None,
                 "data": cfg.data,
                 "train_config": cfg.to_dict(),
             }
@@ -604,17 +724,23 @@ def log_epoch(writer, row: dict, epochs: int) -> None:
         if key != "epoch" and value is not None:
             writer.add_scalar(key, value, row["epoch"])
     writer.flush()
-    ema = f", EMA top-1 {100 * row['ema_top1']:.2f}%" if row["ema_top1"] is not None else ""
+    test = ""
+    if row["test_top1"] is not None:
+        test = (
+            f", test loss {row['test_loss']:.4f}, top-1 {100 * row['test_top1']:.2f}%, "
+            f"top-5 {100 * row['test_top5']:.2f}%"
+        )
+    if row["ema_top1"] is not None:
+        test += f", EMA top-1 {100 * row['ema_top1']:.2f}%"
     logger.info(
-        "epoch %d/%d: train loss %.4f, test loss %.4f, top-1 %.2f%%, top-5 %.2f%%%s, %.0f img/s",
+        "epoch %d/%d: train loss %.4f%s, %.0f img/s at %dx%d",
         row["epoch"],
         epochs,
         row["train_loss"],
-        row["test_loss"],
-        100 * row["test_top1"],
-        100 * row["test_top5"],
-        ema,
+        test,
         row["train_images_per_s"],
+        row["image_size"],
+        row["image_size"],
     )
 
 

@@ -24,19 +24,19 @@ def _save(fig: Figure, path: str | Path) -> Path:
 
 def plot_curves(history: Sequence[dict], path: str | Path) -> Path:
     """Loss and accuracy per epoch from metrics rows (keys as in metrics.csv) to a PNG."""
-    epochs = [row["epoch"] for row in history]
     fig = Figure(figsize=(10, 4), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2)
     for key, label in (("train_loss", "train"), ("test_loss", "test")):
-        ax_loss.plot(epochs, [row[key] for row in history], marker=".", label=label)
+        ax_loss.plot(*_series(history, key), marker=".", label=label)
     for key, label in (
         ("train_acc", "train (top-1, on augmented batches)"),
         ("test_top1", "test top-1"),
         ("test_top5", "test top-5"),
         ("ema_top1", "test top-1, EMA weights"),
     ):
-        if history and row_has(history, key):
-            ax_acc.plot(epochs, [100 * row[key] for row in history], marker=".", label=label)
+        if row_has(history, key):
+            x, y = _series(history, key)
+            ax_acc.plot(x, [100 * value for value in y], marker=".", label=label)
     ax_loss.set(xlabel="epoch", ylabel="cross-entropy loss", title="Loss")
     ax_acc.set(xlabel="epoch", ylabel="accuracy (%)", title="Accuracy")
     for ax in (ax_loss, ax_acc):
@@ -47,7 +47,13 @@ def plot_curves(history: Sequence[dict], path: str | Path) -> Path:
 
 
 def row_has(history: Sequence[dict], key: str) -> bool:
-    return all(row.get(key) not in (None, "") for row in history)
+    return any(row.get(key) not in (None, "") for row in history)
+
+
+def _series(history: Sequence[dict], key: str) -> tuple[list, list]:
+    """(epochs, values) of the rows that have `key` (test metrics skip unevaluated epochs)."""
+    rows = [row for row in history if row.get(key) not in (None, "")]
+    return [row["epoch"] for row in rows], [row[key] for row in rows]
 
 
 def plot_confusion_matrix(
