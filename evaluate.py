@@ -23,8 +23,8 @@ import vit
 from vit.data import CorruptImageError, EvalTransform, load_split
 from vit.distributed import DistInfo, resolve_device
 from vit.engine import eval_loader, evaluate
-from vit.plots import plot_confusion_matrix
-from vit.weights import atomic_write
+from vit.io import atomic_write
+from vit.plots import plot_confusion_matrix, save_figure
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,12 +152,9 @@ def run(args: argparse.Namespace) -> dict:
     data_name = Path(args.data.rstrip("/")).name
     out_dir = args.output_dir or (default_dir / f"eval-{data_name}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    png = plot_confusion_matrix(
-        confusion,
-        names,
-        out_dir / "confusion_matrix.png",
-        title=f"{args.checkpoint} on {data_name} ({args.split}): top-1 {100 * result['top1']:.1f}%",
-    )
+    title = f"{args.checkpoint} on {data_name} ({args.split}): top-1 {100 * result['top1']:.1f}%"
+    figure = plot_confusion_matrix(confusion, names, title=title)
+    png = save_figure(figure, out_dir / "confusion_matrix.png")
     report = {
         "top1": result["top1"],
         "top5": result["top5"],

@@ -1,4 +1,4 @@
-"""vit.attention_plots: figures come back as matplotlib objects and save to PNG."""
+"""vit.plots: attention figures come back as matplotlib objects and save to PNG."""
 
 from __future__ import annotations
 
@@ -9,15 +9,18 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 import vit
-from vit.attention_plots import (
+from vit.explain import attention_rollout, model_attention_distance, record_attention
+from vit.plots import (
     denormalize,
     heatmap_for_display,
     overlay,
     plot_attention_distance,
     plot_attention_grid,
+    plot_confusion_matrix,
+    plot_curves,
     plot_explanations,
+    save_figure,
 )
-from vit.explain import attention_rollout, model_attention_distance, record_attention
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 
@@ -89,3 +92,21 @@ def test_attention_distance_plot(model, tmp_path):
     fig = plot_attention_distance(distances, patch_size=4)
     assert len(fig.axes[0].collections) == 2  # one scatter per head
     assert_png(fig, tmp_path / "distance.png")
+
+
+def test_training_figures_are_figures_and_save_atomically(tmp_path):
+    """Every plotting function returns a Figure; `save_figure` alone writes, atomically."""
+    history = [
+        {"epoch": 1, "train_loss": 1.2, "train_acc": 0.4, "test_loss": None, "test_top1": None},
+        {"epoch": 2, "train_loss": 0.9, "train_acc": 0.6, "test_loss": 0.8, "test_top1": 0.7},
+    ]
+    curves = plot_curves(history)
+    assert isinstance(curves, Figure)
+    assert [len(ax.lines) for ax in curves.axes] == [2, 2]  # loss: train, test; acc: 2 keys
+    confusion = plot_confusion_matrix(np.array([[3, 1], [0, 4]]), ["cat", "dog"], title="t")
+    assert isinstance(confusion, Figure) and confusion.axes[0].get_title() == "t"
+    assert not list(tmp_path.iterdir())  # plotting wrote nothing
+    path = save_figure(confusion, tmp_path / "confusion.png")
+    assert path == tmp_path / "confusion.png"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
+    assert_png(curves, tmp_path / "curves.png")

@@ -52,7 +52,7 @@ from .data import (
 from .distributed import DistInfo
 from .factory import create_model
 from .model import VisionTransformer
-from .plots import plot_curves
+from .plots import plot_curves, save_figure
 from .weights import atomic_write, save_weights
 
 logger = logging.getLogger("vit")
@@ -673,7 +673,7 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
         if main:
             log_epoch(writer, row, cfg.epochs)
             write_metrics_csv(history, run_dir / METRICS_FILE)
-            plot_curves(history, run_dir / CURVES_FILE)
+            save_figure(plot_curves(history), run_dir / CURVES_FILE)
             extra = {
                 "weights": kept_name,
                 "epoch": epoch + 1,

@@ -1,29 +1,38 @@
-"""Training-curve and confusion-matrix figures (matplotlib, no display needed).
+"""Every figure of the package: training curves, confusion matrices, attention pictures.
 
-Figures are built with `matplotlib.figure.Figure` rather than pyplot: no global state, no GUI
-backend, safe in any process. Files are written atomically (a killed run leaves no half PNG).
+Each plotting function returns a `matplotlib.figure.Figure` built without pyplot: no global
+state, no GUI backend, safe in any process (Agg included). `save_figure(fig, path)` writes one
+atomically (a killed run leaves no half PNG); `fig.savefig("x.png")` works too, and in a notebook
+a figure shows when it is a cell's last expression or passed to `display(fig)`.
+
+Attention maps are min-max rescaled *here*, for display only; `vit.explain` returns raw values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .weights import atomic_write
+from .io import atomic_write
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
+    """Write `fig` as a PNG atomically (a killed run leaves the old file, never half a PNG)."""
     path = Path(path)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi))
     return path
 
 
-def plot_curves(history: Sequence[dict], path: str | Path) -> Path:
-    """Loss and accuracy per epoch from metrics rows (keys as in metrics.csv) to a PNG."""
+# -- training and evaluation ---------------------------------------------------------------------
+def plot_curves(history: Sequence[dict]) -> Figure:
+    """Loss and accuracy per epoch from metrics rows (keys as in metrics.csv)."""
     fig = Figure(figsize=(10, 4), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2)
     for key, label in (("train_loss", "train"), ("test_loss", "test")):
@@ -43,7 +52,7 @@ def plot_curves(history: Sequence[dict], path: str | Path) -> Path:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole epochs only
         ax.grid(alpha=0.3)
         ax.legend()
-    return _save(fig, path)
+    return fig
 
 
 def row_has(history: Sequence[dict], key: str) -> bool:
@@ -57,8 +66,8 @@ def _series(history: Sequence[dict], key: str) -> tuple[list, list]:
 
 
 def plot_confusion_matrix(
-    confusion: np.ndarray, class_names: Sequence[str], path: str | Path, title: str = ""
-) -> Path:
+    confusion: np.ndarray, class_names: Sequence[str], title: str = ""
+) -> Figure:
     """A (K, K) confusion matrix (rows: true class, columns: predicted) as a row-normalised
     heatmap; cells are annotated with percentages when K is small enough to read them."""
     confusion = np.asarray(confusion, dtype=np.float64)
@@ -81,4 +90,141 @@ def plot_confusion_matrix(
                     j, i, f"{100 * value:.0f}", ha="center", va="center", color=color, fontsize=7
                 )
     ax.set(xlabel="predicted class", ylabel="true class", title=title or "Confusion matrix (%)")
-    return _save(fig, path)
+    return fig
+
+
+# -- attention ----------------------------------------------------------------------------------
+
+
+def denormalize(images: torch.Tensor, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """Normalised images (B, C, H, W) or (C, H, W) -> displayable (B, H, W, C) floats in [0, 1]."""
+    if images.ndim == 3:
+        images = images[None]
+    mean_t = torch.as_tensor(mean, dtype=images.dtype, device=images.device).reshape(1, -1, 1, 1)
+    std_t = torch.as_tensor(std, dtype=images.dtype, device=images.device).reshape(1, -1, 1, 1)
+    pixels = (images.detach() * std_t + mean_t).clamp(0, 1)
+    return pixels.permute(0, 2, 3, 1).cpu().numpy()
+
+
+def heatmap_for_display(heatmap: torch.Tensor, size: tuple[int, int]) -> np.ndarray:
+    """A (gh, gw) map -> (H, W) in [0, 1]: bilinear upsampling, then min-max rescaling.
+
+    A constant map (no contrast to show) becomes all zeros rather than dividing by zero."""
+    grid = torch.as_tensor(heatmap, dtype=torch.float32).detach().cpu()
+    if grid.ndim != 2:
+        raise ValueError(f"heatmap must be (grid_h, grid_w), got shape {tuple(grid.shape)}")
+    up = F.interpolate(grid[None, None], size=size, mode="bilinear", align_corners=False)[0, 0]
+    low, high = up.min(), up.max()
+    return ((up - low) / (high - low) if high > low else torch.zeros_like(up)).numpy()
+
+
+def _new_figure(rows: int, cols: int, cell: float = 2.0) -> tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=(cell * cols, cell * rows), layout="constrained")
+    axes = np.asarray(fig.subplots(rows, cols, squeeze=False))
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    return fig, axes
+
+
+def draw_overlay(
+    ax: Axes, image: np.ndarray, heatmap: torch.Tensor, alpha: float = 0.5, cmap: str = "jet"
+) -> None:
+    """Draw `image` (H, W, C) in [0, 1] with `heatmap` (gh, gw) blended over it on `ax`."""
+    ax.imshow(image, interpolation="nearest")
+    ax.imshow(heatmap_for_display(heatmap, image.shape[:2]), cmap=cmap, alpha=alpha, vmin=0, vmax=1)
+
+
+def overlay(
+    image: np.ndarray, heatmap: torch.Tensor, title: str | None = None, alpha: float = 0.5
+) -> Figure:
+    """One heat map (gh, gw) over one image (H, W, C) in [0, 1] (see `denormalize`)."""
+    fig, axes = _new_figure(1, 1, cell=3.0)
+    draw_overlay(axes[0, 0], image, heatmap, alpha)
+    if title:
+        axes[0, 0].set_title(title)
+    return fig
+
+
+def plot_explanations(
+    images: np.ndarray,
+    maps: Mapping[str, torch.Tensor],
+    row_titles: Sequence[str] | None = None,
+    alpha: float = 0.5,
+) -> Figure:
+    """Methods side by side: one row per image, the image then one overlay per method.
+
+    images: (B, H, W, C) in [0, 1] (see `denormalize`). maps: method name -> (B, gh, gw).
+    row_titles: optional B labels, e.g. "cat (pred dog)".
+    """
+    batch = len(images)
+    for name, values in maps.items():
+        if len(values) != batch:
+            raise ValueError(f"map {name!r} has {len(values)} entries for {batch} images")
+    fig, axes = _new_figure(batch, 1 + len(maps), cell=1.6)
+    for i in range(batch):
+        axes[i, 0].imshow(images[i], interpolation="nearest")
+        if row_titles is not None:
+            axes[i, 0].set_ylabel(row_titles[i], fontsize=8)
+        for j, (name, values) in enumerate(maps.items(), start=1):
+            draw_overlay(axes[i, j], images[i], values[i], alpha)
+            if i == 0:
+                axes[i, j].set_title(name, fontsize=9)
+    axes[0, 0].set_title("image", fontsize=9)
+    return fig
+
+
+def plot_attention_grid(
+    attentions: Sequence[torch.Tensor],
+    grid_size: tuple[int, int],
+    num_prefix_tokens: int = 1,
+    image_index: int = 0,
+    query: int = 0,
+    image: np.ndarray | None = None,
+) -> Figure:
+    """Attention of one query token to every patch, for each block (rows) and head (columns).
+
+    attentions: depth tensors (B, nh, N, N) as captured by `vit.explain.record_attention`.
+    query: the token whose attention is shown (0, the class token, by default; for a model
+    without one, token 0 is the top-left patch). With `image` (H, W, C) the maps are overlaid
+    on it, otherwise drawn as raw (gh, gw) grids; each panel is rescaled on its own.
+    """
+    gh, gw = grid_size
+    depth, heads = len(attentions), attentions[0].shape[1]
+    fig, axes = _new_figure(depth, heads, cell=1.0)
+    for layer, attention in enumerate(attentions):
+        rows = attention[image_index, :, query, num_prefix_tokens:].reshape(heads, gh, gw)
+        for head in range(heads):
+            ax = axes[layer, head]
+            if image is None:
+                ax.imshow(heatmap_for_display(rows[head], (gh, gw)), cmap="viridis")
+            else:
+                draw_overlay(ax, image, rows[head])
+            if layer == 0:
+                ax.set_title(f"head {head}", fontsize=8)
+            if head == 0:
+                ax.set_ylabel(f"block {layer}", fontsize=8)
+    return fig
+
+
+def plot_attention_distance(distances: torch.Tensor, patch_size: int | None = None) -> Figure:
+    """Mean attention distance (pixels) of every head against block depth, as in the ViT paper.
+
+    distances: (depth, nh), e.g. from `vit.explain.model_attention_distance`. One dot per head;
+    `patch_size` adds a dashed line at one patch for scale.
+    """
+    values = torch.as_tensor(distances).detach().cpu().numpy()
+    depth, heads = values.shape
+    fig = Figure(figsize=(5, 3.5), layout="constrained")
+    ax = fig.add_subplot()
+    for head in range(heads):
+        ax.scatter(np.arange(depth), values[:, head], s=14, label=f"head {head}")
+    if patch_size is not None:
+        ax.axhline(patch_size, color="grey", linestyle="--", linewidth=1, label="one patch")
+    ax.set_xlabel("network depth (block)")
+    ax.set_ylabel("mean attention distance (pixels)")
+    ax.set_xticks(np.arange(depth))
+    ax.set_ylim(bottom=0)
+    if heads <= 12:
+        ax.legend(fontsize=6, ncols=2, loc="lower right")
+    return fig
