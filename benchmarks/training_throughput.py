@@ -1,7 +1,7 @@
 """Training throughput (forward + backward + AdamW step) of CIFAR-sized ViT shapes on this machine.
 
     python benchmarks/training_throughput.py                       # the default grid
-    python benchmarks/training_throughput.py --threads 1 2 --sizes 16 32 --batch-size 256
+    python benchmarks/training_throughput.py --threads 1 --sizes 16 32 --patch-drop 0 0.5
 
 Every (shape, image size, patch-drop rate) row is timed in alternating rounds with the others,
 so that a change in machine load hits every row alike; each row reports its median round.
@@ -25,6 +25,8 @@ SHAPES = {
     "192d-6L-3h-r2 (1.8M)": {"embed_dim": 192, "depth": 6, "num_heads": 3, "mlp_ratio": 2.0},
     "256d-6L-4h-r2 (3.2M)": {"embed_dim": 256, "depth": 6, "num_heads": 4, "mlp_ratio": 2.0},
     "192d-9L-12h-r2 (2.7M)": {"embed_dim": 192, "depth": 9, "num_heads": 12, "mlp_ratio": 2.0},
+    # the shape of omihub777/ViT-CIFAR's 6.3M model (hidden 384, 7 layers, 12 heads, MLP 384)
+    "384d-7L-12h-r1 (6.3M)": {"embed_dim": 384, "depth": 7, "num_heads": 12, "mlp_ratio": 1.0},
 }
 
 
