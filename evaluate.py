@@ -20,11 +20,15 @@ from pathlib import Path
 import torch
 
 import vit
-from vit.data import CorruptImageError, EvalTransform, load_split
+from vit.data import load_split
 from vit.distributed import DistInfo, resolve_device
-from vit.engine import eval_loader, evaluate
+from vit.engine import evaluate
+from vit.images import CorruptImageError
 from vit.io import atomic_write
+from vit.loaders import eval_loader
 from vit.plots import plot_confusion_matrix, save_figure
+from vit.train_config import pretrained_weights
+from vit.transforms import EvalTransform
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,8 +84,7 @@ def load_for_eval(checkpoint: str, pretrained: str | None) -> tuple[torch.nn.Mod
                 f"{checkpoint} is a model name: pass --pretrained (timm's weights) or "
                 f"--pretrained PATH, or evaluating random weights would mean nothing"
             )
-        weights = True if pretrained == "timm" else pretrained
-        model = vit.create_model(checkpoint, pretrained=weights)
+        model = vit.create_model(checkpoint, pretrained=pretrained_weights(pretrained))
         model.class_names = imagenet_class_ids() if model.num_classes == 1000 else None
         return model, Path(f"eval-{checkpoint}")
     raise FileNotFoundError(
@@ -136,14 +139,27 @@ def run(args: argparse.Namespace) -> dict:
     device = resolve_device(args.device, DistInfo())
     model, default_dir = load_for_eval(args.checkpoint, args.pretrained)
     model = model.to(device).eval()
-    dataset = load_split(args.data, args.split, args.data_root, subset=args.subset)
-    mapping = label_mapping(dataset.class_names, model.class_names, model.num_classes)
-    # Labels in the model's index space; the confusion matrix is over the model's classes.
-    dataset.labels = torch.tensor(mapping)[torch.from_numpy(dataset.labels)].numpy()
-    dataset.transform = EvalTransform(model.preprocess)
+    data = load_split(
+        args.data,
+        args.split,
+        args.data_root,
+        subset=args.subset,
+        transform=EvalTransform(model.preprocess),
+    )
+    mapping = label_mapping(data.class_names, model.class_names, model.num_classes)
     class_names = model.class_names or [str(i) for i in range(model.num_classes)]
-    loader = eval_loader(dataset, args.batch_size, args.workers, DistInfo(), device.type == "cuda")
-    result = evaluate(model, loader, model.num_classes, device, amp=args.amp, progress=True)
+    # Labels in the model's index space; the confusion matrix is over the model's classes.
+    dataset = data.relabel(mapping, class_names)
+    loader = eval_loader(
+        dataset,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        info=DistInfo(),
+        pin=device.type == "cuda",
+    )
+    result = evaluate(
+        model, loader, num_classes=model.num_classes, device=device, amp=args.amp, progress=True
+    )
 
     # Report only the classes present in the data (ImageNet subsets would list 1000 otherwise).
     present = sorted(set(mapping))

@@ -7,218 +7,99 @@
     torchrun --nproc_per_node 4 train.py --data cifar10          # DistributedDataParallel
 
 Settings are layered: defaults < the resumed run's config.yaml < --config YAML < flags.
+Every flag is a field of vit.train_config.TrainConfig (where its default and help live).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
+import types
+import typing
 from pathlib import Path
 
 import yaml
 
 from vit import distributed
-from vit.data import CorruptImageError
-from vit.engine import CONFIG_FILE, NonFiniteLossError, TrainConfig, train
+from vit.engine import CONFIG_FILE, NonFiniteLossError, train
+from vit.images import CorruptImageError
+from vit.train_config import TrainConfig
 
-D = TrainConfig()  # the defaults shown in --help
-
-
-def _int_or_none(value: str) -> int | None:
-    return None if value.lower() in ("none", "null", "0") else int(value)
+GROUPS = ("data", "model", "optimisation", "augmentation", "run")
 
 
-def _str_or_none(value: str) -> str | None:
-    return None if value.lower() in ("none", "null", "") else value
+def _none_or(parse):
+    """A flag type that reads 'none' or 'null' as None and anything else through `parse`."""
+
+    def convert(value: str):
+        return None if value.lower() in ("none", "null", "") else parse(value)
+
+    convert.__name__ = parse.__name__  # argparse names the type in "invalid int value"
+    return convert
 
 
-def _float_or_none(value: str) -> float | None:
-    return None if value.lower() in ("none", "null") or float(value) == 0 else float(value)
+def _key_value(item: str) -> tuple[str, object]:
+    """'depth=6' -> ('depth', 6): the value read as YAML."""
+    key, sep, value = item.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"--model-kwargs expects KEY=VALUE, got {item!r}")
+    return key, yaml.safe_load(value)
+
+
+def flag_options(f: dataclasses.Field, annotation) -> dict:
+    """argparse keywords for one TrainConfig field, from its type, default and metadata."""
+    meta = f.metadata
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    options = {"help": meta["help"].replace("%", "%%"), "default": default, **meta["flag"]}
+    args = typing.get_args(annotation)
+    optional = isinstance(annotation, types.UnionType) and type(None) in args
+    base = next(a for a in args if a is not type(None)) if optional else annotation
+    if base is bool:
+        options["action"] = argparse.BooleanOptionalAction
+        if default is not None:
+            options["help"] += f" (default {'on' if default else 'off'})"
+        return options
+    if base is dict:
+        options["type"] = _key_value
+    else:
+        options["type"] = _none_or(base) if optional else base
+    if default is not None and "default:" not in meta["help"] and base is not dict:
+        options["help"] += f" (default {default})"
+    return options
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Flags named as in timm's and torchvision's reference scripts; dest = TrainConfig field."""
-    # argument_default=SUPPRESS: only flags typed on the command line appear in the
-    # namespace, which is how they override the YAML config and the defaults.
-    p = argparse.ArgumentParser(
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        argument_default=argparse.SUPPRESS,
+    """One flag per TrainConfig field (`--batch-size` for batch_size), plus --config."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    bool_flag = argparse.BooleanOptionalAction
-    g = p.add_argument_group("data")
-    g.add_argument(
-        "--data",
-        help=f"cifar10, cifar100, or a folder with train/ and test/ (or "
-        f"val/) subfolders of class folders (default {D.data})",
-    )
-    g.add_argument("--data-root", help=f"where CIFAR is downloaded (default {D.data_root})")
-    g.add_argument("--download", action=bool_flag, help="download CIFAR if missing (default on)")
-    g.add_argument(
-        "--train-subset",
-        type=_int_or_none,
-        metavar="N",
-        help="train on N images, stratified by class (quick runs)",
-    )
-    g.add_argument(
-        "--test-subset",
-        type=_int_or_none,
-        metavar="N",
-        help="evaluate on N test images, stratified by class",
-    )
-    g.add_argument(
-        "--cache",
-        action=bool_flag,
-        help="decode images once into memory (default: images <= 64 px only)",
-    )
-    g.add_argument("--workers", type=int, help=f"data loader processes (default {D.workers})")
-    g.add_argument(
-        "--batch-augment",
-        action=bool_flag,
-        help="augment whole uint8 batches held in memory (pad-crop, flip, erasing; no "
-        "RandAugment): fast on CPUs (default off)",
-    )
-    g.add_argument(
-        "--cache-dir",
-        type=_str_or_none,
-        help=f"keep decoded images here between runs, none for off (default {D.cache_dir})",
-    )
-
-    g = p.add_argument_group("model")
-    g.add_argument("--model", help=f"a name from vit.list_models() (default {D.model})")
-    g.add_argument(
-        "--pretrained",
-        nargs="?",
-        const="timm",
-        metavar="PATH",
-        help="fine-tune from weights: a file, or no value for timm's default weights",
-    )
-    g.add_argument("--img-size", type=_int_or_none, help="model input size (pos_embed resampled)")
-    g.add_argument(
-        "--model-kwargs",
-        nargs="*",
-        metavar="KEY=VALUE",
-        help="other ViTConfig fields, e.g. depth=6 embed_dim=128 num_heads=4",
-    )
-    g.add_argument("--drop-path", type=float, help=f"stochastic depth rate (default {D.drop_path})")
-    g.add_argument("--drop", type=float, help=f"dropout before the head (default {D.drop})")
-    g.add_argument(
-        "--patch-drop",
-        type=float,
-        help=f"fraction of patch tokens dropped at random in training (default {D.patch_drop})",
-    )
-
-    g = p.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, help=f"default {D.epochs}")
-    g.add_argument("--batch-size", type=int, help=f"per process (default {D.batch_size})")
-    g.add_argument("--lr", type=float, help=f"peak AdamW learning rate (default {D.lr})")
-    g.add_argument("--min-lr", type=float, help=f"cosine floor (default {D.min_lr})")
-    g.add_argument("--weight-decay", type=float, help=f"default {D.weight_decay}")
-    g.add_argument("--warmup-epochs", type=float, help="linear warmup (default: 5%% of --epochs)")
-    g.add_argument(
-        "--progressive-size",
-        type=_int_or_none,
-        help="train the first epochs at this image size, growing linearly to --img-size "
-        "(needs --batch-augment; default off)",
-    )
-    g.add_argument(
-        "--progressive-epochs",
-        type=float,
-        help="epochs over which the image size grows (default: half of --epochs)",
-    )
-    g.add_argument(
-        "--clip-grad",
-        type=_float_or_none,
-        help=f"max gradient norm, 0 for none (default {D.clip_grad})",
-    )
-    g.add_argument("--label-smoothing", type=float, help=f"default {D.label_smoothing}")
-    g.add_argument("--model-ema", action=bool_flag, help="keep an EMA of the weights (default on)")
-    g.add_argument(
-        "--model-ema-decay",
-        type=float,
-        help="default: averages over the last ~2%% of the optimizer steps",
-    )
-    g.add_argument("--amp", action=bool_flag, help="mixed precision (default off)")
-    g.add_argument("--amp-dtype", choices=("bfloat16", "float16"), help=f"default {D.amp_dtype}")
-    g.add_argument("--compile", action=bool_flag, help="torch.compile the model (default off)")
-
-    g = p.add_argument_group("augmentation")
-    g.add_argument(
-        "--crop",
-        choices=("auto", "pad", "rrc"),
-        help="pad+random crop, random resized crop, or auto (pad for <= 64 px)",
-    )
-    g.add_argument("--rrc-scale", type=float, help=f"smallest crop area (default {D.rrc_scale})")
-    g.add_argument("--hflip", type=float, help=f"horizontal flip probability (default {D.hflip})")
-    g.add_argument("--aa", choices=("none", "randaug"), help=f"RandAugment policy (default {D.aa})")
-    g.add_argument("--aa-n", type=int, help=f"RandAugment ops per image (default {D.aa_n})")
-    g.add_argument("--reprob", type=float, help=f"random erasing probability (default {D.reprob})")
-    g.add_argument("--mixup", type=float, help=f"MixUp alpha, 0 for off (default {D.mixup})")
-    g.add_argument("--cutmix", type=float, help=f"CutMix alpha, 0 for off (default {D.cutmix})")
-    g.add_argument("--mixup-prob", type=float, help=f"default {D.mixup_prob}")
-    g.add_argument("--mixup-switch-prob", type=float, help=f"default {D.mixup_switch_prob}")
-
-    g = p.add_argument_group("run")
-    g.add_argument("--config", type=Path, help="YAML file of settings (keys: flag names)")
-    g.add_argument("--seed", type=int, help=f"default {D.seed}")
-    g.add_argument(
-        "--threads", type=int, help="PyTorch threads per process (default: torch's own choice)"
-    )
-    g.add_argument(
-        "--eval-interval",
-        type=int,
-        help=f"evaluate every N epochs and after the last (default {D.eval_interval})",
-    )
-    g.add_argument("--device", help="auto, cpu, cuda, cuda:1, ... (default auto)")
-    g.add_argument("--output-dir", help="run folder (default runs/MODEL-DATA-TIMESTAMP)")
-    g.add_argument(
-        "--resume",
-        metavar="RUN_DIR",
-        help="continue the run in RUN_DIR from its last complete checkpoint",
-    )
-    return p
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        groups[f.metadata["group"]].add_argument(flag, **flag_options(f, hints[f.name]))
+    help = "YAML file of settings (keys: field or flag names)"
+    groups["run"].add_argument("--config", type=Path, help=help)
+    return parser
 
 
-def _convert(parser: argparse.ArgumentParser, key: str, value, source: str):
-    """A YAML value through the flag's own type (YAML reads 1e-3 as a string)."""
-    action = next(a for a in parser._actions if a.dest == key)
-    if key == "model_kwargs" and isinstance(value, list):
-        return _parse_kwargs(value)
-    if isinstance(value, str) and action.type is not None:
-        try:
-            value = action.type(value)
-        except ValueError as e:
-            raise SystemExit(
-                f"train.py: error: {source}: bad value for {key}: {value!r} ({e})"
-            ) from e
-    if action.choices and value not in action.choices:
-        raise SystemExit(
-            f"train.py: error: {source}: {key} must be one of {list(action.choices)}, got {value!r}"
-        )
-    return value
+def read_yaml_config(path: Path) -> dict:
+    """A YAML mapping of settings, each checked and converted as its flag would be.
 
-
-def _parse_kwargs(items: list[str]) -> dict:
-    """['depth=6', 'embed_dim=128'] -> {'depth': 6, 'embed_dim': 128} (values read as YAML)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"train.py: error: --model-kwargs expects KEY=VALUE, got {item!r}")
-        out[key] = yaml.safe_load(value)
-    return out
-
-
-def read_yaml_config(path: Path, parser: argparse.ArgumentParser) -> dict:
-    """A YAML mapping of settings; keys are flag names with - or _; unknown keys are errors."""
+    Keys are field names with - or _; unknown keys, bad values and values outside a flag's
+    choices are errors that name the file. Strings go through the flag's type (YAML reads
+    1e-3 as a string); a list for model_kwargs is read as KEY=VALUE items.
+    """
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as e:
         raise SystemExit(f"train.py: error: cannot read config file {path}: {e}") from e
     if not isinstance(data, dict):
         raise SystemExit(f"train.py: error: config file {path} must hold a mapping of settings")
-    known = set(TrainConfig.field_names())
+    hints = typing.get_type_hints(TrainConfig)
+    known = {f.name: f for f in dataclasses.fields(TrainConfig)}
     out = {}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
@@ -227,30 +108,49 @@ def read_yaml_config(path: Path, parser: argparse.ArgumentParser) -> dict:
                 f"train.py: error: config file {path}: unknown key {raw_key!r}; known keys: "
                 f"{', '.join(sorted(known))}"
             )
-        out[key] = value if value is None else _convert(parser, key, value, str(path))
+        options = flag_options(known[key], hints[key])
+        out[key] = _convert(key, value, options, str(path))
     return out
+
+
+def _convert(key: str, value, options: dict, source: str):
+    if value is None:
+        return None
+    convert = options.get("type")
+    try:
+        if isinstance(value, list) and options.get("nargs") == "*":
+            value = [convert(item) if isinstance(item, str) else item for item in value]
+        elif isinstance(value, str) and convert is not None:
+            value = convert(value)
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        raise SystemExit(f"train.py: error: {source}: bad value for {key}: {value!r} ({e})") from e
+    choices = options.get("choices")
+    if choices and value not in choices:
+        raise SystemExit(
+            f"train.py: error: {source}: {key} must be one of {list(choices)}, got {value!r}"
+        )
+    return value
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Command line -> TrainConfig: defaults < resumed run's config < --config YAML < flags."""
     parser = build_parser()
-    flags = vars(parser.parse_args(argv))
-    settings: dict = {}
-    resume = flags.get("resume")
-    if resume:
-        saved = Path(resume) / CONFIG_FILE
-        if not Path(resume).is_dir():
-            parser.error(f"--resume {resume}: no such run folder")
-        if saved.is_file():
-            settings.update(read_yaml_config(saved, parser))
-    config_file = flags.pop("config", None)
-    if config_file is not None:
-        settings.update(read_yaml_config(config_file, parser))
-    if "model_kwargs" in flags:
-        flags["model_kwargs"] = _parse_kwargs(flags["model_kwargs"] or [])
-    settings.update(flags)
-    if resume:
-        settings["resume"] = settings["output_dir"] = str(resume)
+    first, _ = parser.parse_known_args(argv)  # where the YAML layers come from
+    layers = []
+    if first.resume:
+        if not Path(first.resume).is_dir():
+            parser.error(f"--resume {first.resume}: no such run folder")
+        saved = Path(first.resume) / CONFIG_FILE
+        layers += [saved] if saved.is_file() else []  # absent if killed before writing it
+    if first.config is not None:
+        layers.append(first.config)
+    for path in layers:  # later layers win, and flags win over all (as timm's train.py)
+        parser.set_defaults(**read_yaml_config(path))
+    settings = vars(parser.parse_args(argv))
+    del settings["config"]
+    settings["model_kwargs"] = dict(settings["model_kwargs"] or {})
+    if first.resume:
+        settings["resume"] = settings["output_dir"] = str(first.resume)
     return TrainConfig(**settings)
 
 

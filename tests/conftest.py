@@ -69,11 +69,13 @@ def evaluate_script():
 
 
 def tiny_train_args(data: Path, out: Path, epochs: int = 2, *extra: str) -> list[str]:
-    """train.py flags for a seconds-long CPU run of a 2-block, 32-wide ViT."""
+    """train.py flags for a seconds-long CPU run of a 2-block, 32-wide ViT (warmup: one epoch,
+    or half of a one-epoch run, since warmup must end before the run does)."""
+    warmup = "1" if epochs > 1 else "0.5"
     return [
         "--data", str(data), "--output-dir", str(out), "--epochs", str(epochs),
         "--model-kwargs", "depth=2", "embed_dim=32", "num_heads=2",
-        "--batch-size", "8", "--lr", "3e-3", "--warmup-epochs", "1",
+        "--batch-size", "8", "--lr", "3e-3", "--warmup-epochs", warmup,
         "--workers", "0", "--device", "cpu", "--cache-dir", "none", *extra,
     ]  # fmt: skip
 

@@ -12,16 +12,14 @@ from PIL import Image
 import vit
 from vit.configs import Preprocess
 from vit.data import (
-    AugmentConfig,
     CorruptImageError,
-    EvalTransform,
     MixupCutmix,
     load_split,
     one_hot,
     soft_target_cross_entropy,
     stratified_indices,
-    train_transform,
 )
+from vit.transforms import AugmentConfig, EvalTransform, train_transform
 
 CLASSES = ("blue", "green", "red")  # as made by conftest.make_image_folder
 CIFAR_PRE = vit.create_model("vit_cifar_patch4_32", depth=1).preprocess
@@ -96,15 +94,29 @@ def test_train_transform_output(size, crop):
 
 
 def test_augmentation_seeded_per_sample_and_epoch(image_folder):
-    ds = load_split(str(image_folder), "train")
-    ds.transform = train_transform(CIFAR_PRE, AugmentConfig())
+    augment = train_transform(CIFAR_PRE, AugmentConfig())
+    ds = load_split(str(image_folder), "train", transform=augment)
     first = ds[7][0]
     ds[3]  # drawing another sample must not change sample 7's augmentation
     assert torch.equal(first, ds[7][0])
-    ds.epoch = 1
+    ds.set_epoch(1)
     assert not torch.equal(first, ds[7][0])
-    ds.epoch, ds.seed = 0, 1
-    assert not torch.equal(first, ds[7][0])
+    ds.set_epoch(0)
+    assert torch.equal(first, ds[7][0])
+    other_seed = load_split(str(image_folder), "train", seed=1, transform=augment)
+    assert not torch.equal(first, other_seed[7][0])
+
+
+def test_derived_datasets_share_images_and_keep_their_own_labels(image_folder):
+    raw = load_split(str(image_folder), "train", seed=3)
+    shown = raw.with_transform(EvalTransform(CIFAR_PRE))
+    assert shown.images is raw.images and shown.seed == 3 and raw.transform is None
+    assert shown[0][0].shape == (3, 32, 32) and raw[0][0].shape == (32, 32, 3)
+    # blue, green, red -> indices 2, 0, 1 of another class list
+    moved = raw.relabel([2, 0, 1], ["green", "red", "blue"])
+    assert moved.class_names == ["green", "red", "blue"] and moved.images is raw.images
+    assert np.bincount(moved.labels).tolist() == [16, 16, 16]
+    assert moved[0][1] == 2 and raw[0][1] == 0  # the original keeps its labels
 
 
 def test_eval_transform_matches_create_transform():
@@ -192,8 +204,7 @@ def test_torchvision_cifar10_arrays(tmp_path, monkeypatch):
     assert len(train) == 20 and len(test) == 4
     assert train.class_names[:3] == ["airplane", "automobile", "bird"]
     assert np.array_equal(test.image(2), expected[2]) and test[2][1] == 2
-    test.transform = EvalTransform(CIFAR_PRE)
-    assert test[0][0].shape == (3, 32, 32)
+    assert test.with_transform(EvalTransform(CIFAR_PRE))[0][0].shape == (3, 32, 32)
 
 
 def test_missing_cifar_without_download_says_what_to_do(tmp_path):

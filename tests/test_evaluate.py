@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import vit
-from vit.data import EvalTransform, load_split
+from vit.data import load_split
 from vit.engine import evaluate
+from vit.transforms import EvalTransform
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,10 @@ from PIL import Image
 from safetensors.torch import save_file
 
 import vit
-from vit.data import EvalTransform, load_split
+from vit.data import load_split
 from vit.images import CorruptImageError, expand_image_paths, load_image, open_image
 from vit.predict import class_names_for, main
+from vit.transforms import EvalTransform
 
 NAMES = ["cat", "dog", "ship"]
 

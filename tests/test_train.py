@@ -17,6 +17,7 @@ import yaml
 from safetensors.torch import load_file
 
 import vit
+import vit.checkpoint as checkpoint
 import vit.engine as engine
 from vit.model import VisionTransformer
 
@@ -131,10 +132,46 @@ def test_resume_reads_the_run_config_and_flags_win(tmp_path, train_script):
     assert (cfg.epochs, cfg.lr, cfg.data, cfg.output_dir) == (5, 0.01, "x", str(run))
 
 
+def test_every_setting_is_a_flag_and_every_flag_a_setting(train_script):
+    parser = train_script.build_parser()
+    flags = {
+        option.lstrip("-").replace("-", "_")
+        for action in parser._actions  # only this test looks inside argparse
+        for option in action.option_strings
+        if option.startswith("--") and not option.startswith("--no-")
+    }
+    assert flags - {"help", "config"} == set(engine.TrainConfig.field_names())
+    cfg = train_script.parse_config([])
+    assert cfg == engine.TrainConfig()  # the flags' defaults are the dataclass's
+
+
+def test_flag_values_keep_their_meaning(train_script):
+    parse = train_script.parse_config
+    cfg = parse(["--train-subset", "0", "--img-size", "48", "--cache-dir", "none", "--no-cache"])
+    assert (cfg.train_subset, cfg.img_size, cfg.cache_dir, cfg.cache) == (0, 48, None, False)
+    assert parse(["--test-subset", "none"]).test_subset is None
+    assert not parse(["--clip-grad", "0"]).clip_grad  # 0: no clipping
+    assert parse(["--clip-grad", "none"]).clip_grad is None
+    assert parse(["--pretrained"]).pretrained_weights is True  # timm's weights
+    assert parse(["--pretrained", "timm"]).pretrained_weights is True
+    assert parse(["--pretrained", "w.safetensors"]).pretrained_weights == "w.safetensors"
+    assert parse([]).pretrained_weights is False
+    cfg = parse(["--model-kwargs", "depth=2", "embed_dim=32", "--no-model-ema", "--amp"])
+    assert cfg.model_kwargs == {"depth": 2, "embed_dim": 32}
+    assert (cfg.model_ema, cfg.amp, cfg.warmup_epochs, cfg.model_ema_decay) == (
+        False,
+        True,
+        None,
+        None,
+    )
+    with pytest.raises(SystemExit):
+        parse(["--amp-dtype", "float8"])
+
+
 def _interrupt_after_save(monkeypatch, at_epoch: int, mid_save: bool) -> None:
     """Make the save at `at_epoch` end the process like a kill: after the file is complete,
     or (mid_save) halfway through writing its temporary file, before the rename."""
-    original = engine.save_training_state
+    original = checkpoint.save_training_state
 
     def save(state: dict, path: Path) -> None:
         if state["epoch"] == at_epoch and mid_save:
@@ -147,7 +184,7 @@ def _interrupt_after_save(monkeypatch, at_epoch: int, mid_save: bool) -> None:
         if state["epoch"] == at_epoch:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(engine, "save_training_state", save)
+    monkeypatch.setattr(checkpoint, "save_training_state", save)
 
 
 @pytest.mark.parametrize("mid_save", [False, True], ids=["after-save", "during-save"])
@@ -292,15 +329,15 @@ def test_batch_larger_than_dataset_is_explained(image_folder, tmp_path, train_sc
 
 def test_interrupted_atomic_write_keeps_the_old_file(tmp_path):
     path = tmp_path / "training_state.pt"
-    engine.save_training_state({"epoch": 1}, path)
+    checkpoint.save_training_state({"epoch": 1}, path)
 
     def dies_mid_write(tmp: Path) -> None:
         tmp.write_bytes(b"half a checkpo")
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        vit.weights.atomic_write(path, dies_mid_write)
-    assert engine.load_training_state(path) == {"epoch": 1}
+        vit.io.atomic_write(path, dies_mid_write)
+    assert checkpoint.load_training_state(path) == {"epoch": 1}
     assert no_temporary_files(tmp_path)
 
 

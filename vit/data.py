@@ -1,13 +1,13 @@
-"""Datasets, albumentations pipelines and MixUp/CutMix.
+"""Datasets and MixUp/CutMix.
 
-Data flows one way: files (or torchvision's CIFAR arrays) -> `ImageDataset` (numpy HWC uint8
-RGB images, optionally decoded once and cached in memory) -> a transform (albumentations for
-training, the model's eval preprocessing for testing) -> (C, H, W) float tensors -> loader ->
-`MixupCutmix` on the batch.
+Data flows one way: files (or torchvision's CIFAR arrays) -> `load_split` -> `ImageDataset`
+(numpy HWC uint8 RGB images, decoded by `vit.images.load_image`, optionally once into memory)
+-> its transform, given when the dataset is made (`vit.transforms`) -> (C, H, W) float tensors
+-> loader -> `MixupCutmix` on the batch.
 
 Augmentation randomness is seeded per sample from (seed, epoch, index), so an epoch's images
 are the same whatever the number of loader workers or processes, and a resumed run sees the
-same augmentations as an uninterrupted one.
+same augmentations as an uninterrupted one; `set_epoch` moves to the next epoch's draws.
 """
 
 from __future__ import annotations
@@ -18,23 +18,19 @@ import os
 import random
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import albumentations as A
-import cv2
 import numpy as np
 import torch
 import torch.nn.functional as F
-from albumentations.pytorch import ToTensorV2
-from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
-from .configs import Preprocess
-from .factory import create_transform
+from .images import IMAGE_EXTENSIONS, CorruptImageError, images_in_folder, load_image
 from .io import atomic_write
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm")
+__all__ = ["CorruptImageError", "ImageDataset", "MixupCutmix", "load_image", "load_split"]
+
 TORCHVISION_DATASETS = ("cifar10", "cifar100")
 TEST_SPLITS = ("test", "val")
 # Images at most this many pixels on a side are cached decoded in memory by default
@@ -42,24 +38,12 @@ TEST_SPLITS = ("test", "val")
 CACHE_MAX_SIDE = 64
 
 
-class CorruptImageError(ValueError):
-    """An image file that cannot be decoded; the message names its path."""
-
-
-def load_image(path: str | Path) -> np.ndarray:
-    """Decode an image file to an RGB uint8 array (H, W, 3), naming the file on failure."""
-    try:
-        with Image.open(path) as image:
-            return np.asarray(image.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-        raise CorruptImageError(f"cannot read image {path}: {e}") from e
-
-
 class ImageDataset(Dataset):
     """Labelled images as numpy HWC uint8, from files (decoded lazily or cached) or arrays.
 
-    `transform(image)` -> tensor is applied in `__getitem__`; albumentations transforms get a
-    random state seeded from (seed, epoch, index) first (set `epoch` before each epoch).
+    `transform(image)` -> tensor is applied in `__getitem__`; an albumentations transform gets
+    a random state seeded from (seed, epoch, index) first. Call `set_epoch` before each epoch.
+    Without a transform, items are the raw (H, W, 3) uint8 images.
     """
 
     def __init__(
@@ -90,6 +74,10 @@ class ImageDataset(Dataset):
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Draw the augmentations of `epoch` from now on."""
+        self.epoch = epoch
+
     def cache(self, threads: int = 4, cache_dir: Path | None = None) -> ImageDataset:
         """Decode every file once into memory (PIL releases the GIL, so threads help).
 
@@ -116,17 +104,38 @@ class ImageDataset(Dataset):
         with open(path, "wb") as f:  # a file object: np.save would append .npy to a name
             np.save(f, self.images, allow_pickle=False)
 
+    def _derive(self, indices: Sequence[int] | None = None, **changes) -> ImageDataset:
+        """A new dataset over the same images (or those at `indices`) with `changes` to its
+        arguments; decoded images are shared, not copied."""
+        keep = np.arange(len(self)) if indices is None else list(indices)
+        images = self.images
+        if images is not None and indices is not None:
+            images = [images[i] for i in keep]
+        arguments = {
+            "labels": self.labels[keep],
+            "class_names": self.class_names,
+            "paths": None if self.paths is None else [self.paths[i] for i in keep],
+            "images": images if self.paths is None else None,
+            "transform": self.transform,
+            "seed": self.seed,
+        }
+        derived = ImageDataset(**{**arguments, **changes})
+        derived.images = images  # a file dataset's decoded cache too
+        return derived
+
     def subset(self, indices: Sequence[int]) -> ImageDataset:
         """A new dataset with the given samples (same classes, transform and seed)."""
-        indices = list(indices)
-        return ImageDataset(
-            self.labels[indices],
-            self.class_names,
-            paths=[self.paths[i] for i in indices] if self.paths is not None else None,
-            images=[self.images[i] for i in indices] if self.paths is None else None,
-            transform=self.transform,
-            seed=self.seed,
-        )
+        return self._derive(indices)
+
+    def with_transform(self, transform: Callable | None, seed: int | None = None) -> ImageDataset:
+        """The same images with another transform (and augmentation seed)."""
+        return self._derive(transform=transform, seed=self.seed if seed is None else seed)
+
+    def relabel(self, mapping: Sequence[int], class_names: list[str]) -> ImageDataset:
+        """The same images labelled in another class space: class i becomes `mapping[i]`, an
+        index into `class_names` (e.g. a model's classes, in its output order)."""
+        labels = np.asarray(mapping, dtype=np.int64)[self.labels]
+        return self._derive(labels=labels, class_names=class_names)
 
     def image(self, index: int) -> np.ndarray:
         """The raw image (H, W, 3) uint8."""
@@ -170,7 +179,7 @@ def scan_folder(root: Path) -> tuple[list[Path], list[int], list[str]]:
         raise ValueError(f"{root} has no class folders; expected {root}/<class name>/<image files>")
     paths, labels = [], []
     for label, name in enumerate(classes):
-        files = sorted(p for p in (root / name).rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS)
+        files = images_in_folder(root / name)
         if not files:
             raise ValueError(
                 f"class folder {root / name} holds no images (accepted extensions: "
@@ -193,8 +202,11 @@ def find_split_dir(root: Path, split: str) -> Path:
     )
 
 
-def _torchvision_split(name: str, root: Path, train: bool, download: bool) -> ImageDataset:
-    """CIFAR-10/100 through torchvision (downloaded into `root` when missing)."""
+def _torchvision_split(
+    name: str, root: Path, train: bool, download: bool, **dataset
+) -> ImageDataset:
+    """CIFAR-10/100 through torchvision (downloaded into `root` when missing); `dataset`: more
+    ImageDataset arguments."""
     from torchvision import datasets
 
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
@@ -205,7 +217,7 @@ def _torchvision_split(name: str, root: Path, train: bool, download: bool) -> Im
             f"{name} is not in {root} and could not be downloaded ({e}); run once with "
             f"internet access, or pass --data a folder with train/ and test/ subfolders"
         ) from e
-    return ImageDataset(ds.targets, ds.classes, images=ds.data)  # data: (N, 32, 32, 3) uint8
+    return ImageDataset(ds.targets, ds.classes, images=ds.data, **dataset)  # (N, 32, 32, 3) uint8
 
 
 def stratified_indices(labels: np.ndarray, count: int, seed: int) -> list[int]:
@@ -229,8 +241,12 @@ def load_split(
     subset: int | None = None,
     seed: int = 0,
     cache_dir: Path | None = None,
+    transform: Callable | None = None,
 ) -> ImageDataset:
     """The train or test split of `data` ("cifar10", "cifar100" or an image-folder path).
+
+    transform: what the dataset applies to each image (see `vit.transforms`); None: raw images.
+    seed: picks the subset, and seeds the transform's augmentation (see `ImageDataset`).
 
     cache: decode the images once into memory; None caches images of at most
         CACHE_MAX_SIDE pixels per side (judged from the first image).
@@ -240,7 +256,14 @@ def load_split(
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if data.lower() in TORCHVISION_DATASETS:
-        ds = _torchvision_split(data.lower(), Path(data_root), split == "train", download)
+        ds = _torchvision_split(
+            data.lower(),
+            Path(data_root),
+            split == "train",
+            download,
+            transform=transform,
+            seed=seed,
+        )
     else:
         root = Path(data)
         if not root.is_dir():
@@ -249,7 +272,7 @@ def load_split(
                 f"existing folder with train/ and test/ (or val/) subfolders of class folders"
             )
         paths, labels, classes = scan_folder(find_split_dir(root, split))
-        ds = ImageDataset(labels, classes, paths=paths)
+        ds = ImageDataset(labels, classes, paths=paths, transform=transform, seed=seed)
     if subset is not None and subset < len(ds):
         ds = ds.subset(stratified_indices(ds.labels, subset, seed))
     if ds.paths is not None:
@@ -258,92 +281,6 @@ def load_split(
         if cache:
             ds.cache(cache_dir=cache_dir)
     return ds
-
-
-# -- transforms ----------------------------------------------------------------------------------
-def randaugment_ops() -> list[A.BasicTransform]:
-    """A RandAugment-strength menu (Cubuk et al. 2020, magnitude ~9/30): geometric and
-    photometric ops, each applied fully when picked."""
-    return [
-        A.Affine(rotate=(-20, 20), p=1.0),
-        A.Affine(shear={"x": (-15, 15), "y": (0, 0)}, p=1.0),
-        A.Affine(shear={"x": (0, 0), "y": (-15, 15)}, p=1.0),
-        A.Affine(translate_percent={"x": (-0.15, 0.15), "y": (0, 0)}, p=1.0),
-        A.Affine(translate_percent={"x": (0, 0), "y": (-0.15, 0.15)}, p=1.0),
-        A.ColorJitter(brightness=0.4, contrast=0, saturation=0, hue=0, p=1.0),
-        A.ColorJitter(brightness=0, contrast=0.4, saturation=0, hue=0, p=1.0),
-        A.ColorJitter(brightness=0, contrast=0, saturation=0.5, hue=0, p=1.0),
-        A.Posterize(num_bits=(4, 6), p=1.0),
-        A.Solarize(threshold_range=(0.5, 1.0), p=1.0),
-        A.Equalize(p=1.0),
-        A.AutoContrast(p=1.0),
-        A.Sharpen(alpha=(0.2, 0.6), p=1.0),
-    ]
-
-
-@dataclass
-class AugmentConfig:
-    """Training augmentation settings (the train.py flags of the same names)."""
-
-    crop: str = "auto"  # "pad": pad 4 + random crop; "rrc": random resized crop; auto: by size
-    rrc_scale: float = 0.08  # smallest area fraction of random resized crop
-    hflip: float = 0.5
-    aa: str = "randaug"  # "none" or "randaug"
-    aa_n: int = 2  # ops picked per image from the RandAugment menu
-    reprob: float = 0.25  # random erasing probability
-
-
-def train_transform(preprocess: Preprocess, aug: AugmentConfig) -> A.Compose:
-    """Albumentations training pipeline: crop, flip, RandAugment, erasing, normalise, tensor.
-
-    Input: RGB uint8 (H, W, 3) of any size; output: float tensor (3, *preprocess.input_size).
-    """
-    h, w = preprocess.input_size
-    crop = aug.crop if aug.crop != "auto" else ("pad" if max(h, w) <= CACHE_MAX_SIDE else "rrc")
-    if crop == "pad":
-        # The CIFAR standard: resize to the model size if needed, pad by 1/8, crop back.
-        pad = max(h, w) // 8
-        ops = [
-            A.Resize(h, w, interpolation=cv2.INTER_CUBIC),
-            A.PadIfNeeded(h + 2 * pad, w + 2 * pad, border_mode=cv2.BORDER_CONSTANT, fill=0),
-            A.RandomCrop(h, w),
-        ]
-    elif crop == "rrc":
-        ops = [A.RandomResizedCrop(size=(h, w), scale=(aug.rrc_scale, 1.0), interpolation=2)]
-    else:
-        raise ValueError(f"crop must be 'auto', 'pad' or 'rrc', got {aug.crop!r}")
-    if aug.hflip > 0:
-        ops.append(A.HorizontalFlip(p=aug.hflip))
-    if aug.aa == "randaug":
-        if aug.aa_n > 0:
-            ops.append(A.SomeOf(randaugment_ops(), n=aug.aa_n, p=1.0))
-    elif aug.aa != "none":
-        raise ValueError(f"--aa must be 'none' or 'randaug', got {aug.aa!r}")
-    if aug.reprob > 0:
-        # Random erasing (Zhong et al. 2017): one box of 10-40% per side filled with noise.
-        ops.append(
-            A.CoarseDropout(
-                num_holes_range=(1, 1),
-                hole_height_range=(0.1, 0.4),
-                hole_width_range=(0.1, 0.4),
-                fill="random",
-                p=aug.reprob,
-            )
-        )
-    ops += [A.Normalize(mean=preprocess.mean, std=preprocess.std), ToTensorV2()]
-    return A.Compose(ops)
-
-
-class EvalTransform:
-    """The model's evaluation preprocessing (resize, centre crop, normalise) on numpy images;
-    the same torchvision pipeline as `vit.create_transform`, so timm's numbers reproduce."""
-
-    def __init__(self, preprocess: Preprocess) -> None:
-        self.preprocess = preprocess
-        self.transform = create_transform(preprocess)
-
-    def __call__(self, image: np.ndarray) -> torch.Tensor:
-        return self.transform(Image.fromarray(image))  # (3, H, W)
 
 
 # -- MixUp / CutMix ------------------------------------------------------------------------------

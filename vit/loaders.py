@@ -1,0 +1,97 @@
+"""From datasets to batches: the training loader (in-memory batch augmentation, or a DataLoader
+of per-image transforms) and the evaluation loader, each process taking its own share.
+
+Both training loaders have `set_epoch(epoch, size)`: a new shuffle and new augmentations each
+epoch, reproducible from (seed, epoch), so a resumed run draws the batches of an uninterrupted
+one. `size` is the epoch's image size under progressive resizing (in-memory batches only).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+from .batch_loader import InMemoryBatches
+from .configs import Preprocess
+from .data import ImageDataset
+from .distributed import DistInfo
+from .train_config import TrainConfig
+
+
+class EpochDataLoader(DataLoader):
+    """A DataLoader over a DistributedSampler, with InMemoryBatches' `set_epoch`."""
+
+    def set_epoch(self, epoch: int, size: int | None = None) -> None:
+        self.sampler.set_epoch(epoch)  # the shuffle
+        self.dataset.set_epoch(epoch)  # the per-sample augmentation seeds
+
+
+def eval_loader(
+    dataset: ImageDataset, batch_size: int, workers: int, info: DistInfo, pin: bool
+) -> DataLoader:
+    """Each process takes every world_size-th image (no padding, so no image counts twice)."""
+    if info.enabled:
+        dataset = Subset(dataset, range(info.rank, len(dataset), info.world_size))
+    return DataLoader(
+        dataset, batch_size=batch_size, shuffle=False, num_workers=workers, pin_memory=pin
+    )
+
+
+def build_train_loader(
+    cfg: TrainConfig, train_set: ImageDataset, preprocess: Preprocess, info: DistInfo, pin: bool
+) -> EpochDataLoader | InMemoryBatches:
+    """Training batches: whole uint8 batches augmented in memory (--batch-augment), or a
+    DataLoader running `train_set`'s own transform per image in worker processes."""
+    per_process = len(train_set) // info.world_size
+    if per_process < cfg.batch_size:
+        raise ValueError(
+            f"--batch-size {cfg.batch_size} is larger than the {per_process} training images "
+            f"each of the {info.world_size} process(es) gets; use a batch size <= {per_process}"
+        )
+    if cfg.batch_augment:
+        return in_memory_batches(cfg, train_set, preprocess, info)
+    if cfg.progressive_size is not None:
+        raise ValueError("--progressive-size needs --batch-augment (it resizes whole batches)")
+    sampler = DistributedSampler(
+        train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed
+    )
+    return EpochDataLoader(
+        train_set,
+        batch_size=cfg.batch_size,
+        sampler=sampler,
+        num_workers=cfg.workers,
+        pin_memory=pin,
+        drop_last=True,  # equal-sized batches: DDP averages gradients over equal shares
+    )
+
+
+def in_memory_batches(
+    cfg: TrainConfig, train_set: ImageDataset, preprocess: Preprocess, info: DistInfo
+) -> InMemoryBatches:
+    """--batch-augment: the decoded training images as one uint8 array, augmented per batch."""
+    if cfg.aa != "none" or cfg.crop not in ("auto", "pad"):
+        raise ValueError(
+            f"--batch-augment does pad-and-crop, flips and random erasing only; got --aa "
+            f"{cfg.aa} --crop {cfg.crop}: use --aa none --crop pad, or leave out --batch-augment"
+        )
+    if train_set.images is None:
+        raise ValueError("--batch-augment keeps the images in memory: leave --cache on")
+    shapes = {image.shape for image in train_set.images}
+    if len(shapes) != 1 or next(iter(shapes))[:2] != tuple(preprocess.input_size):
+        raise ValueError(
+            f"--batch-augment needs every training image at the model's input size "
+            f"{tuple(preprocess.input_size)}; {cfg.data} has sizes {sorted(shapes)[:5]}"
+        )
+    return InMemoryBatches(
+        np.stack(train_set.images) if isinstance(train_set.images, list) else train_set.images,
+        train_set.labels,
+        batch_size=cfg.batch_size,
+        mean=preprocess.mean,
+        std=preprocess.std,
+        pad=preprocess.input_size[0] // 8,  # the CIFAR standard: 4 pixels on 32
+        hflip=cfg.hflip,
+        reprob=cfg.reprob,
+        seed=cfg.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+    )

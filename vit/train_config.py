@@ -1,0 +1,169 @@
+"""Every training setting, declared once: `TrainConfig`, its defaults, types and help texts.
+
+train.py makes one command-line flag per field (`lr` -> `--lr`, `model_ema` -> `--model-ema`
+and `--no-model-ema`), with the field's type, default and help; YAML config files use the same
+names. A new setting is one line here:
+
+    lr: float = setting(1e-3, "optimisation", "peak AdamW learning rate")
+
+Settings whose natural value depends on others (the warmup and EMA horizon follow --epochs,
+the image size follows the epoch under progressive resizing) are stored as given, None meaning
+"derived", and resolved by the functions at the end of this module.
+"""
+
+# ruff: noqa: E501  (one line per setting, however long its help text)
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .transforms import AugmentConfig
+
+DEFAULT_MODEL = "vit_cifar_patch4_32"
+TIMM_WEIGHTS = "timm"  # --pretrained with no value: timm's default weights for --model
+
+
+def setting(default: Any, group: str, help: str, factory=None, **flag) -> Any:
+    """A TrainConfig field: its default, the --help group and text, and any extra argparse
+    keywords for its flag (choices, metavar, nargs, const)."""
+    metadata = {"group": group, "help": help, "flag": flag}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class TrainConfig:
+    """Every training setting; train.py exposes each field as a flag of the same name.
+
+    Defaults are the CIFAR recipe: `python train.py --data cifar10` trains it.
+    """
+
+    # fmt: off
+    data: str = setting("cifar10", "data", "cifar10, cifar100, or a folder with train/ and test/ (or val/) subfolders of class folders")
+    data_root: str = setting("data", "data", "where CIFAR is downloaded")
+    download: bool = setting(True, "data", "download CIFAR if missing")
+    train_subset: int | None = setting(None, "data", "train on N images, stratified by class (quick runs)", metavar="N")
+    test_subset: int | None = setting(None, "data", "evaluate on N test images, stratified by class", metavar="N")
+    cache: bool | None = setting(None, "data", "decode images once into memory (default: images <= 64 px only)")
+    workers: int = setting(4, "data", "data loader processes")
+    batch_augment: bool = setting(False, "data", "augment whole uint8 batches held in memory (pad-crop, flip, erasing; no RandAugment): fast on CPUs")
+    cache_dir: str | None = setting("~/.cache/vit", "data", "keep decoded images here between runs, none for off")
+
+    model: str = setting(DEFAULT_MODEL, "model", "a name from vit.list_models()")
+    pretrained: str | None = setting(None, "model", "fine-tune from weights: a file, or no value (or 'timm') for timm's default weights", metavar="PATH", nargs="?", const=TIMM_WEIGHTS)
+    img_size: int | None = setting(None, "model", "model input size (pos_embed resampled; default: the model's)")
+    model_kwargs: dict = setting(None, "model", "other ViTConfig fields, e.g. depth=6 embed_dim=128 num_heads=4", factory=dict, metavar="KEY=VALUE", nargs="*")
+    drop_path: float = setting(0.1, "model", "stochastic depth rate")
+    drop: float = setting(0.0, "model", "dropout before the head")
+    patch_drop: float = setting(0.0, "model", "fraction of patch tokens dropped at random in training")
+
+    epochs: int = setting(200, "optimisation", "training epochs")
+    batch_size: int = setting(128, "optimisation", "images per step, per process")
+    lr: float = setting(1e-3, "optimisation", "peak AdamW learning rate")
+    min_lr: float = setting(1e-5, "optimisation", "cosine floor")
+    weight_decay: float = setting(0.05, "optimisation", "AdamW weight decay (weight matrices only)")
+    warmup_epochs: float | None = setting(None, "optimisation", "linear warmup (default: 5% of --epochs)")
+    progressive_size: int | None = setting(None, "optimisation", "train the first epochs at this image size, growing linearly to --img-size (needs --batch-augment; default off)")
+    progressive_epochs: float | None = setting(None, "optimisation", "epochs over which the image size grows (default: half of --epochs)")
+    clip_grad: float | None = setting(1.0, "optimisation", "max gradient norm, 0 or none for no clipping")
+    label_smoothing: float = setting(0.1, "optimisation", "label smoothing")
+    model_ema: bool = setting(True, "optimisation", "keep an EMA of the weights")
+    model_ema_decay: float | None = setting(None, "optimisation", "EMA decay (default: averages over the last ~2% of the optimizer steps)")
+    amp: bool = setting(False, "optimisation", "mixed precision")
+    amp_dtype: str = setting("bfloat16", "optimisation", "autocast dtype", choices=("bfloat16", "float16"))
+    compile: bool = setting(False, "optimisation", "torch.compile the model")
+
+    crop: str = setting("auto", "augmentation", "pad+random crop, random resized crop, or auto (pad for <= 64 px)", choices=("auto", "pad", "rrc"))
+    rrc_scale: float = setting(0.08, "augmentation", "smallest random-resized-crop area")
+    hflip: float = setting(0.5, "augmentation", "horizontal flip probability")
+    aa: str = setting("randaug", "augmentation", "RandAugment policy", choices=("none", "randaug"))
+    aa_n: int = setting(2, "augmentation", "RandAugment ops per image")
+    reprob: float = setting(0.25, "augmentation", "random erasing probability")
+    mixup: float = setting(0.8, "augmentation", "MixUp alpha, 0 for off")
+    cutmix: float = setting(1.0, "augmentation", "CutMix alpha, 0 for off")
+    mixup_prob: float = setting(1.0, "augmentation", "probability of mixing a batch")
+    mixup_switch_prob: float = setting(0.5, "augmentation", "probability of CutMix rather than MixUp when both are on")
+
+    seed: int = setting(0, "run", "random seed")
+    threads: int | None = setting(None, "run", "PyTorch threads per process (default: torch's own choice)")
+    eval_interval: int = setting(1, "run", "evaluate every N epochs and after the last")
+    device: str = setting("auto", "run", "auto, cpu, cuda, cuda:1, ...")
+    output_dir: str | None = setting(None, "run", "run folder (default runs/MODEL-DATA-TIMESTAMP)")
+    resume: str | None = setting(None, "run", "continue the run in RUN_DIR from its last complete checkpoint", metavar="RUN_DIR")
+    # fmt: on
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def augment(self) -> AugmentConfig:
+        return AugmentConfig(
+            crop=self.crop,
+            rrc_scale=self.rrc_scale,
+            hflip=self.hflip,
+            aa=self.aa,
+            aa_n=self.aa_n,
+            reprob=self.reprob,
+        )
+
+    @property
+    def pretrained_weights(self) -> bool | str | Path:
+        """--pretrained decoded for `vit.create_model`: False, True (timm's) or a file."""
+        return pretrained_weights(self.pretrained)
+
+    @property
+    def cache_path(self) -> Path | None:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else None
+
+
+def pretrained_weights(value: str | None) -> bool | str:
+    """A --pretrained value -> create_model's `pretrained`: no value means timm's weights."""
+    if not value:
+        return False
+    return True if value in (TIMM_WEIGHTS, "true", "True") else value
+
+
+# -- settings that follow the length of the run ------------------------------------------------
+WARMUP_FRACTION = 0.05  # warmup when none is given: 10 of 200 epochs, 0.2 of 4
+EMA_HORIZON = 0.02  # the default EMA averages over about this fraction of the optimizer steps
+
+
+def resolve_warmup_epochs(cfg: TrainConfig) -> float:
+    """The warmup length: as given, or a fixed fraction of the run; never the whole run."""
+    if cfg.warmup_epochs is None:
+        return WARMUP_FRACTION * cfg.epochs
+    if cfg.warmup_epochs >= cfg.epochs:
+        raise ValueError(
+            f"--warmup-epochs {cfg.warmup_epochs} is not shorter than --epochs {cfg.epochs}: "
+            f"the learning rate would never leave warmup; give fewer warmup epochs, or leave "
+            f"--warmup-epochs unset for {100 * WARMUP_FRACTION:.0f}% of the run"
+        )
+    return cfg.warmup_epochs
+
+
+def resolve_ema_decay(cfg: TrainConfig, total_steps: int) -> float:
+    """The EMA decay: as given, or 1 - 1/horizon for a horizon of EMA_HORIZON of the steps.
+
+    A fixed 0.999 averages over ~1,000 steps: right for 200 epochs, but a short run of a few
+    hundred steps would keep mostly its random initial weights.
+    """
+    if cfg.model_ema_decay is not None:
+        return cfg.model_ema_decay
+    return 1.0 - 1.0 / max(1.0, EMA_HORIZON * total_steps)
+
+
+def image_size_for_epoch(cfg: TrainConfig, epoch: int, final: int, patch: int) -> int:
+    """Progressive resizing: `progressive_size` at epoch 0, growing linearly to `final` at
+    `progressive_epochs` (default half the run), in whole patches."""
+    if cfg.progressive_size is None:
+        return final
+    ramp = cfg.progressive_epochs if cfg.progressive_epochs is not None else cfg.epochs / 2
+    if epoch >= ramp:
+        return final
+    size = cfg.progressive_size + (final - cfg.progressive_size) * epoch / ramp
+    return max(patch, int(size) // patch * patch)
