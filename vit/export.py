@@ -229,7 +229,8 @@ def export_torchvision(
         arch = dict(image_size=kwargs["image_size"], num_classes=kwargs["num_classes"])
         target = f"torchvision.models.{builder}"
     else:
-        build, arch, target = torchvision.models.VisionTransformer, kwargs, "torchvision"
+        build, arch = torchvision.models.VisionTransformer, kwargs
+        target = "torchvision.models.VisionTransformer"
     result: list[ExportCheck] = []
 
     def write(tmp: Path) -> None:
