@@ -135,9 +135,14 @@ def export_onnx(
     if model.preprocess is not None:
         metadata["vit.preprocess"] = json.dumps(model.preprocess.to_dict())
     large = sum(p.numel() * p.element_size() for p in model.parameters()) > EXTERNAL_DATA_BYTES
-    if large:  # the weights go to PATH.data beside it; write it in place (not atomic)
-        program.save(str(path), external_data=True)
-        return _verify_onnx(onnxruntime, path, model, tolerance)
+    if large:  # the weights go to a .data file beside it: written in place, removed on failure
+        try:
+            program.save(str(path), external_data=True)
+            return _verify_onnx(onnxruntime, path, model, tolerance)
+        except BaseException:
+            for written in (path, path.with_name(path.name + ".data")):
+                written.unlink(missing_ok=True)
+            raise
     result: list[ExportCheck] = []
 
     def write(tmp: Path) -> None:
