@@ -1,4 +1,4 @@
-"""vit.plots: attention figures come back as matplotlib objects and save to PNG."""
+"""vit.plots: every figure comes back as a matplotlib Figure; save_figure writes it atomically."""
 
 from __future__ import annotations
 
