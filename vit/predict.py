@@ -35,13 +35,13 @@ from PIL import Image
 from tqdm import tqdm
 
 from . import explain
-from .attention_plots import denormalize, draw_overlay
 from .configs import list_models
 from .distributed import DistInfo, resolve_device
 from .factory import create_model, create_transform, load_model
 from .images import CorruptImageError, expand_image_paths, open_image
-from .io import atomic_write, atomic_write_text
+from .io import atomic_write_text
 from .model import VisionTransformer
+from .plots import denormalize, draw_overlay, save_figure
 from .weights import read_metadata
 
 METHODS = {
@@ -209,7 +209,7 @@ def save_explanations(
     for path, record, image, heatmap in zip(paths, records, pixels, maps, strict=True):
         title = f"{record['label']} ({record['probability']:.1%})"
         fig = explanation_figure(image, heatmap, title, method)
-        atomic_write(targets[path], lambda tmp, f=fig: f.savefig(tmp, format="png", dpi=100))
+        save_figure(fig, targets[path], dpi=100)
 
 
 # -- command line --------------------------------------------------------------------------------
