@@ -445,9 +445,10 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
             size=size,
             world_size=run.info.world_size,
         )
-        improved = state.end_epoch(row, ema_test if state.ema is not None else test)
+        kept_metrics = ema_test if state.ema is not None else test  # see TrainingState.kept
+        improved = state.end_epoch(row, kept_metrics)
         log.epoch(row, state.history)
-        saver.save(state, ema_test if state.ema is not None else test, improved)
+        saver.save(state, kept_metrics, improved)
         distributed.barrier()
     return row
 
