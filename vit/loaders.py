@@ -42,16 +42,16 @@ def build_train_loader(
 ) -> EpochDataLoader | InMemoryBatches:
     """Training batches: whole uint8 batches augmented in memory (--batch-augment), or a
     DataLoader running `train_set`'s own transform per image in worker processes."""
+    if cfg.batch_augment:  # InMemoryBatches checks the batch size against the data itself
+        return in_memory_batches(cfg, train_set, preprocess, info)
+    if cfg.progressive_size is not None:
+        raise ValueError("--progressive-size needs --batch-augment (it resizes whole batches)")
     per_process = len(train_set) // info.world_size
     if per_process < cfg.batch_size:
         raise ValueError(
             f"--batch-size {cfg.batch_size} is larger than the {per_process} training images "
             f"each of the {info.world_size} process(es) gets; use a batch size <= {per_process}"
         )
-    if cfg.batch_augment:
-        return in_memory_batches(cfg, train_set, preprocess, info)
-    if cfg.progressive_size is not None:
-        raise ValueError("--progressive-size needs --batch-augment (it resizes whole batches)")
     sampler = DistributedSampler(
         train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed
     )
