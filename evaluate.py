@@ -22,7 +22,7 @@ import torch
 import vit
 from vit.data import load_split
 from vit.distributed import DistInfo, resolve_device
-from vit.engine import evaluate
+from vit.engine import TTA_CHOICES, evaluate
 from vit.images import CorruptImageError
 from vit.io import atomic_write
 from vit.loaders import eval_loader
@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--device", default="auto")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast")
+    p.add_argument(
+        "--tta",
+        default="none",
+        choices=TTA_CHOICES,
+        help="test-time augmentation: flip also scores the mean of each image's and its mirror "
+        "image's probabilities, reported beside the plain figures",
+    )
     p.add_argument("--json", type=Path, help="write the report here (default: beside the PNG)")
     p.add_argument(
         "--output-dir",
@@ -132,6 +139,12 @@ def main(argv: list[str] | None = None) -> int:
         f"top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
         f"on {report['num_images']} images"
     )
+    if "tta" in report:
+        tta = report["tta"]
+        print(
+            f"top-1 {100 * tta['top1']:.2f}%  top-5 {100 * tta['top5']:.2f}%  "
+            f"with {tta['method']} test-time augmentation"
+        )
     return 0
 
 
@@ -158,7 +171,13 @@ def run(args: argparse.Namespace) -> dict:
         pin=device.type == "cuda",
     )
     result = evaluate(
-        model, loader, num_classes=model.num_classes, device=device, amp=args.amp, progress=True
+        model,
+        loader,
+        num_classes=model.num_classes,
+        device=device,
+        amp=args.amp,
+        progress=True,
+        tta=args.tta,
     )
 
     # Report only the classes present in the data (ImageNet subsets would list 1000 otherwise).
@@ -183,6 +202,13 @@ def run(args: argparse.Namespace) -> dict:
         "confusion_matrix": confusion.tolist(),
         "confusion_matrix_png": str(png),
     }
+    if "tta" in result:
+        tta = result["tta"]
+        report["tta"] = {
+            "method": args.tta,
+            **{key: tta[key] for key in ("top1", "top5", "loss")},
+            "per_class": {class_names[i]: tta["per_class"][i] for i in present},
+        }
     json_path = args.json or out_dir / "report.json"
     atomic_write(Path(json_path), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
     return report

@@ -20,6 +20,7 @@ import vit
 import vit.checkpoint as checkpoint
 import vit.engine as engine
 from vit.model import VisionTransformer
+from vit.optim import param_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_FILES = (
@@ -350,7 +351,7 @@ def test_warmup_cosine_schedule():
 
 def test_no_weight_decay_on_biases_norms_and_embeddings():
     model = vit.create_model("vit_cifar_patch4_32", depth=1, embed_dim=32, num_heads=2)
-    decay, no_decay = engine.param_groups(model, 0.05)
+    decay, no_decay = param_groups(model, 0.05)
     names = {id(p): n for n, p in model.named_parameters()}
     skipped = {names[id(p)] for p in no_decay["params"]}
     assert {"pos_embed", "cls_token", "norm.weight", "head.bias"} <= skipped
@@ -378,13 +379,35 @@ def test_learns_real_cifar10_well_above_chance(tmp_path, train_script, evaluate_
     evaluate.py alike."""
     run = tmp_path / "run"
     args = [
-        "--data", str(CIFAR10_JPG), "--output-dir", str(run), "--device", "cpu",
-        "--train-subset", "10000", "--test-subset", "1000", "--epochs", "6",
-        "--model-kwargs", "embed_dim=64", "depth=3", "num_heads=4",
-        "--batch-size", "32", "--lr", "2e-3", "--warmup-epochs", "0.3", "--workers", "0",
-        "--aa", "none", "--reprob", "0", "--mixup", "0", "--cutmix", "0", "--drop-path", "0",
-        "--label-smoothing", "0", "--model-ema-decay", "0.99",
-    ]  # fmt: skip
+        "--data",
+        str(CIFAR10_JPG),
+        "--output-dir",
+        str(run),
+        "--device",
+        "cpu",
+        "--train-subset",
+        "10000",
+        "--test-subset",
+        "1000",
+        "--epochs",
+        "6",
+        "--model-kwargs",
+        "embed_dim=64",
+        "depth=3",
+        "num_heads=4",
+        "--batch-size",
+        "32",
+        "--lr",
+        "2e-3",
+        "--warmup-epochs",
+        "0.3",
+        "--workers",
+        "0",
+        "--label-smoothing",
+        "0",
+        "--model-ema-decay",
+        "0.99",
+    ]  # fmt: skip  (augmentation and regularisation: the light defaults)
     # One thread: on a few shared cores, two OpenMP threads stall each other (an epoch measured
     # 165 s instead of 15 s under load); one thread runs this small model at ~650 images/s.
     threads = torch.get_num_threads()
@@ -459,10 +482,37 @@ def test_fast_cpu_levers_train_evaluate_on_schedule_and_resume_exactly(
             assert row[key] == ref[key], (key, row["epoch"])
 
 
+ROUND_TWO = (
+    "--batch-augment", "--opt", "muon", "--muon-lr", "3e-3", "--mimetic-init",
+    "--pos-embed", "sincos", "--patch-drop", "0.5", "--patch-drop-anneal", "2",
+    "--hflip-alternate", "--eval-interval", "2",
+)  # fmt: skip
+
+
+def test_second_round_cpu_levers_train_and_resume_exactly(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch
+):
+    """Muon, mimetic init, fixed sin-cos positions, annealed patch dropout and alternating
+    flips together: a killed run resumes to the uninterrupted run's weights, bit for bit."""
+    reference = tmp_path / "reference"
+    assert train_script.main(tiny_args(image_folder, reference, 4, *ROUND_TWO)) == 0
+    model = vit.load_model(reference / "model.safetensors")
+    fixed = vit.init.sincos_2d(model.grid_size, model.embed_dim)
+    assert torch.equal(model.pos_embed[0, 1:], fixed)  # never trained
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        _interrupt_after_save(patch, at_epoch=2, mid_save=False)
+        with pytest.raises(KeyboardInterrupt):
+            train_script.main(tiny_args(image_folder, run, 4, *ROUND_TWO))
+    assert train_script.main(["--resume", str(run)]) == 0
+    assert_same_weights(run / "model.safetensors", reference / "model.safetensors")
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
         (("--batch-augment", "--aa", "randaug"), "--batch-augment does pad-and-crop"),
+        (("--hflip-alternate",), "--hflip-alternate needs --batch-augment"),
         (("--progressive-size", "16"), "--progressive-size needs --batch-augment"),
         (("--batch-augment", "--aa", "none", "--no-cache"), "leave --cache on"),
     ],

@@ -26,8 +26,11 @@ class InMemoryBatches:
 
     images: (N, H, W, 3) uint8 (numpy, as decoded) or (N, 3, H, W) uint8 tensor.
     pad: pixels of zero padding before the random crop back to (H, W) (0: no crop).
-    hflip: probability of a horizontal flip. reprob: probability of random erasing (one box of
-    10-40% per side, filled with normal noise after normalisation, as timm's RandomErasing).
+    hflip: probability of a horizontal flip. hflip_alternate: instead, flip each image on
+    alternate epochs, starting from a random half (airbench's derandomised flips: over any two
+    epochs every image is seen both ways, where random flips miss a quarter of them).
+    reprob: probability of random erasing (one box of 10-40% per side, filled with normal
+    noise after normalisation, as timm's RandomErasing).
     Call `set_epoch(epoch, size)` before iterating; `size` (default H) resizes the batch.
     """
 
@@ -41,6 +44,7 @@ class InMemoryBatches:
         std: Sequence[float],
         pad: int = 4,
         hflip: float = 0.5,
+        hflip_alternate: bool = False,
         reprob: float = 0.0,
         seed: int = 0,
         rank: int = 0,
@@ -62,6 +66,11 @@ class InMemoryBatches:
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
         self.pad, self.hflip, self.reprob = pad, hflip, reprob
+        # Which images start flipped under hflip_alternate: fixed by the seed, not the epoch.
+        start = torch.Generator().manual_seed(seed * 1_000_003 - 1)
+        self.flip_start = (
+            torch.rand(len(self.images), generator=start) < 0.5 if hflip_alternate else None
+        )
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch = 0
         self.size = int(self.images.shape[-1])
@@ -87,15 +96,22 @@ class InMemoryBatches:
         mine = order[self.rank :: self.world_size][: self.per_process]
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             index = mine[start : start + self.batch_size]
-            yield self.augment(self.images[index], generator), self.labels[index]
+            yield self.augment(self.images[index], generator, index), self.labels[index]
 
-    def augment(self, batch: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """uint8 (B, 3, H, W) -> normalised float (B, 3, size, size), augmented."""
+    def augment(
+        self, batch: torch.Tensor, generator: torch.Generator, index: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """uint8 (B, 3, H, W) -> normalised float (B, 3, size, size), augmented.
+
+        index: the images' positions in the data set (needed by hflip_alternate)."""
         x = batch.float()  # (B, 3, H, W), 0..255
         B, _, H, W = x.shape
         if self.pad > 0:
             x = random_crop(x, self.pad, generator)
-        if self.hflip > 0:
+        if self.flip_start is not None:
+            flip = self.flip_start[index] ^ bool(self.epoch % 2)  # (B,)
+            x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        elif self.hflip > 0:
             flip = torch.rand(B, generator=generator) < self.hflip  # (B,)
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         if self.size != H or self.size != W:

@@ -50,13 +50,16 @@ from .checkpoint import (
 from .data import ImageDataset, MixupCutmix, load_split, soft_target_cross_entropy
 from .distributed import DistInfo
 from .factory import create_model
+from .init import mimetic_init_, sincos_pos_embed_
 from .loaders import EpochDataLoader, build_train_loader, eval_loader
 from .model import VisionTransformer
+from .optim import build_optimizer
 from .plots import plot_curves, save_figure
 from .train_config import (
     DEFAULT_MODEL,
     TrainConfig,
     image_size_for_epoch,
+    patch_drop_for_epoch,
     resolve_ema_decay,
     resolve_warmup_epochs,
 )
@@ -132,6 +135,11 @@ def build_model(cfg: TrainConfig, class_names: list[str]) -> VisionTransformer:
         **overrides,
     )
     model.class_names = list(class_names)
+    if cfg.pretrained_weights is False:  # initialisations for training from scratch only
+        if cfg.mimetic_init:
+            mimetic_init_(model)
+        if cfg.pos_embed == "sincos":
+            sincos_pos_embed_(model)
     return model
 
 
@@ -158,23 +166,6 @@ def make_loaders(
 
 
 # -- model, optimizer, schedule, EMA -------------------------------------------------------------
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on weight matrices only: not on biases, norms, pos_embed or cls_token."""
-    skip = set(getattr(model, "no_weight_decay", set)())
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        if param.ndim <= 1 or name in skip:
-            no_decay.append(param)
-        else:
-            decay.append(param)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-
-
 def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float) -> Callable[[int], float]:
     """LR multiplier per optimizer step: linear warmup to 1, then cosine down to min_ratio."""
 
@@ -222,9 +213,12 @@ class ModelEma:
 def build_training_state(
     cfg: TrainConfig, model: nn.Module, steps_per_epoch: int, device: torch.device, info: DistInfo
 ) -> TrainingState:
-    """AdamW (no decay on biases, norms, embeddings), warmup + cosine per step, a gradient
-    scaler for float16 autocast, and the EMA, around `model`; nothing trained yet."""
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr)
+    """AdamW, or Muon + AdamW (no decay on biases, norms, embeddings), warmup + cosine per
+    step, a gradient scaler for float16 autocast, and the EMA, around `model`; nothing trained
+    yet."""
+    optimizer = build_optimizer(
+        model, cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay, muon_lr=cfg.muon_lr
+    )
     total_steps = cfg.epochs * steps_per_epoch
     schedule = warmup_cosine(
         total_steps=total_steps,
@@ -277,6 +271,47 @@ def autocast(device: torch.device, cfg_amp: bool, amp_dtype: str):
     return torch.autocast(device.type, dtype=dtype, enabled=cfg_amp)
 
 
+class _Tally:
+    """Running confusion matrix, loss sum and top-5 hits of one stream of logits."""
+
+    def __init__(self, num_classes: int, device: torch.device) -> None:
+        self.num_classes, self.k = num_classes, min(5, num_classes)
+        self.confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
+        self.sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, top-k hits
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """logits (B, K) float32, labels (B,)."""
+        self.sums[0] += F.cross_entropy(logits, labels, reduction="sum")
+        topk = logits.topk(self.k, dim=1).indices  # (B, k)
+        self.sums[1] += (topk == labels[:, None]).any(dim=1).sum()
+        K = self.num_classes
+        self.confusion += torch.bincount(labels * K + topk[:, 0], minlength=K**2).view(K, K)
+
+    def result(self) -> dict:
+        """Summed over processes: floats in [0, 1], `confusion` a (K, K) int64 numpy array."""
+        distributed.all_reduce_sum(self.confusion)
+        distributed.all_reduce_sum(self.sums)
+        confusion = self.confusion.cpu().numpy()
+        total = int(confusion.sum())
+        if total == 0:
+            raise ValueError("evaluation saw no images")
+        per_class_total = confusion.sum(axis=1)
+        return {
+            "top1": float(np.trace(confusion) / total),
+            "top5": float(self.sums[1].item() / total),
+            "loss": float(self.sums[0].item() / total),
+            "per_class": [
+                float(confusion[i, i] / n) if n else float("nan")
+                for i, n in enumerate(per_class_total)
+            ],
+            "num_images": total,
+            "confusion": confusion,
+        }
+
+
+TTA_CHOICES = ("none", "flip")
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -286,45 +321,33 @@ def evaluate(
     amp: bool = False,
     amp_dtype: str = "bfloat16",
     progress: bool = False,
+    tta: str = "none",
 ) -> dict:
     """Top-1, top-5, per-class accuracy, confusion matrix and mean loss over a loader.
 
+    tta "flip" adds `result["tta"]`: the same figures for the mean of the image's and its
+    mirror image's softmax probabilities, measured in the same pass as the plain ones.
     Under DDP each process evaluates its shard and the counts are summed over processes.
     Returns floats in [0, 1] and `confusion` as a (K, K) int64 numpy array (rows: true class).
     """
+    if tta not in TTA_CHOICES:
+        raise ValueError(f"unknown test-time augmentation {tta!r}; accepted: {TTA_CHOICES}")
     model.eval()
-    k = min(5, num_classes)
-    confusion = torch.zeros(num_classes, num_classes, dtype=torch.int64, device=device)
-    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, top-k correct
+    plain, flipped = _Tally(num_classes, device), _Tally(num_classes, device)
     for images, labels in tqdm(loader, desc="eval", leave=False, disable=not progress):
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         with autocast(device, amp, amp_dtype):
-            logits = model(images)
-        logits = logits.float()  # (B, K)
-        sums[0] += F.cross_entropy(logits, labels, reduction="sum")
-        topk = logits.topk(k, dim=1).indices  # (B, k)
-        sums[1] += (topk == labels[:, None]).any(dim=1).sum()
-        confusion += torch.bincount(
-            labels * num_classes + topk[:, 0], minlength=num_classes**2
-        ).view(num_classes, num_classes)
-    distributed.all_reduce_sum(confusion)
-    distributed.all_reduce_sum(sums)
-    confusion = confusion.cpu().numpy()
-    total = int(confusion.sum())
-    if total == 0:
-        raise ValueError("evaluation saw no images")
-    per_class_total = confusion.sum(axis=1)
-    per_class = [
-        float(confusion[i, i] / n) if n else float("nan") for i, n in enumerate(per_class_total)
-    ]
-    return {
-        "top1": float(np.trace(confusion) / total),
-        "top5": float(sums[1].item() / total),
-        "loss": float(sums[0].item() / total),
-        "per_class": per_class,
-        "num_images": total,
-        "confusion": confusion,
-    }
+            logits = model(images).float()  # (B, K)
+            if tta == "flip":
+                mirrored = model(images.flip(-1)).float()  # (B, K)
+        plain.add(logits, labels)
+        if tta == "flip":
+            log_probs = torch.stack([logits.log_softmax(-1), mirrored.log_softmax(-1)])  # (2,B,K)
+            flipped.add(log_probs.logsumexp(0) - math.log(2), labels)  # log mean probability
+    result = plain.result()
+    if tta == "flip":
+        result["tta"] = flipped.result()
+    return result
 
 
 # -- training ------------------------------------------------------------------------------------
@@ -431,6 +454,7 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
             patch=run.model.patch_embed.patch_size[0],
         )
         run.train_loader.set_epoch(epoch, size)
+        run.model.patch_drop.prob = patch_drop_for_epoch(cfg, epoch)
         started = time.perf_counter()
         stats = train_one_epoch(run, epoch=epoch)
         seconds = time.perf_counter() - started

@@ -42,6 +42,8 @@ def build_train_loader(
 ) -> EpochDataLoader | InMemoryBatches:
     """Training batches: whole uint8 batches augmented in memory (--batch-augment), or a
     DataLoader running `train_set`'s own transform per image in worker processes."""
+    if cfg.hflip_alternate and not cfg.batch_augment:
+        raise ValueError("--hflip-alternate needs --batch-augment (it flips whole batches)")
     if cfg.batch_augment:  # InMemoryBatches checks the batch size against the data itself
         return in_memory_batches(cfg, train_set, preprocess, info)
     if cfg.progressive_size is not None:
@@ -90,6 +92,7 @@ def in_memory_batches(
         std=preprocess.std,
         pad=preprocess.input_size[0] // 8,  # the CIFAR standard: 4 pixels on 32
         hflip=cfg.hflip,
+        hflip_alternate=cfg.hflip_alternate,
         reprob=cfg.reprob,
         seed=cfg.seed,
         rank=info.rank,

@@ -1,0 +1,242 @@
+"""The CPU recipe's second round of levers: mimetic attention init, fixed sin-cos position
+embeddings, Muon, annealed patch dropout, alternating flips, flip test-time augmentation."""
+
+import math
+
+import pytest
+import timm
+import torch
+
+import vit
+from vit.batch_loader import InMemoryBatches
+from vit.engine import evaluate
+from vit.init import mimetic_init_, sincos_2d, sincos_pos_embed_
+from vit.optim import Muon, build_optimizer, muon_param_groups, orthogonalize
+from vit.train_config import TrainConfig, patch_drop_for_epoch
+
+SMALL = {"embed_dim": 64, "depth": 2, "num_heads": 4, "num_classes": 10}
+
+
+def small_model(**kwargs) -> vit.VisionTransformer:
+    return vit.create_model("vit_cifar_patch4_32", **{**SMALL, **kwargs})
+
+
+# -- mimetic initialisation ------------------------------------------------------------------------
+def test_mimetic_init_gives_each_head_an_identity_like_query_key_product():
+    torch.manual_seed(0)
+    model = mimetic_init_(small_model())
+    attn, dim, head_dim = model.blocks[0].attn, 64, 16
+    w_q, w_k, w_v = attn.qkv.weight.detach().view(3, dim, dim)
+    for h in range(4):
+        rows = slice(h * head_dim, (h + 1) * head_dim)
+        product = w_q[rows].T @ w_k[rows]  # (D, D): the head's bilinear attention score
+        assert torch.linalg.matrix_rank(product) == head_dim
+        off_diagonal = product - torch.diag(product.diag())
+        assert product.diag().mean() > 3 * off_diagonal.std()  # tokens attend to their like
+    # values and output projection: full rank, exactly alpha * Z - beta * I for some Z
+    product = w_v.T @ attn.proj.weight.detach().T  # (D, D)
+    assert product.diag().mean() == pytest.approx(-0.4, abs=0.05)
+    noise = product + 0.4 * torch.eye(dim)
+    assert noise.std() * math.sqrt(dim) == pytest.approx(0.4, rel=0.15)  # alpha * N(0, 1/D)
+
+
+def test_mimetic_init_makes_attention_at_initialisation_more_peaked():
+    """A random init spreads attention almost uniformly; mimetic heads start focused."""
+
+    def mean_entropy(model):
+        captured = []
+        model.set_fused_attn(False)
+        hook = model.blocks[0].attn.softmax.register_forward_hook(
+            lambda m, i, out: captured.append(out)
+        )
+        model.eval()(torch.randn(8, 3, 32, 32))
+        hook.remove()
+        p = captured[0]  # (B, nh, N, N)
+        return -(p * p.clamp_min(1e-12).log()).sum(-1).mean().item()
+
+    torch.manual_seed(0)
+    plain = small_model()
+    torch.manual_seed(0)
+    mimetic = mimetic_init_(small_model())
+    uniform = math.log(65)
+    assert mean_entropy(plain) > 0.99 * uniform
+    assert mean_entropy(mimetic) < 0.9 * uniform
+
+
+def test_mimetic_model_still_loads_into_timm_with_the_same_outputs():
+    torch.manual_seed(0)
+    ours = mimetic_init_(small_model()).eval()
+    theirs = timm.create_model(
+        "vit_base_patch16_224", img_size=32, patch_size=4, mlp_ratio=2.0, **SMALL
+    ).eval()
+    theirs.load_state_dict(ours.state_dict())
+    torch.nn.init.normal_(ours.head.weight), theirs.head.weight.data.copy_(ours.head.weight)
+    images = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(ours(images), theirs(images), rtol=1e-5, atol=1e-6)
+
+
+# -- fixed sin-cos position embeddings -------------------------------------------------------------
+def test_sincos_position_embeddings_are_fixed_and_encode_row_and_column():
+    model = sincos_pos_embed_(small_model())
+    pos = model.pos_embed[0]  # (1 + 64, D)
+    assert not model.pos_embed.requires_grad
+    assert torch.equal(pos[0], torch.zeros(64))  # the class token has no position
+    grid = pos[1:].view(8, 8, 64)
+    # a quarter of the channels: sin and cos of the row, the same in every column
+    assert torch.equal(grid[3, 0, :32], grid[3, 7, :32])
+    assert torch.equal(grid[0, 5, 32:], grid[6, 5, 32:])
+    torch.testing.assert_close(grid[2, 5, 0], torch.tensor(math.sin(2.0)))  # frequency 1
+    torch.testing.assert_close(grid[2, 5, 48], torch.tensor(math.cos(5.0)))
+    assert torch.equal(sincos_2d((8, 8), 64), pos[1:])
+    optimizer = build_optimizer(model, "adamw", lr=1e-3, weight_decay=0.05)
+    trained = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert id(model.pos_embed) not in trained
+
+
+def test_sincos_needs_a_width_divisible_by_four():
+    with pytest.raises(ValueError, match="divisible by 4"):
+        sincos_2d((8, 8), 30)
+
+
+# -- Muon -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(64, 64), (64, 192), (256, 64)])
+def test_orthogonalize_brings_every_singular_value_near_one(shape):
+    """Singular values spread over 1.5 decades all land in about [0.7, 1.2] (five quintic
+    Newton-Schulz steps; much smaller ones, below ~1/500 of the norm, would not)."""
+    torch.manual_seed(0)
+    rank = min(shape)
+    u = torch.linalg.qr(torch.randn(shape[0], rank)).Q  # (m, r) orthonormal columns
+    v = torch.linalg.qr(torch.randn(shape[1], rank)).Q  # (n, r)
+    matrix = u @ torch.diag(7 * torch.logspace(-1.5, 0, rank)) @ v.T  # sigma 0.22 .. 7
+    singular = torch.linalg.svdvals(orthogonalize(matrix))
+    assert singular.min() > 0.6 and singular.max() < 1.25
+
+
+def test_muon_step_matches_pytorchs_muon_up_to_its_bfloat16():
+    """Our float32 Newton-Schulz and PyTorch's bfloat16 one give the same update, to bf16."""
+    torch.manual_seed(0)
+    ours_w = torch.nn.Parameter(torch.randn(96, 64))
+    theirs_w = torch.nn.Parameter(ours_w.detach().clone())
+    ours = Muon([{"params": [ours_w], "use_muon": True}], lr=0.02, weight_decay=0.1)
+    theirs = torch.optim.Muon([theirs_w], lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    for _ in range(3):
+        grad = torch.randn(96, 64)
+        ours_w.grad, theirs_w.grad = grad.clone(), grad.clone()
+        ours.step(), theirs.step()
+    moved = (ours_w - theirs_w.detach()).abs().max() / (theirs_w.detach()).abs().max()
+    assert moved < 2e-2
+
+
+def test_muon_splits_fused_qkv_and_leaves_embeddings_norms_and_head_to_adamw():
+    model = small_model()
+    groups = muon_param_groups(model, weight_decay=0.05, muon_lr=0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    by_kind = {}
+    for group in groups:
+        key = (group.get("use_muon", False), group.get("splits", 1))
+        by_kind.setdefault(key, []).extend(names[id(p)] for p in group["params"])
+    assert sorted(by_kind[(True, 3)]) == ["blocks.0.attn.qkv.weight", "blocks.1.attn.qkv.weight"]
+    assert "blocks.0.mlp.fc1.weight" in by_kind[(True, 1)]
+    assert "blocks.1.attn.proj.weight" in by_kind[(True, 1)]
+    adamw = by_kind[(False, 1)]
+    for name in ("patch_embed.proj.weight", "pos_embed", "cls_token", "head.weight", "norm.bias"):
+        assert name in adamw
+    assert sum(len(v) for v in by_kind.values()) == len(list(model.parameters()))
+    qkv = next(g for g in groups if g.get("splits") == 3)
+    assert qkv["lr"] == 0.01 and qkv["weight_decay"] == 0.05
+
+
+def test_muon_orthogonalises_query_key_and_value_separately():
+    """q's gradient is 10^6 times smaller than v's: orthogonalised together, q would hardly
+    move; split, each of q, k and v gets an update of the same size."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.zeros(3 * 16, 32))
+    optimizer = Muon([{"params": [weight], "use_muon": True, "splits": 3}], lr=1.0)
+    scales = torch.tensor([1e-3, 1.0, 1e3]).repeat_interleave(16)[:, None]
+    weight.grad = torch.randn(48, 32) * scales
+    optimizer.step()
+    sizes = weight.detach().view(3, 16, 32).norm(dim=(1, 2))  # (3,): q, k, v
+    assert sizes.max() / sizes.min() < 1.2
+    together = orthogonalize(weight.grad).view(3, 16, 32).norm(dim=(1, 2))
+    assert together[0] / together[2] < 1e-2  # what splitting avoids
+
+
+def test_muon_trains_a_small_vit_and_its_state_round_trips():
+    torch.manual_seed(0)
+    model = small_model().train()
+    optimizer = build_optimizer(model, "muon", lr=2e-3, weight_decay=0.0)
+    images, labels = torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+    losses = []
+    for _ in range(15):
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad(), loss.backward(), optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.6 * losses[0]
+    again = build_optimizer(small_model(), "muon", lr=2e-3, weight_decay=0.0)
+    again.load_state_dict(optimizer.state_dict())
+    assert again.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
+
+
+# -- schedules and augmentation ---------------------------------------------------------------
+def test_patch_dropout_anneals_to_zero_over_the_last_epochs():
+    cfg = TrainConfig(epochs=20, patch_drop=0.5, patch_drop_anneal=4)
+    rates = [patch_drop_for_epoch(cfg, epoch) for epoch in range(20)]
+    assert rates[:16] == [0.5] * 16
+    assert rates[16:] == [0.375, 0.25, 0.125, 0.0]
+    assert patch_drop_for_epoch(TrainConfig(epochs=20, patch_drop=0.5), 19) == 0.5
+
+
+def test_alternating_flips_show_every_image_both_ways_over_two_epochs():
+    images = torch.randint(0, 255, (40, 3, 8, 8), dtype=torch.uint8)
+    images[..., :4] = 0  # left half dark: a flipped image has its dark half on the right
+    batches = InMemoryBatches(
+        images, list(range(40)), batch_size=8, mean=(0, 0, 0), std=(1, 1, 1), pad=0,
+        hflip_alternate=True, seed=3,
+    )  # fmt: skip
+    flipped = {}
+    for epoch in range(3):
+        batches.set_epoch(epoch)
+        for x, labels in batches:
+            for image, label in zip(x, labels.tolist(), strict=True):
+                flipped.setdefault(label, []).append(bool(image[..., :4].sum() > 0))
+    assert all(len(v) == 3 and v[0] != v[1] and v[0] == v[2] for v in flipped.values())
+    assert 10 < sum(v[0] for v in flipped.values()) < 30  # a random half starts flipped
+
+
+# -- flip test-time augmentation --------------------------------------------------------------
+def test_flip_tta_scores_the_mean_probability_of_image_and_mirror_beside_the_plain_figure():
+    torch.manual_seed(0)
+    model = small_model().eval()
+    torch.nn.init.normal_(model.head.weight)
+    images, labels = torch.randn(12, 3, 32, 32), torch.randint(0, 10, (12,))
+    loader = [(images[:5], labels[:5]), (images[5:], labels[5:])]
+    result = evaluate(model, loader, num_classes=10, device=torch.device("cpu"), tta="flip")
+    with torch.no_grad():
+        probs = (model(images).softmax(-1) + model(images.flip(-1)).softmax(-1)) / 2
+        plain = model(images)
+    assert result["top1"] == (plain.argmax(1) == labels).float().mean().item()
+    assert result["tta"]["top1"] == (probs.argmax(1) == labels).float().mean().item()
+    expected_loss = torch.nn.functional.nll_loss(probs.log(), labels).item()
+    assert result["tta"]["loss"] == pytest.approx(expected_loss, rel=1e-5)
+    assert "tta" not in evaluate(model, loader, num_classes=10, device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="accepted"):
+        evaluate(model, loader, num_classes=10, device=torch.device("cpu"), tta="crop")
+
+
+# -- defaults --------------------------------------------------------------------------------------
+HEAVY_RECIPE = {
+    "epochs": 200, "batch_size": 128, "lr": 1e-3, "label_smoothing": 0.1, "mixup": 0.8,
+    "cutmix": 1.0, "drop_path": 0.1, "aa": "randaug", "aa_n": 2, "reprob": 0.25, "hflip": 0.5,
+    "crop": "pad", "model_ema": True, "weight_decay": 0.05, "clip_grad": 1.0,
+}  # fmt: skip
+
+
+def test_defaults_are_light_and_the_200_epoch_recipes_keep_every_heavy_setting(train_script):
+    """A short run with default flags must learn: no RandAugment, MixUp, CutMix, erasing or
+    stochastic depth by default; the GPU recipes' YAML files still turn each of them on."""
+    defaults = train_script.parse_config([])
+    assert (defaults.aa, defaults.mixup, defaults.cutmix) == ("none", 0.0, 0.0)
+    assert (defaults.reprob, defaults.drop_path) == (0.0, 0.0)
+    for name in ("cifar10", "cifar100"):
+        recipe = train_script.parse_config(["--config", f"configs/{name}.yaml"])
+        assert {key: getattr(recipe, key) for key in HEAVY_RECIPE} == HEAVY_RECIPE, name

@@ -1,0 +1,176 @@
+"""Optimizers: AdamW everywhere, or Muon for the hidden weight matrices and AdamW for the rest.
+
+Muon (Jordan et al. 2024, "Muon: an optimizer for hidden layers in neural networks") takes
+SGD-momentum's update for a weight matrix and replaces it by the nearest semi-orthogonal
+matrix (all singular values ~1), computed with a few Newton-Schulz iterations. Every direction
+of the matrix then moves by about the same amount, however unequal its gradient's singular
+values were.
+
+PyTorch ships `torch.optim.Muon` (>= 2.9); this one differs where it matters here:
+  * the Newton-Schulz iteration runs in float32: PyTorch's runs in bfloat16, which on a CPU
+    without bf16 matrix units is slower than float32 (benchmarks/muon_step.py measures both);
+  * a fused qkv weight (3D, D) is orthogonalised as three (D, D) matrices, query, key and value,
+    which are three different linear maps that happen to share one matmul.
+Only the transformer blocks' 2-D weights use Muon; the patch embedding, position embeddings,
+class token, norms, biases and the head stay with AdamW (Muon is for hidden layers).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .model import Attention
+
+# Quintic Newton-Schulz coefficients with a steep slope at zero (Jordan et al.): a few steps
+# bring every singular value into roughly [0.7, 1.2], which is all Muon needs.
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def orthogonalize(matrix: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """The nearest semi-orthogonal matrix to `matrix` (m, n), approximately: U V^T of its SVD."""
+    a, b, c = NS_COEFFICIENTS
+    x = matrix.float()
+    tall = x.shape[0] > x.shape[1]
+    if tall:  # iterate on the wide orientation: the Gram matrix x x^T is then the smaller one
+        x = x.T
+    x = x / (x.norm() + eps)  # Frobenius norm >= spectral norm: singular values now <= 1
+    for _ in range(steps):
+        gram = x @ x.T  # (m, m)
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x.T if tall else x).to(matrix.dtype)
+
+
+class Muon(torch.optim.Optimizer):
+    """Muon for groups marked `use_muon`, AdamW for the others, in one optimizer.
+
+    One optimizer object keeps the rest of training unchanged: one learning-rate schedule
+    (each group's lr is scaled by the same factor), one state dict to save and resume.
+
+    Muon groups: momentum, then orthogonalisation per weight matrix, or per block of rows when
+    the group has `splits` > 1. lr is the step size in the RMS sense used by Moonlight (Liu et
+    al. 2025): the orthogonal update is scaled by 0.2 * sqrt(max(m, n)), which gives it AdamW's
+    typical RMS of ~0.2, so a learning rate tuned for AdamW is a sensible start. Weight decay is
+    decoupled, as AdamW's.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        momentum: float = 0.95,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        ns_steps: int = 5,
+    ) -> None:
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            use_muon=False,
+            splits=1,
+        )
+        super().__init__(params, defaults)
+        self.ns_steps = ns_steps
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                param.mul_(1 - group["lr"] * group["weight_decay"])  # decoupled decay
+                if group["use_muon"]:
+                    self._muon_update(param, group)
+                else:
+                    self._adamw_update(param, group)
+        return loss
+
+    def _muon_update(self, param: torch.Tensor, group: dict) -> None:
+        state = self.state[param]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(param)
+        buf = state["momentum_buffer"]
+        buf.lerp_(param.grad, 1 - group["momentum"])
+        update = param.grad.lerp(buf, group["momentum"])  # Nesterov momentum
+        # (splits * m, n) -> splits blocks of (m, n), each orthogonalised on its own
+        blocks = update.reshape(group["splits"], -1, update.shape[-1])
+        update = torch.stack([orthogonalize(block, self.ns_steps) for block in blocks])
+        scale = 0.2 * math.sqrt(max(blocks.shape[1], blocks.shape[2]))
+        param.add_(update.reshape(param.shape), alpha=-group["lr"] * scale)
+
+    def _adamw_update(self, param: torch.Tensor, group: dict) -> None:
+        state = self.state[param]
+        if "step" not in state:
+            state["step"] = torch.zeros((), dtype=torch.float64)
+            state["exp_avg"] = torch.zeros_like(param)
+            state["exp_avg_sq"] = torch.zeros_like(param)
+        state["step"] += 1
+        step = state["step"].item()
+        beta1, beta2 = group["betas"]
+        state["exp_avg"].lerp_(param.grad, 1 - beta1)
+        state["exp_avg_sq"].mul_(beta2).addcmul_(param.grad, param.grad, value=1 - beta2)
+        denom = (state["exp_avg_sq"] / (1 - beta2**step)).sqrt_().add_(group["eps"])
+        param.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1 - beta1**step))
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on weight matrices only: not on biases, norms, pos_embed or cls_token."""
+    skip = set(getattr(model, "no_weight_decay", set)())
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if param.ndim <= 1 or name in skip:
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def muon_param_groups(model: nn.Module, weight_decay: float, muon_lr: float) -> list[dict]:
+    """Muon groups for the blocks' 2-D weights (a fused qkv split in three), then AdamW groups
+    (with `param_groups`' weight-decay rule) for every other trainable parameter."""
+    fused_qkv = {id(m.qkv.weight) for m in model.modules() if isinstance(m, Attention)}
+    whole, split = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad and param.ndim == 2 and name.startswith("blocks."):
+            (split if id(param) in fused_qkv else whole).append(param)
+    in_muon = {id(p) for p in whole + split}
+    muon = [
+        {"params": params, "use_muon": True, "splits": splits}
+        for params, splits in ((whole, 1), (split, 3))
+        if params
+    ]
+    for group in muon:
+        group.update(lr=muon_lr, weight_decay=weight_decay)
+    adamw = [
+        {**group, "params": [p for p in group["params"] if id(p) not in in_muon]}
+        for group in param_groups(model, weight_decay)
+    ]
+    return muon + [g for g in adamw if g["params"]]
+
+
+def build_optimizer(
+    model: nn.Module, name: str, lr: float, weight_decay: float, muon_lr: float | None = None
+) -> torch.optim.Optimizer:
+    """`name` "adamw": AdamW on everything; "muon": Muon (lr `muon_lr`, default `lr`) for the
+    blocks' weight matrices and AdamW for the rest."""
+    if name == "adamw":
+        return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr)
+    if name == "muon":
+        groups = muon_param_groups(model, weight_decay, lr if muon_lr is None else muon_lr)
+        return Muon(groups, lr=lr)
+    raise ValueError(f"unknown optimizer {name!r}; accepted: adamw, muon")
