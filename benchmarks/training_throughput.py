@@ -1,7 +1,13 @@
-"""Training throughput (forward + backward + AdamW step) of CIFAR-sized ViT shapes on this machine.
+"""Training throughput (forward + backward + optimizer step) of CIFAR-sized ViT shapes on this
+machine, and how close it comes to the machine's float32 matmul peak.
 
     python benchmarks/training_throughput.py                       # the default grid
     python benchmarks/training_throughput.py --threads 1 --sizes 16 32 --patch-drop 0 0.5
+    python benchmarks/training_throughput.py --threads 1 --sizes 32 --opt adamw muon
+
+GFLOP/s counts the step's matmul, convolution and attention FLOPs (forward and backward, as
+torch.utils.flop_counter counts them) per second; "% peak" divides it by the float32 matmul
+peak measured first, in the same run, with the same threads (a 1024^3 matmul).
 
 Every (shape, image size, patch-drop rate) row is timed in alternating rounds with the others,
 so that a change in machine load hits every row alike; each row reports its median round.
@@ -16,8 +22,10 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 import vit
+from vit.optim import build_optimizer
 
 # (label, ViTConfig overrides on top of vit_cifar_patch4_32)
 SHAPES = {
@@ -30,7 +38,26 @@ SHAPES = {
 }
 
 
-def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float):
+def matmul_peak_gflops(size: int = 1024, repeats: int = 20) -> float:
+    """The best of `repeats` float32 (size x size) @ (size x size) matmuls, in GFLOP/s."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - started)
+    return 2 * size**3 / best / 1e9
+
+
+def step_flops(step) -> int:
+    """FLOPs of one call of `step` (matmuls, convolutions, attention; forward and backward)."""
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    return counter.get_total_flops()
+
+
+def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float, opt: str):
     """A closure running one training step on a fixed random batch; returns the model too."""
     torch.manual_seed(0)
     model = vit.create_model(
@@ -40,7 +67,7 @@ def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float):
         patch_drop_rate=patch_drop,
         **shape,
     ).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = build_optimizer(model, opt, lr=1e-3, weight_decay=0.05)
     images = torch.randn(batch_size, 3, img_size, img_size)
     labels = torch.randint(0, 10, (batch_size,))
 
@@ -59,20 +86,28 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", type=int, default=[16, 24, 32])
     parser.add_argument("--patch-drop", nargs="+", type=float, default=[0.0])
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--opt", nargs="+", default=["adamw"], choices=["adamw", "muon"])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="training steps per round")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
+    peak = matmul_peak_gflops()
     rows = {}
     for label in args.shapes:
         for size in args.sizes:
             for drop in args.patch_drop:
-                model, step = make_step(SHAPES[label], size, args.batch_size, drop)
-                step()  # warm-up: allocator, kernels
-                params = sum(p.numel() for p in model.parameters()) / 1e6
-                rows[(label, size, drop)] = {"step": step, "times": [], "params": params}
+                for opt in args.opt:
+                    model, step = make_step(SHAPES[label], size, args.batch_size, drop, opt)
+                    step()  # warm-up: allocator, kernels
+                    params = sum(p.numel() for p in model.parameters()) / 1e6
+                    rows[(label, size, drop, opt)] = {
+                        "step": step,
+                        "times": [],
+                        "params": params,
+                        "flops": step_flops(step),
+                    }
     for _ in range(args.rounds):
         for row in rows.values():
             started = time.perf_counter()
@@ -82,18 +117,21 @@ def main() -> None:
 
     print(
         f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch_size}, "
-        f"float32, median of {args.rounds} rounds of {args.steps} steps"
+        f"float32, median of {args.rounds} rounds of {args.steps} steps; "
+        f"float32 matmul peak {peak:.1f} GFLOP/s"
     )
     print(
-        "| shape | params | image | tokens | patch drop | img/s |\n|---|---:|---:|---:|---:|---:|"
+        "| shape | params | image | tokens | patch drop | optimizer | img/s | GFLOP/s | % peak |\n"
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|"
     )
-    for (label, size, drop), row in rows.items():
+    for (label, size, drop, opt), row in rows.items():
         tokens = (size // 4) ** 2
         kept = tokens - int(tokens * drop)
-        per_second = args.batch_size * args.steps / statistics.median(row["times"])
+        seconds = statistics.median(row["times"]) / args.steps  # one step
+        gflops = row["flops"] / seconds / 1e9
         print(
-            f"| {label} | {row['params']:.2f}M | {size} | {kept}+1 | {drop:.2f} | "
-            f"{per_second:.0f} |"
+            f"| {label} | {row['params']:.2f}M | {size} | {kept}+1 | {drop:.2f} | {opt} | "
+            f"{args.batch_size / seconds:.0f} | {gflops:.1f} | {100 * gflops / peak:.0f}% |"
         )
 
 
