@@ -167,15 +167,11 @@ def save_training_state(state: dict, path: Path) -> None:
 
 
 def load_training_state(path: Path) -> dict:
-    """The dict `TrainingState.state_dict` saved; ValueError naming the file if it is truncated,
-    corrupt or not a training state."""
+    """What `save_training_state` saved; ValueError naming the file if it is truncated or
+    corrupt."""
     from .weights import torch_load  # weights_only, and a one-line diagnosis of a bad file
 
-    state = torch_load(path)
-    if not isinstance(state, dict) or not {"model", "optimizer", "epoch", "rng"} <= set(state):
-        keys = sorted(map(str, state))[:8] if isinstance(state, dict) else type(state).__name__
-        raise ValueError(f"{path} is not a training state saved by train.py (it holds {keys})")
-    return state
+    return torch_load(path)
 
 
 # -- the run folder, as a whole ------------------------------------------------------------------
@@ -245,6 +241,9 @@ class CheckpointSaver:
         if not self.state_path.is_file():
             raise ValueError(f"--resume {self.run_dir}: no {STATE_FILE} there")
         saved = load_training_state(self.state_path)
+        if not isinstance(saved, dict) or not {"model", "optimizer", "epoch", "rng"} <= set(saved):
+            held = sorted(map(str, saved))[:8] if isinstance(saved, dict) else type(saved).__name__
+            raise ValueError(f"{self.state_path} is not a training state of train.py ({held})")
         try:
             state.load_state_dict(saved)
         except ValueError as e:

@@ -144,7 +144,7 @@ def torch_load(path: Path):
             ) from e
         if code:
             raise ValueError(
-                f"refused to load {path}: it is a pickle that names code to run while loading "
+                f"refused to load {path}: it is a pickle that would run code while loading "
                 f"({', '.join(code[:3])}), and only tensors and plain containers are read; save "
                 f"the weights alone (torch.save(model.state_dict(), ...) or .safetensors)"
             ) from e
@@ -194,6 +194,7 @@ def _pickled_callables(path: Path) -> list[str] | None:
         pickles += 1
     if not pickles:
         return None
+    found = [name.replace("__builtin__.", "builtins.") for name in found]  # pickle protocol 2
     return [name for name in dict.fromkeys(found) if not name.startswith(SAFE_PICKLE_MODULES)]
 
 
