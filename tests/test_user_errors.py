@@ -15,7 +15,6 @@ import torch
 import yaml
 
 import vit
-import vit.cli as cli
 import vit.engine as engine
 from vit.model import VisionTransformer
 from vit.predict import main as predict_main
@@ -371,6 +370,8 @@ def test_predict_accepts_a_run_folder(finished_run, image_folder, capsys):
 
 # -- defaults picked from the machine, warnings ------------------------------------------------
 def test_default_workers_follow_the_cores(monkeypatch):
+    import vit.cli as cli
+
     for cores, workers in ((1, 0), (2, 1), (3, 2), (64, 4)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda _, n=cores: set(range(n)))
         assert cli.default_workers() == workers
