@@ -67,7 +67,17 @@ def command(processes: int, flags: list[str], data: str, out: Path) -> list[str]
     launcher = [sys.executable]
     if processes > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
-    return launcher + ["train.py", *BASE, "--data", data, *flags, "--output-dir", str(out)]
+    # --overwrite: a rerun of the benchmark replaces the rows it runs again
+    return launcher + [
+        "train.py",
+        *BASE,
+        "--data",
+        data,
+        *flags,
+        "--output-dir",
+        str(out),
+        "--overwrite",
+    ]
 
 
 def main() -> None:

@@ -368,6 +368,27 @@ def test_predict_accepts_a_run_folder(finished_run, image_folder, capsys):
     assert out[0] == str(image) and out[1].strip().endswith(("blue", "green", "red"))
 
 
+SHIP = "../shared/data/cifar10-jpg/test/ship/0001.jpg"  # from the repository root
+
+
+@pytest.mark.skipif(not (ROOT / SHIP).is_file(), reason=f"{SHIP} is not there")
+def test_readme_predict_example_is_what_predict_prints(monkeypatch, capsys, one_thread):
+    monkeypatch.chdir(ROOT)
+    argv = [SHIP, "--checkpoint", "weights/cifar10_vit_cpu.safetensors", "--top-k", "3"]
+    assert predict_main(argv) == 0
+    printed = capsys.readouterr().out
+    example = f"$ python -m vit.predict {' '.join(argv)}\n{printed}```"
+    assert example in (ROOT / "README.md").read_text()
+
+
+def test_export_tolerance_is_checked(capsys):
+    from vit.export import main as export_main
+
+    with pytest.raises(SystemExit):
+        export_main(["vit_tiny_patch16_224", "--onnx", "x.onnx", "--tolerance", "-1"])
+    assert "argument --tolerance: -1 is outside the accepted range" in capsys.readouterr().err
+
+
 # -- defaults picked from the machine, warnings ------------------------------------------------
 def test_default_workers_follow_the_cores(monkeypatch):
     import vit.cli as cli
