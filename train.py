@@ -185,6 +185,10 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         check_settings(cfg)
     except ValueError as e:
         parser.error(str(e))
+    if cfg.cache_dir is not None:
+        problem = unwritable("--cache-dir", cfg.cache_path, folder=True)
+        if problem:
+            parser.error(problem)
     if not cfg.resume and cfg.output_dir is not None:
         problem = output_dir_problem(Path(cfg.output_dir), overwrite)
         if problem:

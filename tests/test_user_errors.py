@@ -215,6 +215,38 @@ def test_unknown_model_kwargs_key_leaves_no_run_folder(
     assert not run.exists()
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--pretrained", "nope.safetensors"), "weights file not found: nope.safetensors"),
+        (("--model", "vit_nope"), "--model vit_nope: unknown model name 'vit_nope'"),
+        (("--img-size", "30"), "--model vit_cifar_patch4_32: img_size height 30 is not a multiple"),
+        (("--model-kwargs", "depth=abc"), "--model-kwargs: "),
+        (
+            ("--batch-augment", "--aa", "none", "--progressive-size", "64"),
+            "--progressive-size 64 is larger than the model's input size 32",
+        ),
+    ],
+    ids=["missing-weights", "unknown-model", "img-size", "kwarg-type", "progressive-size"],
+)
+def test_settings_found_wrong_at_start_leave_no_run_folder(
+    image_folder, tmp_path, train_script, tiny_args, capsys, flags, message
+):
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1, *flags)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"train.py: error: {message}"), err
+    assert not run.exists()
+
+
+def test_cache_dir_that_is_a_file_is_refused(image_folder, tmp_path, train_script, tiny_args,
+                                             capsys):  # fmt: skip
+    file = tmp_path / "cache"
+    file.write_text("a file")
+    args = tiny_args(image_folder, tmp_path / "run", 1) + ["--cache-dir", str(file)]
+    assert f"--cache-dir {file}: exists and is not a folder" in refused(train_script, args, capsys)
+
+
 def test_typo_in_yaml_key_leaves_no_run_folder(tmp_path, train_script, capsys):
     config = tmp_path / "c.yaml"
     config.write_text("learning_rate: 0.1\n")

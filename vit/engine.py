@@ -136,6 +136,8 @@ def build_model(cfg: TrainConfig, class_names: list[str]) -> VisionTransformer:
         )
     except TypeError as e:  # create_model's word for a --model-kwargs key it does not know
         raise ValueError(f"--model-kwargs: {e}") from e
+    except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
+        raise ValueError(f"--model {cfg.model}: {e}") from e
     model.class_names = list(class_names)
     return model
 
