@@ -81,12 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def default_output_dir(checkpoint: str, data: str) -> Path:
-    """RUN/eval-DATA for a run folder or a run's weights; ./eval-NAME-DATA for any other file
-    (a folder of downloaded weights is not the place) or a model name."""
+def default_output_dir(checkpoint: str, data: str, split: str = "test") -> Path:
+    """RUN/eval-DATA for a run folder or its model.safetensors (RUN/eval-best-DATA for its
+    best.safetensors, and so on); ./eval-NAME-DATA for any other file (a folder of downloaded
+    weights is not the place) or a model name. `-train` is appended for the training split,
+    so that no evaluation replaces another's report."""
     from vit.checkpoint import CONFIG_FILE, STATE_FILE
 
-    data_name = Path(data.rstrip("/")).name or data
+    data_name = (Path(data.rstrip("/")).name or data) + ("" if split == "test" else f"-{split}")
     path = Path(checkpoint)
     if path.is_dir():
         return path / f"eval-{data_name}"
@@ -94,7 +96,8 @@ def default_output_dir(checkpoint: str, data: str) -> Path:
         (path.parent / name).is_file() for name in (CONFIG_FILE, STATE_FILE)
     )
     if path.is_file() and in_run:
-        return path.parent / f"eval-{data_name}"
+        weights = "" if path.name == RUN_WEIGHTS[0] else f"{path.stem}-"
+        return path.parent / f"eval-{weights}{data_name}"
     return Path(f"eval-{path.stem if path.is_file() else checkpoint}-{data_name}")
 
 
@@ -155,7 +158,7 @@ def label_mapping(data_classes: list[str], model_classes: list[str] | None, num_
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    out_dir = args.output_dir or default_output_dir(args.checkpoint, args.data)
+    out_dir = args.output_dir or default_output_dir(args.checkpoint, args.data, args.split)
     json_path = args.json or out_dir / "report.json"
     for flag, path, folder in (("--output-dir", out_dir, True), ("--json", json_path, False)):
         problem = unwritable(flag, path, folder)

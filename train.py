@@ -163,6 +163,8 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
                 f"each epoch); start that run again with {again}--output-dir {run} --overwrite, "
                 f"or resume another folder"
             )
+        if first.overwrite:
+            parser.error(f"--resume {run} continues that run; --overwrite would start anew")
         if first.output_dir is not None and Path(first.output_dir) != run:
             parser.error(
                 f"--resume {run} continues in its own folder; leave out --output-dir "

@@ -320,6 +320,21 @@ def test_resume_into_another_output_dir_is_refused(finished_run, tmp_path, train
     assert "continues in its own folder" in err and not other.exists()
 
 
+def test_resume_with_overwrite_is_refused(finished_run, train_script, capsys):
+    err = refused(train_script, ["--resume", str(finished_run), "--overwrite"], capsys)
+    assert "--overwrite would start anew" in err
+
+
+def test_default_run_folders_never_share_a_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(engine.time, "strftime", lambda _: "20260101-000000")
+    cfg = engine.TrainConfig(data="some/folder/")
+    first = engine.default_run_dir(cfg, engine.DistInfo())
+    assert first == "runs/vit_cifar_patch4_32-folder-20260101-000000"
+    Path(first).mkdir(parents=True)
+    assert engine.default_run_dir(cfg, engine.DistInfo()) == f"{first}-2"
+
+
 def test_output_dir_that_is_a_file_is_refused(image_folder, tmp_path, train_script, tiny_args,
                                               capsys):  # fmt: skip
     file = tmp_path / "run"
@@ -381,6 +396,23 @@ def test_evaluate_of_a_bare_weights_file_writes_to_the_working_folder(
     err = capsys.readouterr().err
     assert f"evaluate.py: wrote {out / 'confusion_matrix.png'} and {out / 'report.json'}" in err
     assert "\r" not in err and "it/s" not in err  # no progress bar when stderr is not a terminal
+
+
+def test_evaluate_outputs_of_different_evaluations_do_not_share_a_folder(
+    finished_run, tmp_path, evaluate_script
+):
+    where = evaluate_script.default_output_dir
+    data = "../data/cifar10-jpg/"
+    assert where(str(finished_run), data) == finished_run / "eval-cifar10-jpg"
+    assert where(str(finished_run / "model.safetensors"), data) == finished_run / "eval-cifar10-jpg"
+    best = finished_run / "best.safetensors"
+    assert where(str(best), data) == finished_run / "eval-best-cifar10-jpg"
+    assert where(str(finished_run), data, "train") == finished_run / "eval-cifar10-jpg-train"
+    bare = tmp_path / "weights" / "vit.safetensors"
+    bare.parent.mkdir()
+    shutil.copy(best, bare)
+    assert where(str(bare), "cifar10") == Path("eval-vit-cifar10")  # not weights/
+    assert where("vit_tiny_patch16_224", "imagenet") == Path("eval-vit_tiny_patch16_224-imagenet")
 
 
 def test_evaluate_refuses_an_unwritable_report_before_any_work(

@@ -361,9 +361,14 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, overwrite: bool = Fals
 
 
 def default_run_dir(cfg: TrainConfig, info: DistInfo) -> str:
-    """runs/MODEL-DATA-TIMESTAMP, chosen by rank 0 and shared so every process agrees."""
+    """runs/MODEL-DATA-TIMESTAMP (-2, -3, ... when a run started in the same second), chosen
+    by rank 0 and shared so every process agrees."""
     data_name = Path(cfg.data.rstrip("/")).name or cfg.data
-    name = [f"runs/{cfg.model}-{data_name}-{time.strftime('%Y%m%d-%H%M%S')}"]
+    base = f"runs/{cfg.model}-{data_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name, count = [base], 1
+    while Path(name[0]).exists():  # never into another run's folder
+        count += 1
+        name = [f"{base}-{count}"]
     if info.enabled:
         torch.distributed.broadcast_object_list(name, src=0)
     return name[0]
