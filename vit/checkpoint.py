@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 import random
 import shutil
@@ -189,8 +190,6 @@ def run_files(folder: Path) -> list[Path]:
 def _is_eval_report(path: Path) -> bool:
     """A JSON report evaluate.py wrote there (`--json RUN/eval.json`): it would describe the
     previous model."""
-    import json
-
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError):
