@@ -450,7 +450,20 @@ def test_export_tolerance_is_checked(capsys):
 
     with pytest.raises(SystemExit):
         export_main(["vit_tiny_patch16_224", "--onnx", "x.onnx", "--tolerance", "-1"])
-    assert "argument --tolerance: -1 is outside the accepted range" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "python -m vit.export: error: argument --tolerance: -1 is outside the accepted range: "
+        "a number >= 0"
+    )
+
+
+def test_predict_flag_errors_are_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        predict_main([str(tmp_path), "--model", "vit_tiny_patch16_224", "--top-k", "0"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "python -m vit.predict: error: --top-k must be at least 1, got 0"
+    )
 
 
 # -- defaults picked from the machine, warnings ------------------------------------------------

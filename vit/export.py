@@ -27,7 +27,7 @@ from types import ModuleType
 import torch
 from safetensors.torch import save_file
 
-from .cli import NON_NEGATIVE, number_in
+from .cli import NON_NEGATIVE, ArgumentParser, number_in
 from .configs import list_models
 from .factory import create_model
 from .io import atomic_write, atomic_write_dir
@@ -267,7 +267,7 @@ def load_checkpoint(checkpoint: str, name: str | None) -> VisionTransformer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(  # a bad flag: one line, not the usage text
         prog="python -m vit.export",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 2)[2],

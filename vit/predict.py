@@ -35,7 +35,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from . import explain
-from .cli import unwritable
+from .cli import ArgumentParser, unwritable
 from .configs import list_models
 from .distributed import DistInfo, resolve_device
 from .factory import create_model, create_transform, load_model
@@ -218,7 +218,7 @@ def save_explanations(
 
 # -- command line --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(  # a bad flag: one line, not the usage text
         prog="python -m vit.predict",
         description="Top-k classes for each image.",
     )
