@@ -112,6 +112,11 @@ def load_for_eval(checkpoint: str, pretrained: str | None) -> torch.nn.Module:
         if not path.is_file():
             raise FileNotFoundError(f"{checkpoint} has no model.safetensors: is it a run folder?")
     if path.suffix == ".safetensors" and path.is_file():
+        if pretrained:  # it would be ignored: say so rather than evaluate other weights
+            raise ValueError(
+                f"--pretrained {pretrained} goes with a model name; --checkpoint {checkpoint} "
+                f"holds its own weights: leave out --pretrained, or name a model"
+            )
         return vit.load_model(path)
     if checkpoint in vit.list_models():
         if not pretrained:

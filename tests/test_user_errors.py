@@ -415,6 +415,16 @@ def test_evaluate_outputs_of_different_evaluations_do_not_share_a_folder(
     assert where("vit_tiny_patch16_224", "imagenet") == Path("eval-vit_tiny_patch16_224-imagenet")
 
 
+def test_evaluate_pretrained_with_a_run_folder_is_refused(
+    finished_run, image_folder, tmp_path, evaluate_script, capsys
+):
+    argv = ["--checkpoint", str(finished_run), "--pretrained", "other.safetensors", "--data",
+            str(image_folder), "--output-dir", str(tmp_path / "out")]  # fmt: skip
+    assert evaluate_script.main(argv) == 2
+    assert "--pretrained other.safetensors goes with a model name" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_evaluate_refuses_an_unwritable_report_before_any_work(
     finished_run, image_folder, tmp_path, evaluate_script, capsys
 ):
