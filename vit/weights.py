@@ -156,7 +156,7 @@ def torch_load(path: Path):
         raise ValueError(f"cannot read {path}: {e}") from e
     except Exception as e:  # torch's readers fail in many ways on bytes that are not theirs
         raise ValueError(
-            f"cannot read {path}: truncated, or not a torch checkpoint ({type(e).__name__}: "
+            f"cannot read {path}: not a checkpoint, or a truncated one ({type(e).__name__}: "
             f"{str(e).split('. ')[0].splitlines()[0] if str(e) else 'no details'})"
         ) from e
 
