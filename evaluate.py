@@ -7,6 +7,10 @@
 A run folder means its model.safetensors. A model name (with --pretrained, or --pretrained PATH)
 is evaluated on an ImageNet-style folder: class folders named by WordNet ids (n01440764, ...)
 are matched to the model's 1000 ImageNet classes, whichever subset of them is present.
+
+Outputs (confusion_matrix.png, report.json) go to --output-dir, by default RUN/eval-DATA/ for a
+run folder or a run's weights file, and ./eval-NAME-DATA/ for any other file or a model name
+(never silently into a folder of weights); the last line says where they went.
 """
 
 from __future__ import annotations
@@ -16,24 +20,22 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+# Only light modules here: --help and flag errors must not wait for torch.
+from vit.cli import AT_LEAST_0, AT_LEAST_1, ArgumentParser, default_workers, number_in, unwritable
 
-import vit
-from vit.data import load_split
-from vit.distributed import DistInfo, resolve_device
-from vit.engine import TTA_CHOICES, evaluate
-from vit.images import CorruptImageError
-from vit.io import atomic_write
-from vit.loaders import eval_loader
-from vit.plots import plot_confusion_matrix, save_figure
-from vit.train_config import pretrained_weights
-from vit.transforms import EvalTransform
+if TYPE_CHECKING:
+    import torch
+
+RUN_WEIGHTS = ("model.safetensors", "best.safetensors")  # the names a run folder's weights have
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    p = ArgumentParser(
+        prog="evaluate.py",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "--checkpoint",
@@ -54,37 +56,75 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--data-root", default="data", help="where CIFAR is downloaded")
     p.add_argument("--split", default="test", choices=("test", "train"))
-    p.add_argument("--subset", type=int, help="evaluate on N images, stratified by class")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument(
+        "--subset", type=number_in(AT_LEAST_1), help="evaluate on N images, stratified by class"
+    )
+    p.add_argument("--batch-size", type=number_in(AT_LEAST_1), default=256)
+    workers = default_workers()
+    p.add_argument(
+        "--workers",
+        type=number_in(AT_LEAST_0),
+        default=workers,
+        help=f"data loader processes (default: one per spare core, at most 4: {workers} here)",
+    )
     p.add_argument("--device", default="auto")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast")
     p.add_argument(
         "--tta",
         default="none",
-        choices=TTA_CHOICES,
+        choices=("none", "flip"),
         help="test-time augmentation: flip also scores the mean of each image's and its mirror "
         "image's probabilities, reported beside the plain figures",
     )
-    p.add_argument("--json", type=Path, help="write the report here (default: beside the PNG)")
+    p.add_argument(
+        "--json", type=Path, help="write the report here (default: OUTPUT_DIR/report.json)"
+    )
     p.add_argument(
         "--output-dir",
         type=Path,
-        help="where confusion_matrix.png goes (default: RUN/eval-DATA/ or beside "
-        "the file; ./eval-MODEL-DATA for a model name)",
+        help="where confusion_matrix.png (and report.json) go (default: RUN/eval-DATA/ for a "
+        "run's weights, else ./eval-NAME-DATA/)",
     )
     return p
 
 
-def load_for_eval(checkpoint: str, pretrained: str | None) -> tuple[torch.nn.Module, Path]:
-    """(model with .class_names and .preprocess, default output folder) from the argument."""
+def default_output_dir(checkpoint: str, data: str, split: str = "test") -> Path:
+    """RUN/eval-DATA for a run folder or its model.safetensors (RUN/eval-best-DATA for its
+    best.safetensors, and so on); ./eval-NAME-DATA for any other file (a folder of downloaded
+    weights is not the place) or a model name. `-train` is appended for the training split,
+    so that no evaluation replaces another's report."""
+    from vit.checkpoint import CONFIG_FILE, STATE_FILE
+
+    data_name = (Path(data.rstrip("/")).name or data) + ("" if split == "test" else f"-{split}")
+    path = Path(checkpoint)
+    if path.is_dir():
+        return path / f"eval-{data_name}"
+    in_run = path.name in RUN_WEIGHTS or any(
+        (path.parent / name).is_file() for name in (CONFIG_FILE, STATE_FILE)
+    )
+    if path.is_file() and in_run:
+        weights = "" if path.name == RUN_WEIGHTS[0] else f"{path.stem}-"
+        return path.parent / f"eval-{weights}{data_name}"
+    return Path(f"eval-{path.stem if path.is_file() else checkpoint}-{data_name}")
+
+
+def load_for_eval(checkpoint: str, pretrained: str | None) -> torch.nn.Module:
+    """The model (with .class_names and .preprocess) the --checkpoint argument names."""
+    import vit
+    from vit.train_config import pretrained_weights
+
     path = Path(checkpoint)
     if path.is_dir():
         path = path / "model.safetensors"
         if not path.is_file():
             raise FileNotFoundError(f"{checkpoint} has no model.safetensors: is it a run folder?")
     if path.suffix == ".safetensors" and path.is_file():
-        return vit.load_model(path), path.parent
+        if pretrained:  # it would be ignored: say so rather than evaluate other weights
+            raise ValueError(
+                f"--pretrained {pretrained} goes with a model name; --checkpoint {checkpoint} "
+                f"holds its own weights: leave out --pretrained, or name a model"
+            )
+        return vit.load_model(path)
     if checkpoint in vit.list_models():
         if not pretrained:
             raise ValueError(
@@ -93,7 +133,7 @@ def load_for_eval(checkpoint: str, pretrained: str | None) -> tuple[torch.nn.Mod
             )
         model = vit.create_model(checkpoint, pretrained=pretrained_weights(pretrained))
         model.class_names = imagenet_class_ids() if model.num_classes == 1000 else None
-        return model, Path(f"eval-{checkpoint}")
+        return model
     raise FileNotFoundError(
         f"--checkpoint {checkpoint}: not a run folder, an existing .safetensors file or a model "
         f"name (see vit.list_models())"
@@ -128,10 +168,19 @@ def label_mapping(data_classes: list[str], model_classes: list[str] | None, num_
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    out_dir = args.output_dir or default_output_dir(args.checkpoint, args.data, args.split)
+    json_path = args.json or out_dir / "report.json"
+    for flag, path, folder in (("--output-dir", out_dir, True), ("--json", json_path, False)):
+        problem = unwritable(flag, path, folder)
+        if problem:
+            parser.error(problem)
+    from vit.images import CorruptImageError
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
-        report = run(args)
+        report = run(args, out_dir, json_path)
     except (CorruptImageError, FileNotFoundError, ValueError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2
@@ -145,13 +194,23 @@ def main(argv: list[str] | None = None) -> int:
             f"top-1 {100 * tta['top1']:.2f}%  top-5 {100 * tta['top5']:.2f}%  "
             f"with {tta['method']} test-time augmentation"
         )
+    print(f"evaluate.py: wrote {report['confusion_matrix_png']} and {json_path}", file=sys.stderr)
     return 0
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
+    """Evaluate, then write the confusion matrix PNG into `out_dir` and the report to
+    `json_path`; returns the report."""
+    from vit.data import load_split
+    from vit.distributed import DistInfo, resolve_device
+    from vit.engine import evaluate
+    from vit.io import atomic_write
+    from vit.loaders import eval_loader
+    from vit.plots import plot_confusion_matrix, save_figure
+    from vit.transforms import EvalTransform
+
     device = resolve_device(args.device, DistInfo())
-    model, default_dir = load_for_eval(args.checkpoint, args.pretrained)
-    model = model.to(device).eval()
+    model = load_for_eval(args.checkpoint, args.pretrained).to(device).eval()
     data = load_split(
         args.data,
         args.split,
@@ -185,7 +244,6 @@ def run(args: argparse.Namespace) -> dict:
     confusion = result["confusion"][present][:, present]
     names = [class_names[i] for i in present]
     data_name = Path(args.data.rstrip("/")).name
-    out_dir = args.output_dir or (default_dir / f"eval-{data_name}")
     out_dir.mkdir(parents=True, exist_ok=True)
     title = f"{args.checkpoint} on {data_name} ({args.split}): top-1 {100 * result['top1']:.1f}%"
     figure = plot_confusion_matrix(confusion, names, title=title)
@@ -209,7 +267,6 @@ def run(args: argparse.Namespace) -> dict:
             **{key: tta[key] for key in ("top1", "top5", "loss")},
             "per_class": {class_names[i]: tta["per_class"][i] for i in present},
         }
-    json_path = args.json or out_dir / "report.json"
     atomic_write(Path(json_path), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
     return report
 

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import yaml
 
-from vit import distributed
-from vit.engine import CONFIG_FILE, NonFiniteLossError, train
-from vit.images import CorruptImageError
-from vit.train_config import TrainConfig
+# Only light modules here: `train.py --help` must not wait for torch (the engine is imported
+# once the flags are read).
+from vit.cli import ArgumentParser, unwritable
+from vit.train_config import TrainConfig, check_settings
 
 GROUPS = ("data", "model", "optimisation", "augmentation", "run")
 
@@ -71,9 +71,10 @@ def flag_options(f: dataclasses.Field, annotation) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """One flag per TrainConfig field (`--batch-size` for batch_size), plus --config."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    """One flag per TrainConfig field (`--batch-size` for batch_size), plus --config and
+    --overwrite (what to do, not how to train: they are not saved with the run)."""
+    parser = ArgumentParser(
+        prog="train.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     groups = {name: parser.add_argument_group(name) for name in GROUPS}
     hints = typing.get_type_hints(TrainConfig)
@@ -82,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
         groups[f.metadata["group"]].add_argument(flag, **flag_options(f, hints[f.name]))
     help = "YAML file of settings (keys: field or flag names)"
     groups["run"].add_argument("--config", type=Path, help=help)
+    help = (
+        "train into an --output-dir that holds a run, replacing it: the previous run's files "
+        "(weights, state, metrics, eval-*/ reports) are removed once the new run starts"
+    )
+    groups["run"].add_argument("--overwrite", action="store_true", help=help)
     return parser
 
 
@@ -134,13 +140,37 @@ def _convert(key: str, value, options: dict, source: str):
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
     """Command line -> TrainConfig: defaults < resumed run's config < --config YAML < flags."""
+    return parse_command(argv)[0]
+
+
+def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
+    """Command line -> (TrainConfig, --overwrite), every value checked: a bad value, a run
+    folder that cannot be resumed, or one that would be trained over exits in one line, before
+    anything is written."""
     parser = build_parser()
-    first, _ = parser.parse_known_args(argv)  # where the YAML layers come from
+    first, _ = parser.parse_known_args(argv)  # where the YAML layers come from (--help exits)
+    from vit.checkpoint import CONFIG_FILE, STATE_FILE  # after --help: it imports torch
+
     layers = []
     if first.resume:
-        if not Path(first.resume).is_dir():
-            parser.error(f"--resume {first.resume}: no such run folder")
-        saved = Path(first.resume) / CONFIG_FILE
+        run = Path(first.resume)
+        if not run.is_dir():
+            parser.error(f"--resume {run}: no such run folder")
+        if not (run / STATE_FILE).is_file():
+            again = f"--config {run / CONFIG_FILE} " if (run / CONFIG_FILE).is_file() else ""
+            parser.error(
+                f"--resume {run}: no checkpoint there ({STATE_FILE} is written at the end of "
+                f"each epoch); start that run again with {again}--output-dir {run} --overwrite, "
+                f"or resume another folder"
+            )
+        if first.overwrite:
+            parser.error(f"--resume {run} continues that run; --overwrite would start anew")
+        if first.output_dir is not None and Path(first.output_dir) != run:
+            parser.error(
+                f"--resume {run} continues in its own folder; leave out --output-dir "
+                f"{first.output_dir}"
+            )
+        saved = run / CONFIG_FILE
         layers += [saved] if saved.is_file() else []  # absent if killed before writing it
     if first.config is not None:
         layers.append(first.config)
@@ -148,27 +178,70 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         parser.set_defaults(**read_yaml_config(path))
     settings = vars(parser.parse_args(argv))
     del settings["config"]
+    overwrite = settings.pop("overwrite")
     settings["model_kwargs"] = dict(settings["model_kwargs"] or {})
     if first.resume:
         settings["resume"] = settings["output_dir"] = str(first.resume)
-    return TrainConfig(**settings)
+    cfg = TrainConfig(**settings)
+    try:
+        check_settings(cfg)
+    except ValueError as e:
+        parser.error(str(e))
+    if cfg.cache_dir is not None:
+        problem = unwritable("--cache-dir", cfg.cache_path, folder=True)
+        if problem:
+            parser.error(problem)
+    if not cfg.resume and cfg.output_dir is not None:
+        problem = output_dir_problem(Path(cfg.output_dir), overwrite)
+        if problem:
+            parser.error(problem)
+    return cfg, overwrite
+
+
+def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
+    """Why a new run cannot go into `folder` (None if it can): it is a file, it cannot be
+    written, or it holds a run that only --overwrite may replace."""
+    from vit.checkpoint import run_files
+
+    problem = unwritable("--output-dir", folder, folder=True)
+    if problem:
+        return problem
+    previous = run_files(folder)
+    if previous and not overwrite:
+        names = ", ".join(p.name for p in previous[:4]) + (", ..." if len(previous) > 4 else "")
+        return (
+            f"--output-dir {folder} holds a run ({names}); continue it with --resume {folder}, "
+            f"train into a new folder, or pass --overwrite to replace it"
+        )
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_config(argv)
+    cfg, overwrite = parse_command(argv)
+    from vit import distributed
+    from vit.engine import NonFiniteLossError, train
+    from vit.images import CorruptImageError
+
     info = distributed.from_env()
     logging.basicConfig(
         level=logging.INFO if info.is_main else logging.WARNING,
         format="%(asctime)s %(levelname)s %(message)s",
     )
     try:
-        train(cfg, info)
+        train(cfg, info, overwrite=overwrite)
     except NonFiniteLossError as e:
         print(f"train.py: stopped: {e}", file=sys.stderr)
         return 1
     except (CorruptImageError, FileNotFoundError, ValueError) as e:
         print(f"train.py: error: {e}", file=sys.stderr)
         return 2
+    if info.is_main:
+        print(
+            f"train.py: wrote {cfg.output_dir}/: model.safetensors (the final weights), "
+            f"best.safetensors, metrics.csv, curves.png, tensorboard/, config.yaml, "
+            f"training_state.pt",
+            file=sys.stderr,
+        )
     return 0
 
 

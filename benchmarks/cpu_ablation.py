@@ -44,7 +44,8 @@ def command(flags: list[str], data: str, seed: int, out: Path) -> list[str]:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     launcher += [f"--nproc_per_node={PROCESSES}"]
     run = ["train.py", *BASE, "--data", data, "--seed", str(seed), *flags]
-    return launcher + run + ["--output-dir", str(out)]
+    # --overwrite: a rerun of the benchmark replaces the rows it runs again
+    return launcher + run + ["--output-dir", str(out), "--overwrite"]
 
 
 def evaluate(run: Path, data: str) -> dict:

@@ -129,6 +129,7 @@ def test_resume_reads_the_run_config_and_flags_win(tmp_path, train_script):
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text(yaml.safe_dump({"epochs": 2, "lr": 0.01, "data": "x"}))
+    (run / "training_state.pt").write_bytes(b"")  # only read once training starts
     cfg = train_script.parse_config(["--resume", str(run), "--epochs", "5"])
     assert (cfg.epochs, cfg.lr, cfg.data, cfg.output_dir) == (5, 0.01, "x", str(run))
 
@@ -141,15 +142,15 @@ def test_every_setting_is_a_flag_and_every_flag_a_setting(train_script):
         for option in action.option_strings
         if option.startswith("--") and not option.startswith("--no-")
     }
-    assert flags - {"help", "config"} == set(engine.TrainConfig.field_names())
+    assert flags - {"help", "config", "overwrite"} == set(engine.TrainConfig.field_names())
     cfg = train_script.parse_config([])
     assert cfg == engine.TrainConfig()  # the flags' defaults are the dataclass's
 
 
 def test_flag_values_keep_their_meaning(train_script):
     parse = train_script.parse_config
-    cfg = parse(["--train-subset", "0", "--img-size", "48", "--cache-dir", "none", "--no-cache"])
-    assert (cfg.train_subset, cfg.img_size, cfg.cache_dir, cfg.cache) == (0, 48, None, False)
+    cfg = parse(["--train-subset", "5", "--img-size", "48", "--cache-dir", "none", "--no-cache"])
+    assert (cfg.train_subset, cfg.img_size, cfg.cache_dir, cfg.cache) == (5, 48, None, False)
     assert parse(["--test-subset", "none"]).test_subset is None
     assert not parse(["--clip-grad", "0"]).clip_grad  # 0: no clipping
     assert parse(["--clip-grad", "none"]).clip_grad is None

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 import random
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +34,17 @@ STATE_FILE = "training_state.pt"
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.csv"
 LAST_WEIGHTS, BEST_WEIGHTS = "model.safetensors", "best.safetensors"
+CURVES_FILE, TENSORBOARD_DIR = "curves.png", "tensorboard"
+# What a run folder holds once a run wrote into it (evaluate.py adds eval-DATA/ folders).
+RUN_FILES = (
+    CONFIG_FILE,
+    METRICS_FILE,
+    CURVES_FILE,
+    TENSORBOARD_DIR,
+    STATE_FILE,
+    LAST_WEIGHTS,
+    BEST_WEIGHTS,
+)
 METRIC_KEYS = (
     "epoch",
     "train_loss",
@@ -155,9 +168,47 @@ def save_training_state(state: dict, path: Path) -> None:
 
 
 def load_training_state(path: Path) -> dict:
-    # weights_only: the state holds tensors and plain containers only, and a file that would
-    # run code while unpickling is refused.
-    return torch.load(path, map_location="cpu", weights_only=True)
+    """What `save_training_state` saved; ValueError naming the file if it is truncated or
+    corrupt."""
+    from .weights import torch_load  # weights_only, and a one-line diagnosis of a bad file
+
+    return torch_load(path)
+
+
+# -- the run folder, as a whole ------------------------------------------------------------------
+def run_files(folder: Path) -> list[Path]:
+    """The files and folders a previous run (and evaluate.py) left in `folder`."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [folder / name for name in RUN_FILES if (folder / name).exists()]
+    found += sorted(p for p in folder.glob("eval-*") if p.is_dir())
+    found += sorted(p for p in folder.glob("*.json") if _is_eval_report(p))
+    return found
+
+
+def _is_eval_report(path: Path) -> bool:
+    """A JSON report evaluate.py wrote there (`--json RUN/eval.json`): it would describe the
+    previous model."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(report, dict) and {"top1", "checkpoint", "confusion_matrix"} <= set(report)
+
+
+def remove_run(folder: Path) -> list[Path]:
+    """--overwrite: remove a previous run's files from `folder` (nothing else in it), so that no
+    stale weights, metrics or evaluation stay beside the new run's. Returns what was removed."""
+    removed = run_files(folder)
+    for path in removed:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    for leftover in Path(folder).glob(".*.tmp"):  # an interrupted save of the previous run
+        leftover.unlink(missing_ok=True)
+    return removed
 
 
 # -- the run folder ------------------------------------------------------------------------------
@@ -182,17 +233,29 @@ class CheckpointSaver:
             logger.warning("removing %s, left by an interrupted save", leftover)
             leftover.unlink(missing_ok=True)
 
-    def resume(self, state: TrainingState) -> bool:
-        """Load the run's last complete state into `state`; False if there is none yet."""
-        if self.info.is_main:
-            self.remove_interrupted_saves()
+    def resume(self, state: TrainingState) -> None:
+        """Load the run's last complete state into `state` (ValueError, in one line naming the
+        file, when it is missing, unreadable or does not fit the model), then remove the
+        temporary files of a save the kill interrupted."""
         if not self.state_path.is_file():
-            return False
+            raise ValueError(f"--resume {self.run_dir}: no {STATE_FILE} there")
+        saved = load_training_state(self.state_path)
+        if not isinstance(saved, dict) or not {"model", "optimizer", "epoch", "rng"} <= set(saved):
+            held = sorted(map(str, saved))[:8] if isinstance(saved, dict) else type(saved).__name__
+            raise ValueError(f"{self.state_path} is not a training state of train.py ({held})")
         try:
-            state.load_state_dict(load_training_state(self.state_path))
+            state.load_state_dict(saved)
         except ValueError as e:
             raise ValueError(f"{self.state_path}: {e}") from e
-        return True
+        except (RuntimeError, KeyError, TypeError, IndexError) as e:  # another model, optimizer
+            # load_state_dict's message: a header line, then one line per mismatched tensor
+            first = " ".join(line.strip() for line in str(e).strip().splitlines()[:2])
+            raise ValueError(
+                f"{self.state_path} does not fit the model and optimizer of the run's settings "
+                f"(were --model or --model-kwargs changed?): {first or type(e).__name__}"
+            ) from e
+        if self.info.is_main:
+            self.remove_interrupted_saves()
 
     def save(self, state: TrainingState, kept_metrics: dict | None, improved: bool) -> None:
         """The epoch's files: best weights if `improved`, the latest weights, the state."""

@@ -48,10 +48,15 @@ def resolve_device(name: str, info: DistInfo) -> torch.device:
     """'auto' -> CUDA if available, else CPU; with several processes each takes its GPU."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(
+            f"--device {name}: not a device; accepted: auto, cpu, cuda, cuda:N, mps"
+        ) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError(f"--device {name}: CUDA is not available here; use --device cpu")
+            raise ValueError(f"--device {name}: CUDA is not available here; use --device cpu")
         if info.enabled and device.index is None:
             device = torch.device("cuda", info.local_rank)
         torch.cuda.set_device(device)

@@ -40,9 +40,13 @@ from . import distributed
 from .batch_loader import InMemoryBatches
 from .checkpoint import (
     CONFIG_FILE,
+    CURVES_FILE,
     METRICS_FILE,
+    STATE_FILE,
+    TENSORBOARD_DIR,
     CheckpointSaver,
     TrainingState,
+    remove_run,
     save_yaml,
     seed_everything,
     write_metrics_csv,
@@ -79,8 +83,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("vit")
-
-CURVES_FILE = "curves.png"
 
 
 class NonFiniteLossError(RuntimeError):
@@ -127,13 +129,18 @@ def build_model(cfg: TrainConfig, class_names: list[str]) -> VisionTransformer:
         "dynamic_img_size": cfg.progressive_size is not None,
         **cfg.model_kwargs,
     }
-    model = create_model(
-        cfg.model,
-        pretrained=cfg.pretrained_weights,
-        num_classes=len(class_names),
-        img_size=cfg.img_size,
-        **overrides,
-    )
+    try:
+        model = create_model(
+            cfg.model,
+            pretrained=cfg.pretrained_weights,
+            num_classes=len(class_names),
+            img_size=cfg.img_size,
+            **overrides,
+        )
+    except TypeError as e:  # create_model's word for a --model-kwargs key it does not know
+        raise ValueError(f"--model-kwargs: {e}") from e
+    except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
+        raise ValueError(f"--model {cfg.model}: {e}") from e
     model.class_names = list(class_names)
     if cfg.pretrained_weights is False:  # initialisations for training from scratch only
         if cfg.mimetic_init:
@@ -334,7 +341,8 @@ def evaluate(
         raise ValueError(f"unknown test-time augmentation {tta!r}; accepted: {TTA_CHOICES}")
     model.eval()
     plain, flipped = _Tally(num_classes, device), _Tally(num_classes, device)
-    for images, labels in tqdm(loader, desc="eval", leave=False, disable=not progress):
+    bar = tqdm(loader, desc="eval", leave=False, disable=None if progress else True)
+    for images, labels in bar:  # disable=None: a bar on a terminal only
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         with autocast(device, amp, amp_dtype):
             logits = model(images).float()  # (B, K)
@@ -351,26 +359,39 @@ def evaluate(
 
 
 # -- training ------------------------------------------------------------------------------------
-def train(cfg: TrainConfig, info: DistInfo | None = None) -> dict:
+def train(cfg: TrainConfig, info: DistInfo | None = None, overwrite: bool = False) -> dict:
     """Train per `cfg` into its run folder; returns the last epoch's metrics row.
 
+    Nothing is written until the data, model, loaders and (for --resume) the saved state are
+    ready, so a failed start leaves no run folder behind. `overwrite`: the folder holds a
+    previous run (train.py refuses it otherwise), whose files are removed at that point.
     Raises NonFiniteLossError (leaving the last checkpoint untouched) if the loss diverges.
     """
     info = info or DistInfo()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = distributed.resolve_device(cfg.device, info)
+    if cfg.amp and cfg.amp_dtype == "float16" and device.type == "cpu" and info.is_main:
+        logger.warning(
+            "--amp --amp-dtype float16 on a CPU: float16 matrix products are emulated there "
+            "(about 20x slower than float32); use --amp-dtype bfloat16, or no --amp"
+        )
     distributed.setup(info, device)
     try:
-        return _train(cfg, info, device)
+        return _train(cfg, info, device, overwrite)
     finally:
         distributed.cleanup()
 
 
 def default_run_dir(cfg: TrainConfig, info: DistInfo) -> str:
-    """runs/MODEL-DATA-TIMESTAMP, chosen by rank 0 and shared so every process agrees."""
+    """runs/MODEL-DATA-TIMESTAMP (-2, -3, ... when a run started in the same second), chosen
+    by rank 0 and shared so every process agrees."""
     data_name = Path(cfg.data.rstrip("/")).name or cfg.data
-    name = [f"runs/{cfg.model}-{data_name}-{time.strftime('%Y%m%d-%H%M%S')}"]
+    base = f"runs/{cfg.model}-{data_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name, count = [base], 1
+    while Path(name[0]).exists():  # never into another run's folder
+        count += 1
+        name = [f"{base}-{count}"]
     if info.enabled:
         torch.distributed.broadcast_object_list(name, src=0)
     return name[0]
@@ -391,13 +412,10 @@ class Run:
     mixup: MixupCutmix | None
 
 
-def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
+def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bool) -> dict:
     if cfg.output_dir is None:
         cfg.output_dir = default_run_dir(cfg, info)
     run_dir = Path(cfg.output_dir)
-    if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_yaml(cfg.to_dict(), run_dir / CONFIG_FILE)
     # Different RNG streams per process (MixUp, stochastic depth); rank 0 matches a
     # single-process run. DDP copies rank 0's initial weights to every process.
     seed_everything(cfg.seed + info.rank)
@@ -412,6 +430,8 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
     saver = CheckpointSaver(run_dir, info, data=cfg.data, config=cfg.to_dict())
     if cfg.resume:
         resume(saver, state, run_dir, info)
+    if info.is_main:  # everything is ready: the run folder can be written
+        start_run_dir(run_dir, cfg, overwrite)
     run = Run(
         cfg=cfg,
         info=info,
@@ -431,15 +451,28 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device) -> dict:
         log.close()
 
 
-def resume(saver: CheckpointSaver, state: TrainingState, run_dir: Path, info: DistInfo) -> None:
-    """Continue from the run folder's last complete checkpoint, if it has one."""
-    if saver.resume(state):
-        if info.is_main:
+def start_run_dir(run_dir: Path, cfg: TrainConfig, overwrite: bool) -> None:
+    """Create the run folder (after --overwrite, without the previous run's files) and write
+    the effective configuration into it."""
+    if overwrite and not cfg.resume:
+        removed = remove_run(run_dir)
+        if removed:
             logger.info(
-                "resumed %s after epoch %d (best top-1 %.4f)", run_dir, state.epoch, state.best_top1
+                "--overwrite: removed the previous run's %s from %s",
+                ", ".join(p.name for p in removed),
+                run_dir,
             )
-    elif info.is_main:
-        logger.warning("no complete checkpoint in %s yet: starting from epoch 1", run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_yaml(cfg.to_dict(), run_dir / CONFIG_FILE)
+
+
+def resume(saver: CheckpointSaver, state: TrainingState, run_dir: Path, info: DistInfo) -> None:
+    """Continue from the run folder's last complete checkpoint (train.py checked it exists)."""
+    saver.resume(state)
+    if info.is_main:
+        logger.info(
+            "resumed %s after epoch %d (best top-1 %.4f)", run_dir, state.epoch, state.best_top1
+        )
 
 
 def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
@@ -529,7 +562,7 @@ class RunLog:
         if info.is_main:
             from torch.utils.tensorboard import SummaryWriter  # slow import: rank 0 only
 
-            self.writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_epoch + 1)
+            self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=start_epoch + 1)
 
     def start(self, run: Run, num_images: int) -> None:
         if self.writer is None:
@@ -586,18 +619,17 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, images
     started = time.perf_counter()
     loader = run.train_loader
-    bar = tqdm(loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=not info.is_main)
+    # disable=None: a bar on a terminal only, not in a log redirected to a file
+    bar = tqdm(
+        loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=None if info.is_main else True
+    )
     for step, (images, labels) in enumerate(bar):
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         logits, loss = forward_loss(run, images, labels)
         # Every process must agree to stop, or the others would wait forever in all-reduce.
         bad = torch.tensor(float(not torch.isfinite(loss)), device=device)
         if distributed.all_reduce_sum(bad).item() > 0:
-            raise NonFiniteLossError(
-                f"training loss became {loss.item()} at epoch {epoch + 1}, step {step + 1}/"
-                f"{len(loader)}; stopped. The last complete checkpoint (end of epoch {epoch}) is "
-                f"kept in {cfg.output_dir}. Try a lower --lr, --clip-grad, or --amp-dtype bfloat16."
-            )
+            raise NonFiniteLossError(diverged_message(cfg, loss.item(), epoch, step, len(loader)))
         lr = optimizer_step(state, loss, cfg.clip_grad)
         batch = labels.shape[0]
         correct = (logits.argmax(dim=1) == labels).sum()
@@ -624,6 +656,18 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
         "lr": lr,
         "images": images,
     }
+
+
+def diverged_message(cfg: TrainConfig, loss: float, epoch: int, step: int, steps: int) -> str:
+    """What a NaN/inf loss stopped, and what is left to resume from (if anything)."""
+    if (Path(cfg.output_dir) / STATE_FILE).is_file():
+        kept = f"The last complete checkpoint (end of epoch {epoch}) is kept in {cfg.output_dir}"
+    else:
+        kept = f"No checkpoint was written: the loss diverged before epoch {epoch + 1} ended"
+    return (
+        f"training loss became {loss} at epoch {epoch + 1}, step {step + 1}/{steps}; stopped. "
+        f"{kept}. Try a lower --lr, --clip-grad, or --amp-dtype bfloat16."
+    )
 
 
 def forward_loss(

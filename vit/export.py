@@ -27,6 +27,7 @@ from types import ModuleType
 import torch
 from safetensors.torch import save_file
 
+from .cli import NON_NEGATIVE, ArgumentParser, number_in
 from .configs import list_models
 from .factory import create_model
 from .io import atomic_write, atomic_write_dir
@@ -266,7 +267,7 @@ def load_checkpoint(checkpoint: str, name: str | None) -> VisionTransformer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(  # a bad flag: one line, not the usage text
         prog="python -m vit.export",
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 2)[2],
@@ -277,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--onnx", type=Path, metavar="FILE", help="ONNX model, dynamic batch")
     parser.add_argument("--hf", type=Path, metavar="DIR", help="transformers ViT folder")
     parser.add_argument("--torchvision", type=Path, metavar="FILE", help="torchvision state dict")
-    parser.add_argument("--tolerance", type=float, default=1e-5, help="max relative logit diff")
+    parser.add_argument(
+        "--tolerance", type=number_in(NON_NEGATIVE), default=1e-5, help="max relative logit diff"
+    )
     args = parser.parse_args(argv)
     targets = [(flag, getattr(args, flag)) for flag in ("onnx", "hf", "torchvision")]
     targets = [(flag, path) for flag, path in targets if path is not None]

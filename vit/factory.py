@@ -5,14 +5,16 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
-
-from torchvision import transforms as T
+from typing import TYPE_CHECKING
 
 from .configs import Preprocess, get_spec
 from .layouts import huggingface
 from .layouts import torchvision as torchvision_layout
 from .model import VisionTransformer, ViTConfig, to_pair
 from .weights import load_weights, read_checkpoint, read_metadata
+
+if TYPE_CHECKING:
+    from torchvision.transforms import Compose
 
 
 def create_model(
@@ -30,6 +32,8 @@ def create_model(
     num_classes: replace the classifier (a pretrained head of another size is dropped).
     img_size: another input size; pretrained position embeddings are resampled to it.
     overrides: any other `ViTConfig` field, e.g. drop_path_rate=0.1.
+    The model comes back in training mode, as timm's `create_model` (and any new nn.Module):
+    call `.eval()` before inference, or use `vit.load_model`, which returns an eval model.
     The model's `preprocess` attribute says how to prepare images (see `create_transform`):
     the name's (timm's) preprocessing, or torchvision's for torchvision weights. With weights
     whose LayerNorm eps is known (transformers': 1e-12) the model is built with that eps, so
@@ -85,12 +89,14 @@ def load_model(path: str | Path, num_classes: int | None = None) -> VisionTransf
         and preprocessing come from its metadata), or a transformers ViT folder (`config.json`
         + `model.safetensors` or `pytorch_model.bin`; `preprocessor_config.json` if present).
     num_classes: replace the classifier (the stored head is then dropped).
-    The result carries `model.class_names` (None when unknown), `model.model_name` and
+    The result is ready for inference, as transformers' `from_pretrained`: in eval mode
+    (dropout, stochastic depth and patch dropout off; `.train()` turns them back on for
+    fine-tuning). It carries `model.class_names` (None when unknown), `model.model_name` and
     `model.preprocess`.
     """
     path = Path(path)
     if path.is_dir():
-        return _load_transformers_folder(path, num_classes)
+        return _load_transformers_folder(path, num_classes).eval()
     if not path.is_file():
         raise FileNotFoundError(
             f"{path}: no such file or folder; vit.load_model reads our .safetensors files and "
@@ -121,7 +127,7 @@ def load_model(path: str | Path, num_classes: int | None = None) -> VisionTransf
         if stored
         else Preprocess(input_size=model.patch_embed.img_size)
     )
-    return model
+    return model.eval()
 
 
 def _load_transformers_folder(folder: Path, num_classes: int | None) -> VisionTransformer:
@@ -152,12 +158,16 @@ def _load_transformers_folder(folder: Path, num_classes: int | None) -> VisionTr
     return model
 
 
-def create_transform(preprocess: Preprocess) -> T.Compose:
+def create_transform(preprocess: Preprocess) -> Compose:
     """The evaluation transform for a PIL image: resize, centre crop, tensor, normalise.
 
     Matches timm's eval transform: the resize target is input_size / crop_pct (floored), on
     the shorter side for square inputs and on both sides otherwise.
     """
+    # Imported here: torchvision's import costs ~1.4 s (it loads torchvision.models and
+    # torch._dynamo), which `import vit` and create_model should not pay.
+    from torchvision import transforms as T
+
     height, width = preprocess.input_size
     interpolation = T.InterpolationMode(preprocess.interpolation)
     if height == width:

@@ -78,6 +78,11 @@ def in_memory_batches(
         )
     if train_set.images is None:
         raise ValueError("--batch-augment keeps the images in memory: leave --cache on")
+    if cfg.progressive_size is not None and cfg.progressive_size > preprocess.input_size[0]:
+        raise ValueError(
+            f"--progressive-size {cfg.progressive_size} is larger than the model's input size "
+            f"{preprocess.input_size[0]}, which the image size grows to; give a smaller size"
+        )
     shapes = {image.shape for image in train_set.images}
     if len(shapes) != 1 or next(iter(shapes))[:2] != tuple(preprocess.input_size):
         raise ValueError(

@@ -35,6 +35,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from . import explain
+from .cli import ArgumentParser, unwritable
 from .configs import list_models
 from .distributed import DistInfo, resolve_device
 from .factory import create_model, create_transform, load_model
@@ -72,6 +73,9 @@ def class_names_for(model: VisionTransformer) -> list[str]:
 def build_model(name: str | None, checkpoint: Path | None) -> VisionTransformer:
     """The model from --model and/or --checkpoint (see the module docstring)."""
     if checkpoint is not None:
+        run_weights = checkpoint / "model.safetensors"  # a train.py run folder, as evaluate.py
+        if run_weights.is_file() and not (checkpoint / "config.json").exists():
+            checkpoint = run_weights
         if checkpoint.is_dir():
             return load_model(checkpoint)  # a transformers folder
         if not checkpoint.is_file():
@@ -214,7 +218,7 @@ def save_explanations(
 
 # -- command line --------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(  # a bad flag: one line, not the usage text
         prog="python -m vit.predict",
         description="Top-k classes for each image.",
     )
@@ -225,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--checkpoint",
         type=Path,
-        help="weights file (.safetensors/.pth/.npz, any layout) or a transformers ViT folder",
+        help="weights file (.safetensors/.pth/.npz, any layout), a train.py run folder or a "
+        "transformers ViT folder",
     )
     parser.add_argument("--top-k", type=int, default=5, help="classes per image (default 5)")
     parser.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
@@ -258,15 +263,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 def writable_location(flag: str, path: Path, folder: bool) -> None:
     """Fail now, in one line, if `path` could not be written at the end."""
-    if not folder and path.is_dir():
-        raise InputError(f"{flag} {path}: is a folder; give a file name")
-    if folder and path.exists() and not path.is_dir():
-        raise InputError(f"{flag} {path}: exists and is not a folder")
-    existing = path if folder and path.is_dir() else path.parent
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {path}: cannot write there ({existing} is not a writable folder)")
+    problem = unwritable(flag, path, folder)
+    if problem:
+        raise InputError(problem)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -314,8 +313,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def finish(args: argparse.Namespace, records: list[dict], problems: list[str], top_k: int) -> int:
-    """Print or write the records, then the problems; the exit status."""
-    if args.output is None:
+    """Print or write the records, then the problems; the exit status. With nothing
+    classified nothing is written: an earlier --output file stays as it was."""
+    if args.output is not None and not records:
+        problems.append(f"no image was classified; --output {args.output} was not written")
+    elif args.output is None:
         print_records(records, top_k)
     else:
         try:

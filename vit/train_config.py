@@ -18,9 +18,22 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .transforms import AugmentConfig
+from .cli import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    DROP_RATE,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    Range,
+    default_workers,
+    out_of_range,
+)
+
+if TYPE_CHECKING:
+    from .transforms import AugmentConfig
 
 DEFAULT_MODEL = "vit_cifar_patch4_32"
 TIMM_WEIGHTS = "timm"  # --pretrained with no value: timm's default weights for --model
@@ -51,7 +64,7 @@ class TrainConfig:
     train_subset: int | None = setting(None, "data", "train on N images, stratified by class (quick runs)", metavar="N")
     test_subset: int | None = setting(None, "data", "evaluate on N test images, stratified by class", metavar="N")
     cache: bool | None = setting(None, "data", "decode images once into memory (default: images <= 64 px only)")
-    workers: int = setting(4, "data", "data loader processes")
+    workers: int = setting(default_workers(), "data", "data loader processes (default: one per spare core, at most 4)")
     batch_augment: bool = setting(False, "data", "augment whole uint8 batches held in memory (pad-crop, flip, erasing; no RandAugment): fast on CPUs")
     cache_dir: str | None = setting("~/.cache/vit", "data", "keep decoded images here between runs, none for off")
 
@@ -112,6 +125,8 @@ class TrainConfig:
         return [f.name for f in fields(cls)]
 
     def augment(self) -> AugmentConfig:
+        from .transforms import AugmentConfig  # albumentations and torch: not for --help
+
         return AugmentConfig(
             crop=self.crop,
             rrc_scale=self.rrc_scale,
@@ -136,6 +151,63 @@ def pretrained_weights(value: str | None) -> bool | str:
     if not value:
         return False
     return True if value in (TIMM_WEIGHTS, "true", "True") else value
+
+
+# -- accepted values, checked when the flags are read ------------------------------------------
+# A value outside its range is refused before anything runs or is written, naming the flag
+# (a --drop-path of 1.5 would otherwise fail with a traceback in the middle of epoch 1).
+LIMITS: dict[str, Range] = {
+    "train_subset": AT_LEAST_1,
+    "test_subset": AT_LEAST_1,
+    "workers": AT_LEAST_0,
+    "img_size": AT_LEAST_1,
+    "drop_path": DROP_RATE,
+    "drop": DROP_RATE,
+    "patch_drop": DROP_RATE,
+    "patch_drop_anneal": NON_NEGATIVE,
+    "epochs": AT_LEAST_1,
+    "batch_size": AT_LEAST_1,
+    "lr": POSITIVE,
+    "muon_lr": POSITIVE,
+    "min_lr": NON_NEGATIVE,
+    "weight_decay": NON_NEGATIVE,
+    "warmup_epochs": NON_NEGATIVE,
+    "progressive_size": AT_LEAST_1,
+    "progressive_epochs": POSITIVE,
+    "clip_grad": NON_NEGATIVE,
+    "label_smoothing": DROP_RATE,  # 1 would make every target uniform: nothing to learn
+    "model_ema_decay": PROBABILITY,
+    "rrc_scale": Range(0, 1, low_open=True),
+    "hflip": PROBABILITY,
+    "aa_n": AT_LEAST_0,  # RandAugment ops per image: 0 is no op, like --aa none
+    "reprob": PROBABILITY,
+    "mixup": NON_NEGATIVE,
+    "cutmix": NON_NEGATIVE,
+    "mixup_prob": PROBABILITY,
+    "mixup_switch_prob": PROBABILITY,
+    "threads": AT_LEAST_1,
+    "eval_interval": AT_LEAST_1,
+}
+
+
+def check_settings(cfg: TrainConfig) -> None:
+    """Raise ValueError, in one line naming the flag and what it accepts, for the first setting
+    outside its range (see LIMITS) or at odds with another; None values mean "unset"."""
+    helps = {f.name: f.metadata["help"] for f in fields(TrainConfig)}
+    for name, accepted in LIMITS.items():
+        value = getattr(cfg, name)
+        if value is not None and value not in accepted:
+            raise ValueError(out_of_range(flag_name(name), value, accepted, helps[name]))
+    if cfg.min_lr > cfg.lr:
+        raise ValueError(
+            f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the cosine schedule decays from "
+            f"--lr down to --min-lr; give a --min-lr <= --lr"
+        )
+    resolve_warmup_epochs(cfg)  # warmup must end before the run does
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
 
 
 # -- settings that follow the length of the run ------------------------------------------------

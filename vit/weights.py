@@ -13,10 +13,12 @@ below works in every layout (timm's, transformers', torchvision's, Google's JAX)
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
 import pickle
+import pickletools
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -118,20 +120,82 @@ def _unwrap(state: Mapping, path: Path | str) -> dict[str, torch.Tensor]:
 
 
 def _read_torch(path: Path) -> dict[str, torch.Tensor]:
-    try:
-        # weights_only: a pickle may name arbitrary callables to run on load; refuse them.
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise ValueError(
-            f"refused to load {path}: it contains objects other than tensors and plain "
-            f"containers, and unpickling them could run code. Only weights are read "
-            f"(torch.load with weights_only=True). Details: {str(e).splitlines()[0]}"
-        ) from e
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile) as e:
-        raise ValueError(f"cannot read {path}: truncated or not a torch checkpoint ({e})") from e
+    state = torch_load(path)
     if not isinstance(state, Mapping):
         raise ValueError(f"{path} holds a {type(state).__name__}, expected a state dict")
     return _unwrap(state, path)
+
+
+def torch_load(path: Path):
+    """`torch.load(weights_only=True)` on the CPU, with a one-line ValueError naming the file
+    for what it cannot read: a pickle that names code to run is refused (and never run), and
+    anything else is not a checkpoint, or a truncated one."""
+    try:
+        # weights_only: a pickle may name arbitrary callables to run on load; refuse them.
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch says the same for random bytes and for a pickle with code (and advises the
+        # unsafe weights_only=False for both): tell them apart by reading the pickle's opcodes.
+        code = _pickled_callables(path)
+        if code is None:
+            raise ValueError(
+                f"cannot read {path}: not a checkpoint (neither a torch.save archive nor a "
+                f"pickle); accepted: {ACCEPTED}"
+            ) from e
+        if code:
+            raise ValueError(
+                f"refused to load {path}: it is a pickle that would run code while loading "
+                f"({', '.join(code[:3])}), and only tensors and plain containers are read; save "
+                f"the weights alone (torch.save(model.state_dict(), ...) or .safetensors)"
+            ) from e
+        raise ValueError(
+            f"cannot read {path}: a pickle that torch's weights-only reader does not understand "
+            f"(e.g. a newer pickle protocol); save it with torch.save(model.state_dict(), ...)"
+        ) from e
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e}") from e
+    except Exception as e:  # torch's readers fail in many ways on bytes that are not theirs
+        raise ValueError(
+            f"cannot read {path}: not a checkpoint, or a truncated one ({type(e).__name__}: "
+            f"{str(e).split('. ')[0].splitlines()[0] if str(e) else 'no details'})"
+        ) from e
+
+
+SAFE_PICKLE_MODULES = ("torch", "collections", "builtins.set", "_codecs.encode", "numpy")
+
+
+def _pickled_callables(path: Path) -> list[str] | None:
+    """The callables (module.name) that unpickling `path` would import and may call, other
+    than torch's own; None if the file holds no pickle at all. Reads opcodes, runs nothing.
+
+    A torch.save archive keeps its pickle in `*/data.pkl`; older files are pickles in a row
+    followed by raw tensor bytes (reading stops at the first thing that is not a pickle)."""
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if n.endswith("data.pkl")]
+            if not names:
+                return None
+            data = archive.read(names[0])
+    else:
+        data = Path(path).read_bytes()
+    stream, found, pickles = io.BytesIO(data), [], 0
+    while stream.tell() < len(data):
+        strings: list[str] = []
+        try:
+            for opcode, arg, _ in pickletools.genops(stream):
+                if opcode.name in ("GLOBAL", "INST"):
+                    found.append(str(arg).replace(" ", "."))
+                elif opcode.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    found.append(".".join(strings[-2:]))
+                elif isinstance(arg, str):
+                    strings.append(arg)
+        except Exception:  # not (or no longer) a pickle
+            break
+        pickles += 1
+    if not pickles:
+        return None
+    found = [name.replace("__builtin__.", "builtins.") for name in found]  # pickle protocol 2
+    return [name for name in dict.fromkeys(found) if not name.startswith(SAFE_PICKLE_MODULES)]
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:

@@ -1,0 +1,535 @@
+"""Mistakes a user makes, each met with one line naming the input, what is wrong and what is
+accepted; a non-zero exit; nothing a user saved lost, changed or half-written (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import vit
+import vit.engine as engine
+from vit.model import VisionTransformer
+from vit.predict import main as predict_main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` and its bytes: what "nothing written or changed" compares."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def refused(train_script, argv: list[str], capsys) -> str:
+    """Run train.py expecting a refusal: exit status 2 and exactly one line on stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        train_script.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.fixture(scope="module")
+def finished_run(image_folder, tmp_path_factory, train_script, tiny_args) -> Path:
+    """A complete one-epoch run (read-only; copy it to change it)."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1)) == 0
+    return run
+
+
+# -- 1. a loaded model is ready for inference ------------------------------------------------------
+def test_load_model_returns_an_eval_model_with_deterministic_outputs(tmp_path):
+    torch.manual_seed(0)
+    model = VisionTransformer(
+        img_size=32, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=3,
+        patch_drop_rate=0.5, drop_path_rate=0.1, drop_rate=0.2,
+    )  # fmt: skip
+    path = vit.save_weights(model, tmp_path / "model.safetensors")
+    loaded = vit.load_model(path)
+    assert not loaded.training and not any(m.training for m in loaded.modules())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), loaded(x))  # patch dropout (0.5) is off
+        assert torch.allclose(loaded(x), model.eval()(x), atol=1e-6)
+    # create_model follows timm's convention: a new model is in training mode
+    assert vit.create_model("vit_cifar_patch4_32", depth=1, embed_dim=32, num_heads=2).training
+
+
+# -- 2. a finished run is not trained over ---------------------------------------------------------
+def test_output_dir_holding_a_run_is_refused_and_left_untouched(
+    finished_run, image_folder, tmp_path, train_script, tiny_args, capsys
+):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = snapshot(run)
+    err = refused(train_script, tiny_args(image_folder, run, 1), capsys)
+    assert f"--output-dir {run} holds a run" in err
+    assert f"--resume {run}" in err and "--overwrite" in err
+    assert snapshot(run) == before
+
+
+def test_overwrite_replaces_the_run_and_removes_its_stale_outputs(
+    finished_run, image_folder, tmp_path, train_script, tiny_args, capsys
+):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "eval-old").mkdir()
+    (run / "eval-old" / "report.json").write_text("{}")
+    report = {"top1": 0.5, "checkpoint": str(run), "confusion_matrix": [[1]]}
+    (run / "eval.json").write_text(json.dumps(report))  # evaluate.py --json RUN/eval.json
+    (run / "notes.txt").write_text("mine")  # not the run's: kept
+    args = tiny_args(image_folder, run, 1) + ["--seed", "1", "--overwrite"]
+    assert train_script.main(args) == 0
+    assert not (run / "eval-old").exists() and not (run / "eval.json").exists()
+    assert (run / "notes.txt").read_text() == "mine"
+    assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 1
+    assert vit.weights.read_metadata(run / "model.safetensors")["vit.train_config"]["seed"] == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1].startswith(f"train.py: wrote {run}/: model.safetensors")
+    assert "\r" not in err and "it/s" not in err  # no progress bar in a redirected log
+
+
+# -- 3. predict writes nothing when nothing was classified -----------------------------------------
+def test_predict_with_nothing_readable_keeps_the_existing_output(tmp_path, capsys):
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                              num_classes=3)  # fmt: skip
+    checkpoint = vit.save_weights(model, tmp_path / "model.safetensors", ["a", "b", "c"])
+    output = tmp_path / "preds.csv"
+    output.write_text("path,label,probability\nkept.jpg,a,0.9\n")
+    argv = [str(tmp_path / "nope.jpg"), "--checkpoint", str(checkpoint), "--output", str(output)]
+    assert predict_main(argv) == 1
+    assert output.read_text() == "path,label,probability\nkept.jpg,a,0.9\n"
+    err = capsys.readouterr().err
+    assert f"--output {output} was not written" in err and "nope.jpg" in err
+
+
+# -- 4, 7, 8, 9. values refused when the flags are read ------------------------------------------
+BAD_VALUES = [
+    ("--epochs", "0", "an integer >= 1"),
+    ("--epochs", "-1", "an integer >= 1"),
+    ("--train-subset", "0", "an integer >= 1"),
+    ("--test-subset", "0", "an integer >= 1"),
+    ("--batch-size", "0", "an integer >= 1"),
+    ("--workers", "-1", "an integer >= 0"),
+    ("--img-size", "0", "an integer >= 1"),
+    ("--drop-path", "1.5", "a number in [0, 1)"),
+    ("--drop", "1", "a number in [0, 1)"),
+    ("--patch-drop", "-0.1", "a number in [0, 1)"),
+    ("--label-smoothing", "1", "a number in [0, 1)"),
+    ("--mixup", "-1", "a number >= 0"),
+    ("--cutmix", "-0.5", "a number >= 0"),
+    ("--mixup-prob", "1.1", "a number in [0, 1]"),
+    ("--mixup-switch-prob", "-0.1", "a number in [0, 1]"),
+    ("--reprob", "1.5", "a number in [0, 1]"),
+    ("--hflip", "2", "a number in [0, 1]"),
+    ("--rrc-scale", "0", "a number in (0, 1]"),
+    ("--aa-n", "-1", "an integer >= 0"),
+    ("--lr", "0", "a number > 0"),
+    ("--lr", "inf", "a number > 0"),
+    ("--lr", "nan", "a number > 0"),
+    ("--min-lr", "-0.001", "a number >= 0"),
+    ("--weight-decay", "-0.05", "a number >= 0"),
+    ("--warmup-epochs", "-1", "a number >= 0"),
+    ("--clip-grad", "-1", "a number >= 0"),
+    ("--model-ema-decay", "1.5", "a number in [0, 1]"),
+    ("--progressive-size", "0", "an integer >= 1"),
+    ("--progressive-epochs", "0", "a number > 0"),
+    ("--threads", "0", "an integer >= 1"),
+    ("--eval-interval", "0", "an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "accepted"), BAD_VALUES, ids=lambda v: str(v))
+def test_out_of_range_flags_are_refused_naming_the_flag_and_range(
+    image_folder, tmp_path, train_script, tiny_args, capsys, flag, value, accepted
+):
+    run = tmp_path / "run"
+    err = refused(train_script, tiny_args(image_folder, run, 2, flag, value), capsys)
+    assert err.startswith(f"train.py: error: {flag} {value}") and f"accepted: {accepted}" in err
+    assert not run.exists()
+
+
+def test_out_of_range_yaml_values_are_refused(tmp_path, train_script, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("drop_path: 1.5\n")
+    err = refused(train_script, ["--config", str(config)], capsys)
+    assert "--drop-path 1.5" in err and "[0, 1)" in err
+
+
+def test_settings_at_odds_with_each_other_are_refused(
+    image_folder, tmp_path, train_script, tiny_args, capsys
+):
+    args = tiny_args(image_folder, tmp_path / "run", 2)
+    err = refused(train_script, args + ["--min-lr", "1e-2"], capsys)
+    assert "--min-lr 0.01 is above --lr 0.003" in err
+    err = refused(train_script, args + ["--warmup-epochs", "2"], capsys)
+    assert "--warmup-epochs 2.0 is not shorter than --epochs 2" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_evaluate_subset_below_one_is_refused(evaluate_script, image_folder, tmp_path, capsys,
+                                              value):  # fmt: skip
+    argv = ["--checkpoint", str(tmp_path), "--data", str(image_folder), "--subset", value]
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_script.main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1
+    assert f"argument --subset: {value} is outside the accepted range: an integer >= 1" in err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--batch-size", "0"), ("--workers", "-1")])
+def test_evaluate_batch_size_and_workers_are_checked(evaluate_script, tmp_path, capsys, flag,
+                                                     value):  # fmt: skip
+    with pytest.raises(SystemExit):
+        evaluate_script.main(["--checkpoint", "x", "--data", "y", flag, value])
+    assert f"argument {flag}: {value} is outside the accepted range" in capsys.readouterr().err
+
+
+# -- 5. a failed start leaves nothing behind -------------------------------------------------------
+def test_missing_data_leaves_no_run_folder(tmp_path, train_script, tiny_args, capsys):
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(tmp_path / "missing", run, 1)) == 2
+    assert "neither one of cifar10, cifar100" in capsys.readouterr().err
+    assert not run.exists()
+
+
+def test_unknown_model_kwargs_key_leaves_no_run_folder(
+    image_folder, tmp_path, train_script, tiny_args, capsys
+):
+    run = tmp_path / "run"
+    args = tiny_args(image_folder, run, 1) + ["--model-kwargs", "depht=2"]
+    assert train_script.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("train.py: error: --model-kwargs: unknown override(s) ['depht']")
+    assert not run.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--pretrained", "nope.safetensors"), "weights file not found: nope.safetensors"),
+        (("--model", "vit_nope"), "--model vit_nope: unknown model name 'vit_nope'"),
+        (("--img-size", "30"), "--model vit_cifar_patch4_32: img_size height 30 is not a multiple"),
+        (("--model-kwargs", "depth=abc"), "--model-kwargs: "),
+        (
+            ("--batch-augment", "--aa", "none", "--progressive-size", "64"),
+            "--progressive-size 64 is larger than the model's input size 32",
+        ),
+    ],
+    ids=["missing-weights", "unknown-model", "img-size", "kwarg-type", "progressive-size"],
+)
+def test_settings_found_wrong_at_start_leave_no_run_folder(
+    image_folder, tmp_path, train_script, tiny_args, capsys, flags, message
+):
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1, *flags)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"train.py: error: {message}"), err
+    assert not run.exists()
+
+
+def test_cache_dir_that_is_a_file_is_refused(image_folder, tmp_path, train_script, tiny_args,
+                                             capsys):  # fmt: skip
+    file = tmp_path / "cache"
+    file.write_text("a file")
+    args = tiny_args(image_folder, tmp_path / "run", 1) + ["--cache-dir", str(file)]
+    assert f"--cache-dir {file}: exists and is not a folder" in refused(train_script, args, capsys)
+
+
+def test_typo_in_yaml_key_leaves_no_run_folder(tmp_path, train_script, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("learning_rate: 0.1\n")
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit, match="unknown key 'learning_rate'"):
+        train_script.main(["--config", str(config), "--output-dir", str(run)])
+    assert not run.exists()
+
+
+def test_divergence_in_the_first_epoch_says_no_checkpoint_exists(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
+):
+    def diverged(self, x, pre_logits=False):
+        return x[:, 0, : self.num_classes] * float("nan")
+
+    monkeypatch.setattr(VisionTransformer, "forward_head", diverged)
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1)) == 1
+    err = capsys.readouterr().err
+    assert "loss became nan at epoch 1, step 1/" in err
+    assert "No checkpoint was written" in err and "is kept" not in err
+    assert not (run / "training_state.pt").exists()
+
+
+# -- 6, 11. --resume of what cannot be resumed -----------------------------------------------------
+@pytest.mark.parametrize("damage", ["truncated", "random bytes", "not a state"])
+def test_resume_from_a_damaged_state_is_one_line_and_changes_nothing(
+    finished_run, tmp_path, train_script, capsys, damage
+):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    state = run / "training_state.pt"
+    if damage == "truncated":
+        state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    elif damage == "random bytes":
+        state.write_bytes(os.urandom(4096))
+    else:
+        torch.save({"epoch": 1}, state)
+    before = snapshot(run)
+    assert train_script.main(["--resume", str(run), "--epochs", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{state}" in err, err
+    assert "weights_only=False" not in err
+    assert snapshot(run) == before
+
+
+def test_resume_with_another_architecture_is_one_line(finished_run, tmp_path, train_script, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = snapshot(run)
+    argv = ["--resume", str(run), "--epochs", "2", "--model-kwargs", "depth=3"]
+    assert train_script.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not fit the model" in err, err
+    assert snapshot(run) == before
+
+
+def test_resume_without_a_checkpoint_is_refused_and_writes_nothing(tmp_path, train_script, capsys):
+    run = tmp_path / "killed-early"
+    run.mkdir()
+    (run / "config.yaml").write_text("epochs: 3\n")
+    err = refused(train_script, ["--resume", str(run)], capsys)
+    assert f"--resume {run}: no checkpoint there" in err
+    assert f"--output-dir {run} --overwrite" in err
+    assert snapshot(run) == {"config.yaml": b"epochs: 3\n"}
+
+
+def test_resume_into_another_output_dir_is_refused(finished_run, tmp_path, train_script, capsys):
+    other = tmp_path / "other"
+    err = refused(train_script, ["--resume", str(finished_run), "--output-dir", str(other)], capsys)
+    assert "continues in its own folder" in err and not other.exists()
+
+
+def test_resume_with_overwrite_is_refused(finished_run, train_script, capsys):
+    err = refused(train_script, ["--resume", str(finished_run), "--overwrite"], capsys)
+    assert "--overwrite would start anew" in err
+
+
+def test_default_run_folders_never_share_a_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(engine.time, "strftime", lambda _: "20260101-000000")
+    cfg = engine.TrainConfig(data="some/folder/")
+    first = engine.default_run_dir(cfg, engine.DistInfo())
+    assert first == "runs/vit_cifar_patch4_32-folder-20260101-000000"
+    Path(first).mkdir(parents=True)
+    assert engine.default_run_dir(cfg, engine.DistInfo()) == f"{first}-2"
+
+
+def test_output_dir_that_is_a_file_is_refused(image_folder, tmp_path, train_script, tiny_args,
+                                              capsys):  # fmt: skip
+    file = tmp_path / "run"
+    file.write_text("a file")
+    err = refused(train_script, tiny_args(image_folder, file, 1), capsys)
+    assert f"--output-dir {file}: exists and is not a folder" in err
+
+
+@pytest.mark.parametrize("device", ["gpu0", "cuda:0"])
+def test_bad_or_missing_device_is_one_line(evaluate_script, finished_run, image_folder, device,
+                                           capsys):  # fmt: skip
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    argv = ["--checkpoint", str(finished_run), "--data", str(image_folder), "--device", device,
+            "--output-dir", str(finished_run / "unused")]  # fmt: skip
+    assert evaluate_script.main(argv) == 2
+    assert f"--device {device}:" in capsys.readouterr().err
+    assert not (finished_run / "unused").exists()
+
+
+# -- 10. files that are not checkpoints --------------------------------------------------------
+def test_random_bytes_are_not_a_checkpoint_and_no_unsafe_advice(tmp_path):
+    """torch.load fails on random bytes in several ways (an UnpicklingError that advises
+    weights_only=False, an IndexError, ...): each is "not a checkpoint"."""
+    path = tmp_path / "weights.pth"
+    model = VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2)
+    for seed in range(30):
+        path.write_bytes(np.random.default_rng(seed).bytes(3000))
+        with pytest.raises(ValueError) as info:
+            vit.load_weights(model, path)
+        message = str(info.value)
+        assert message.startswith(f"cannot read {path}: not a checkpoint"), (seed, message)
+        assert "refused" not in message and "weights_only=False" not in message
+
+
+def test_a_pickle_with_code_is_named_unsafe_without_unsafe_advice(tmp_path):
+    path = tmp_path / "evil.pth"
+    torch.save({"weight": torch.zeros(2), "hook": print}, path)
+    with pytest.raises(ValueError) as info:
+        vit.weights.read_checkpoint(path)
+    message = str(info.value)
+    assert "refused to load" in message and "builtins.print" in message
+    assert "weights_only=False" not in message
+
+
+# -- outputs: where they go and what is said about them -------------------------------------------
+def test_evaluate_of_a_bare_weights_file_writes_to_the_working_folder(
+    finished_run, image_folder, tmp_path, evaluate_script, monkeypatch, capsys
+):
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    shutil.copy(finished_run / "model.safetensors", weights / "cifar_vit.safetensors")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    argv = ["--checkpoint", str(weights / "cifar_vit.safetensors"), "--data", str(image_folder),
+            "--workers", "0", "--device", "cpu"]  # fmt: skip
+    assert evaluate_script.main(argv) == 0
+    assert [p.name for p in weights.iterdir()] == ["cifar_vit.safetensors"]  # nothing added
+    out = Path(f"eval-cifar_vit-{image_folder.name}")
+    assert {p.name for p in (work / out).iterdir()} == {"confusion_matrix.png", "report.json"}
+    err = capsys.readouterr().err
+    assert f"evaluate.py: wrote {out / 'confusion_matrix.png'} and {out / 'report.json'}" in err
+    assert "\r" not in err and "it/s" not in err  # no progress bar when stderr is not a terminal
+
+
+def test_evaluate_outputs_of_different_evaluations_do_not_share_a_folder(
+    finished_run, tmp_path, evaluate_script
+):
+    where = evaluate_script.default_output_dir
+    data = "../data/cifar10-jpg/"
+    assert where(str(finished_run), data) == finished_run / "eval-cifar10-jpg"
+    assert where(str(finished_run / "model.safetensors"), data) == finished_run / "eval-cifar10-jpg"
+    best = finished_run / "best.safetensors"
+    assert where(str(best), data) == finished_run / "eval-best-cifar10-jpg"
+    assert where(str(finished_run), data, "train") == finished_run / "eval-cifar10-jpg-train"
+    bare = tmp_path / "weights" / "vit.safetensors"
+    bare.parent.mkdir()
+    shutil.copy(best, bare)
+    assert where(str(bare), "cifar10") == Path("eval-vit-cifar10")  # not weights/
+    assert where("vit_tiny_patch16_224", "imagenet") == Path("eval-vit_tiny_patch16_224-imagenet")
+
+
+def test_evaluate_pretrained_with_a_run_folder_is_refused(
+    finished_run, image_folder, tmp_path, evaluate_script, capsys
+):
+    argv = ["--checkpoint", str(finished_run), "--pretrained", "other.safetensors", "--data",
+            str(image_folder), "--output-dir", str(tmp_path / "out")]  # fmt: skip
+    assert evaluate_script.main(argv) == 2
+    assert "--pretrained other.safetensors goes with a model name" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_refuses_an_unwritable_report_before_any_work(
+    finished_run, image_folder, tmp_path, evaluate_script, capsys
+):
+    argv = ["--checkpoint", str(finished_run), "--data", str(image_folder), "--json",
+            str(tmp_path)]  # fmt: skip
+    with pytest.raises(SystemExit):
+        evaluate_script.main(argv)
+    assert f"--json {tmp_path}: is a folder; give a file name" in capsys.readouterr().err
+
+
+def test_predict_accepts_a_run_folder(finished_run, image_folder, capsys):
+    image = next((image_folder / "test" / "red").iterdir())
+    assert predict_main([str(image), "--checkpoint", str(finished_run), "--top-k", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == str(image) and out[1].strip().endswith(("blue", "green", "red"))
+
+
+SHIP = "../shared/data/cifar10-jpg/test/ship/0001.jpg"  # from the repository root
+
+
+@pytest.mark.skipif(not (ROOT / SHIP).is_file(), reason=f"{SHIP} is not there")
+def test_readme_predict_example_is_what_predict_prints(monkeypatch, capsys, one_thread):
+    monkeypatch.chdir(ROOT)
+    argv = [SHIP, "--checkpoint", "weights/cifar10_vit_cpu.safetensors", "--top-k", "3"]
+    assert predict_main(argv) == 0
+    printed = capsys.readouterr().out
+    example = f"$ python -m vit.predict {' '.join(argv)}\n{printed}```"
+    assert example in (ROOT / "README.md").read_text()
+
+
+def test_export_tolerance_is_checked(capsys):
+    from vit.export import main as export_main
+
+    with pytest.raises(SystemExit):
+        export_main(["vit_tiny_patch16_224", "--onnx", "x.onnx", "--tolerance", "-1"])
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "python -m vit.export: error: argument --tolerance: -1 is outside the accepted range: "
+        "a number >= 0"
+    )
+
+
+def test_predict_flag_errors_are_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        predict_main([str(tmp_path), "--model", "vit_tiny_patch16_224", "--top-k", "0"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        "python -m vit.predict: error: --top-k must be at least 1, got 0"
+    )
+
+
+# -- defaults picked from the machine, warnings ------------------------------------------------
+def test_default_workers_follow_the_cores(monkeypatch):
+    import vit.cli as cli
+
+    for cores, workers in ((1, 0), (2, 1), (3, 2), (64, 4)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _, n=cores: set(range(n)))
+        assert cli.default_workers() == workers
+    assert engine.TrainConfig().workers <= max(0, (os.cpu_count() or 1) - 1)
+
+
+def test_float16_autocast_on_cpu_warns(monkeypatch, caplog):
+    monkeypatch.setattr(engine, "_train", lambda *args: {})
+    cfg = engine.TrainConfig(amp=True, amp_dtype="float16", device="cpu")
+    with caplog.at_level("WARNING", logger="vit"):
+        engine.train(cfg)
+    assert "--amp --amp-dtype float16 on a CPU" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="vit"):
+        engine.train(engine.TrainConfig(amp=True, amp_dtype="bfloat16", device="cpu"))
+    assert "float16 on a CPU" not in caplog.text
+
+
+# -- start-up cost ---------------------------------------------------------------------------------
+def run_python(code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()
+
+
+def test_import_vit_and_train_help_do_not_import_torch():
+    code = (
+        "import sys, runpy\n"
+        "import vit\n"
+        "print('torch' in sys.modules)\n"
+        "sys.argv = ['train.py', '--help']\n"
+        "try:\n"
+        "    runpy.run_path('train.py', run_name='__main__')\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('torch' in sys.modules, 'torchvision' in sys.modules)\n"
+    )
+    lines = run_python(code).splitlines()
+    assert lines[0] == "False" and lines[-1] == "False False"
+    # the names still work, on first use, and create_model does not need torchvision
+    code = (
+        "import sys, vit\n"
+        "m = vit.create_model('vit_cifar_patch4_32', depth=1, embed_dim=32, num_heads=2)\n"
+        "print(type(m).__name__, 'torchvision' in sys.modules, vit.io.atomic_write.__name__)\n"
+    )
+    assert run_python(code) == "VisionTransformer False atomic_write"

@@ -1,0 +1,107 @@
+"""What the command-line front ends share: one-line errors, checked numbers, machine defaults.
+
+Light on purpose (argparse and os only): `train.py --help` and friends import it before
+anything heavy, and print their help without loading torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (exit status 2) instead of the whole
+    usage text: `train.py: error: --epochs 0: training epochs; accepted: an integer >= 1`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+@dataclass(frozen=True)
+class Range:
+    """The accepted values of a number: low <= value <= high, either end maybe open or absent.
+    Floats must also be finite."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # low itself is not accepted
+    high_open: bool = False  # high itself is not accepted
+    integer: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return not (
+            self.high is not None and (value > self.high or (self.high_open and value == self.high))
+        )
+
+    def __str__(self) -> str:
+        kind = "an integer" if self.integer else "a number"
+        if self.high is None:
+            return f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
+        left, right = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        return f"{kind} in {left}{self.low:g}, {self.high:g}{right}"
+
+
+AT_LEAST_1 = Range(1, integer=True)
+AT_LEAST_0 = Range(0, integer=True)
+NON_NEGATIVE = Range(0)
+POSITIVE = Range(0, low_open=True)
+PROBABILITY = Range(0, 1)  # a chance per image or batch: 0 never, 1 always
+DROP_RATE = Range(0, 1, high_open=True)  # a fraction dropped: 1 would drop everything
+
+
+def out_of_range(flag: str, value: float, accepted: Range, what: str = "") -> str:
+    """'--epochs 0: training epochs; accepted: an integer >= 1'."""
+    return f"{flag} {value}: {what + '; ' if what else ''}accepted: {accepted}"
+
+
+def number_in(accepted: Range):
+    """An argparse `type` that reads a number and refuses it outside `accepted`."""
+    parse = int if accepted.integer else float
+
+    def convert(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {str(accepted)}") from None
+        if value not in accepted:
+            raise argparse.ArgumentTypeError(f"{text} is outside the accepted range: {accepted}")
+        return value
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def default_workers() -> int:
+    """Data loader processes by default: one per spare core, at most 4 (on 2 cores: 1, which
+    keeps DataLoader from warning that 4 workers exceed the machine)."""
+    try:
+        cores = len(os.sched_getaffinity(0))  # the cores this process may use
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(0, min(4, cores - 1))
+
+
+def unwritable(flag: str, path: Path, folder: bool) -> str | None:
+    """Why `path` could not be written at the end of a command (None if it could), so that a
+    command refuses it before any work: a folder where a file goes (or the reverse), or a
+    location without write permission."""
+    path = Path(path)
+    if not folder and path.is_dir():
+        return f"{flag} {path}: is a folder; give a file name"
+    if folder and path.exists() and not path.is_dir():
+        return f"{flag} {path}: exists and is not a folder"
+    existing = path if folder and path.is_dir() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return f"{flag} {path}: cannot write there ({existing} is not a writable folder)"
+    return None
