@@ -318,6 +318,7 @@ def test_a_tag_selects_its_preprocessing_and_head():
     assert openai.preprocess.mean == pytest.approx((0.48145466, 0.4578275, 0.40821073))
     assert laion.preprocess.mean == (0.5, 0.5, 0.5)
     assert vit.create_model("vit_base_patch16_224.dino", depth=1).num_classes == 0
+    assert vit.create_model("vit_tiny_patch16_224.augreg_in21k", depth=1).num_classes == 21843
     with pytest.raises(ValueError, match="unknown pretrained tag 'dinov3'.*augreg2.*dino, mae"):
         vit.create_model("vit_base_patch16_224.dinov3")
 
