@@ -409,3 +409,16 @@ def test_create_transform_for_training_augments_at_the_models_size():
     assert first.min() >= -1.0 - 1e-6 and first.max() <= 1.0 + 1e-6  # mean = std = 0.5
     with pytest.raises(TypeError, match="create_transform takes"):
         vit.create_transform(3)
+
+
+def test_saved_family_models_reload_with_their_switches(tmp_path):
+    for name in ("deit_tiny_distilled_patch16_224", "vit_small_patch14_reg4_dinov2"):
+        model = vit.create_model(name, img_size=56 if "dinov2" in name else 32, depth=1).eval()
+        for p in model.parameters():
+            p.data.normal_(std=0.02)
+        path = vit.save_weights(model, tmp_path / f"{name}.safetensors")
+        loaded = vit.load_model(path).eval()
+        assert loaded.config == model.config and loaded.preprocess == model.preprocess
+        x = torch.randn(1, 3, *model.patch_embed.img_size)
+        with torch.no_grad():
+            assert torch.equal(loaded(x), model(x))
