@@ -43,6 +43,9 @@ def timm_and_ours(name: str, **kwargs) -> tuple[torch.nn.Module, vit.VisionTrans
         kwargs["depth"] = MAX_DEPTH
     torch.manual_seed(0)
     theirs = timm.create_model(name, **kwargs).eval()
+    for key, p in theirs.named_parameters():
+        if key.endswith("gamma"):  # LayerScale starts at 1e-5: the blocks would barely count
+            p.data.uniform_(0.1, 1.0)
     ours = vit.create_model(name, **kwargs).eval()
     ours.load_state_dict(theirs.state_dict(), strict=True)  # same names, no remapping
     return theirs, ours
