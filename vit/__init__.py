@@ -27,7 +27,7 @@ _EXPORTS = {
     "list_models": "configs",
     "load_model": "factory",
     "load_weights": "weights",
-    "resample_abs_pos_embed": "weights",
+    "resample_abs_pos_embed": "pos_embed",
     "save_weights": "weights",
 }
 
@@ -59,4 +59,5 @@ if TYPE_CHECKING:  # static tools (type checkers, IDEs) see the names directly
     from .configs import Preprocess, list_models  # noqa: F401
     from .factory import create_model, create_transform, load_model  # noqa: F401
     from .model import Attention, Block, Mlp, PatchEmbed, VisionTransformer, ViTConfig  # noqa: F401
-    from .weights import LoadReport, load_weights, resample_abs_pos_embed, save_weights  # noqa: F401
+    from .pos_embed import resample_abs_pos_embed  # noqa: F401
+    from .weights import LoadReport, load_weights, save_weights  # noqa: F401

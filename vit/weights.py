@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
@@ -36,6 +35,7 @@ from .io import atomic_write
 from .layouts import huggingface
 from .layouts.google_jax import convert_jax_checkpoint
 from .model import VisionTransformer, to_pair
+from .pos_embed import resample_abs_pos_embed
 
 # Re-exported: other modules and users import them from here.
 __all__ = [
@@ -272,41 +272,6 @@ def read_state_dict(source: str | Path | nn.Module | Mapping) -> tuple[dict, dic
     return checkpoint.state_dict, checkpoint.metadata
 
 
-# -- position embeddings -----------------------------------------------------------------------
-def resample_abs_pos_embed(
-    posemb: torch.Tensor,
-    new_size: tuple[int, int],
-    old_size: tuple[int, int] | None = None,
-    num_prefix_tokens: int = 1,
-    interpolation: str = "bicubic",
-    antialias: bool = True,
-) -> torch.Tensor:
-    """Resize learned position embeddings (1, prefix + old_h*old_w, D) to a new patch grid.
-
-    The prefix (class token) embeddings are kept as they are; the grid part is treated as a
-    D-channel image and interpolated in float32 (bicubic in half precision is too coarse).
-    Same semantics as timm's `resample_abs_pos_embed`.
-    """
-    num_new = new_size[0] * new_size[1] + num_prefix_tokens
-    if num_new == posemb.shape[1] and new_size[0] == new_size[1]:
-        return posemb
-    if old_size is None:
-        side = math.isqrt(posemb.shape[1] - num_prefix_tokens)
-        old_size = (side, side)
-    prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
-    if old_size[0] * old_size[1] != grid.shape[1]:
-        raise ValueError(
-            f"position embedding has {grid.shape[1]} grid tokens, which is not a "
-            f"{old_size[0]}x{old_size[1]} grid; pass old_size=(grid_h, grid_w)"
-        )
-    dim, dtype = posemb.shape[-1], posemb.dtype
-    grid = grid.float().reshape(1, old_size[0], old_size[1], dim)  # (1, h, w, D)
-    grid = grid.permute(0, 3, 1, 2)  # channels first for F.interpolate: (1, D, h, w)
-    grid = F.interpolate(grid, size=new_size, mode=interpolation, antialias=antialias)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)  # (1, new_h*new_w, D)
-    return torch.cat([prefix, grid], dim=1)
-
-
 # -- loading into a model ----------------------------------------------------------------------
 def _stored_grid(metadata: dict) -> tuple[int, int] | None:
     """The patch grid a checkpoint was trained with, if its metadata says (non-square grids)."""
@@ -316,6 +281,32 @@ def _stored_grid(metadata: dict) -> tuple[int, int] | None:
     img = to_pair(config["img_size"], "img_size")
     patch = to_pair(config["patch_size"], "patch_size")
     return (img[0] // patch[0], img[1] // patch[1])
+
+
+HEAD_KEYS = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")  # dist: DeiT
+# Tensors that exist only with one of the model's switches: named when they do not fit.
+SWITCH_TENSORS = {
+    ".ls1.gamma": "init_values (LayerScale)",
+    ".ls2.gamma": "init_values (LayerScale)",
+    "reg_token": "reg_tokens",
+    "norm_pre.": "pre_norm",
+    "attn_pool.": "global_pool='map'",
+    "dist_token": "distilled",
+    "head_dist.": "distilled",
+    "cls_token": "class_token",
+}
+
+
+def _switch_hint(report: LoadReport) -> str:
+    """Which model switches the missing or unexpected keys belong to, if any."""
+    parts = []
+    for keys, side in ((report.unexpected, "have"), (report.missing, "lack")):
+        switches = sorted({s for p, s in SWITCH_TENSORS.items() for k in keys if p in k})
+        if switches:
+            parts.append(f"the weights {side} the tensors of {', '.join(switches)}")
+    if not parts:
+        return ""
+    return f" ({'; '.join(parts)}: build the model with the weights' switches)"
 
 
 def adapt_state_dict(
@@ -331,16 +322,26 @@ def adapt_state_dict(
                 f"pos_embed width {pos.shape[-1]} does not match the model's embed_dim "
                 f"{target['pos_embed'].shape[-1]}: these weights are for another architecture"
             )
-        old = old_grid or (math.isqrt(pos.shape[1] - model.num_prefix_tokens),) * 2
+        prefix = model.pos_embed_prefix_tokens  # 0 with no_embed_class (DeiT III, DINOv2-reg)
+        side = math.isqrt(max(pos.shape[1] - prefix, 0))
+        if old_grid is None and side * side != pos.shape[1] - prefix:
+            raise ValueError(
+                f"pos_embed of {pos.shape[1]} tokens is not this model's {prefix} prefix "
+                f"position(s) plus a square grid: the weights were made with other prefix-token "
+                f"switches (class_token, reg_tokens, no_embed_class, distilled)"
+            )
+        old = old_grid or (side, side)
         state_dict["pos_embed"] = resample_abs_pos_embed(
-            pos, model.grid_size, old, num_prefix_tokens=model.num_prefix_tokens
+            pos, model.grid_size, old, num_prefix_tokens=prefix
         )
         report.resampled_pos_embed = (tuple(old), tuple(model.grid_size))
         report.messages.append(
             f"resampled pos_embed from a {old[0]}x{old[1]} to a "
             f"{model.grid_size[0]}x{model.grid_size[1]} patch grid (bicubic)"
         )
-    head_keys = [k for k in ("head.weight", "head.bias") if k in state_dict]
+    # a distillation head is the model's head too; into a plain model it is an unexpected key
+    heads = HEAD_KEYS if model.config.distilled else HEAD_KEYS[:2]
+    head_keys = [k for k in heads if k in state_dict]
     head_differs = any(k not in target or state_dict[k].shape != target[k].shape for k in head_keys)
     if head_keys and head_differs:
         old_classes = state_dict[head_keys[-1]].shape[0]
@@ -399,13 +400,13 @@ def load_weights(
             f"weights from {checkpoint.description} do not fit this model; shape mismatches:\n  "
             + "\n  ".join(wrong_shape)
         )
-    fresh_head = {"head.weight", "head.bias"} if report.fresh_head else set()
+    fresh_head = set(HEAD_KEYS) & set(target) if report.fresh_head else set()
     report.missing = sorted(set(target) - set(state_dict) - fresh_head)
     report.unexpected = sorted(set(state_dict) - set(target))
     if report.missing or report.unexpected:
         problem = (
             f"weights from {checkpoint.description}: missing keys {report.missing}, "
-            f"unexpected keys {report.unexpected}"
+            f"unexpected keys {report.unexpected}{_switch_hint(report)}"
         )
         if strict:
             raise KeyError(problem + " (pass strict=False to load the rest)")
