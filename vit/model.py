@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .pos_embed import resample_abs_pos_embed
+
 
 def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
     """An int means a square; a pair is (height, width)."""
@@ -383,10 +385,7 @@ class VisionTransformer(nn.Module):
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         pos_embed = self.pos_embed  # (1, N, D) for the model's own grid
         if grid != self.grid_size:  # only with dynamic_img_size: another input size
-            # Imported here: vit.weights imports this module. Differentiable, so training at
-            # a smaller size still trains the full-size embeddings.
-            from .weights import resample_abs_pos_embed
-
+            # Differentiable, so training at a smaller size still trains the full-size embeddings.
             pos_embed = resample_abs_pos_embed(
                 pos_embed, grid, self.grid_size, num_prefix_tokens=self.num_prefix_tokens
             )

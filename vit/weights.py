@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
@@ -34,6 +33,7 @@ from .io import atomic_write
 from .layouts import huggingface
 from .layouts.google_jax import convert_jax_checkpoint
 from .model import VisionTransformer, to_pair
+from .pos_embed import resample_abs_pos_embed
 
 # Re-exported: other modules and users import them from here.
 __all__ = [
@@ -206,41 +206,6 @@ def read_state_dict(source: str | Path | nn.Module | Mapping) -> tuple[dict, dic
     """Any accepted source -> (timm-named state dict on CPU, our metadata or {})."""
     checkpoint = read_checkpoint(source)
     return checkpoint.state_dict, checkpoint.metadata
-
-
-# -- position embeddings -----------------------------------------------------------------------
-def resample_abs_pos_embed(
-    posemb: torch.Tensor,
-    new_size: tuple[int, int],
-    old_size: tuple[int, int] | None = None,
-    num_prefix_tokens: int = 1,
-    interpolation: str = "bicubic",
-    antialias: bool = True,
-) -> torch.Tensor:
-    """Resize learned position embeddings (1, prefix + old_h*old_w, D) to a new patch grid.
-
-    The prefix (class token) embeddings are kept as they are; the grid part is treated as a
-    D-channel image and interpolated in float32 (bicubic in half precision is too coarse).
-    Same semantics as timm's `resample_abs_pos_embed`.
-    """
-    num_new = new_size[0] * new_size[1] + num_prefix_tokens
-    if num_new == posemb.shape[1] and new_size[0] == new_size[1]:
-        return posemb
-    if old_size is None:
-        side = math.isqrt(posemb.shape[1] - num_prefix_tokens)
-        old_size = (side, side)
-    prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
-    if old_size[0] * old_size[1] != grid.shape[1]:
-        raise ValueError(
-            f"position embedding has {grid.shape[1]} grid tokens, which is not a "
-            f"{old_size[0]}x{old_size[1]} grid; pass old_size=(grid_h, grid_w)"
-        )
-    dim, dtype = posemb.shape[-1], posemb.dtype
-    grid = grid.float().reshape(1, old_size[0], old_size[1], dim)  # (1, h, w, D)
-    grid = grid.permute(0, 3, 1, 2)  # channels first for F.interpolate: (1, D, h, w)
-    grid = F.interpolate(grid, size=new_size, mode=interpolation, antialias=antialias)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)  # (1, new_h*new_w, D)
-    return torch.cat([prefix, grid], dim=1)
 
 
 # -- loading into a model ----------------------------------------------------------------------
