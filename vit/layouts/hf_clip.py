@@ -28,7 +28,9 @@ BLOCK_PAIRS = [
     (BLOCK + "mlp.fc1.", "blocks.{i}.mlp.fc1."),
     (BLOCK + "mlp.fc2.", "blocks.{i}.mlp.fc2."),
 ]
-QKV_BODY = r"encoder\.layers\.(?P<block>\d+)\.self_attn\.(?P<part>[qkv])_proj\.(?P<kind>weight|bias)$"
+QKV_BODY = (
+    r"encoder\.layers\.(?P<block>\d+)\.self_attn\.(?P<part>[qkv])_proj\.(?P<kind>weight|bias)$"
+)
 PAIRS = [
     ("embeddings.class_embedding", "cls_token"),
     ("embeddings.patch_embedding.", "patch_embed.proj."),
@@ -79,7 +81,8 @@ def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[
     prefix, state, notes = tower(state, source)
     keys = KeyMap([*hf.prefixed(prefix, PAIRS), ("visual_projection.weight", "head.weight")])
     ignored = {prefix + name: note for name, note in IGNORED.items()}
-    out, more = hf.convert(state, source, "CLIP image tower", keys, re.escape(prefix) + QKV_BODY, ignored)
+    qkv = re.escape(prefix) + QKV_BODY
+    out, more = hf.convert(state, source, "CLIP image tower", keys, qkv, ignored)
     vector_shapes(out)
     if "head.weight" in out:
         out["head.bias"] = torch.zeros(out["head.weight"].shape[0])  # the projection has none

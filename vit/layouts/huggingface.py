@@ -149,8 +149,6 @@ def from_timm(state: Mapping[str, torch.Tensor], with_head: bool) -> dict[str, t
     return out
 
 
-
-
 # -- config.json ---------------------------------------------------------------------------------
 def act_layer(hf: dict, source: str) -> str:
     """transformers' `hidden_act` -> our `act_layer`, or a ValueError naming what is accepted."""

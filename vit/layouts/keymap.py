@@ -76,7 +76,7 @@ def rename(
             unknown.append(key)
     for (block, kind), qkv_parts in sorted(parts.items()):
         if sorted(qkv_parts) != ["k", "q", "v"]:
-            raise ValueError(f"block {block} has a {kind} for {sorted(qkv_parts)} only, not q, k, v")
+            raise ValueError(f"block {block} has a {kind} for {sorted(qkv_parts)} only, not qkv")
         # timm's qkv Linear: q's output rows, then k's, then v's
         out[f"blocks.{block}.attn.qkv.{kind}"] = torch.cat([qkv_parts[p] for p in "qkv"])
     return out, notes, unknown
