@@ -139,6 +139,11 @@ def test_transformers_folder_and_state_dict_give_transformers_outputs(tmp_path, 
     assert report.layout.startswith("transformers")
     with torch.no_grad():
         assert relative_error(bare.eval()(x), reference) <= RTOL
+    # and the module itself, under transformers 5's in-memory names (q_proj, o_proj, ...)
+    in_memory = vit.VisionTransformer(**ours.config.to_dict())
+    vit.load_weights(in_memory, theirs)
+    with torch.no_grad():
+        assert relative_error(in_memory.eval()(x), reference) <= RTOL
 
 
 def test_two_tower_clip_and_siglip_folders_load_their_image_tower(tmp_path, one_thread, caplog):
@@ -169,6 +174,22 @@ def dinov2(image_size: int, registers: int) -> torch.nn.Module:
         config = transformers.Dinov2WithRegistersConfig(**arguments, num_register_tokens=registers)
         return perturbed(transformers.Dinov2WithRegistersModel(config))
     return perturbed(transformers.Dinov2Model(transformers.Dinov2Config(**arguments)))
+
+
+def test_mae_pretraining_folder_loads_its_encoder(tmp_path, one_thread, caplog):
+    """facebook/vit-mae-* folders are ViTMAEForPreTraining: the decoder is dropped, saying so."""
+    torch.manual_seed(0)
+    config = transformers.ViTMAEConfig(**CLIP, mask_ratio=0.0, decoder_hidden_size=16)
+    theirs = perturbed(transformers.ViTMAEForPreTraining(config))
+    theirs.save_pretrained(tmp_path / "hf")
+    with caplog.at_level(logging.WARNING, logger="vit"):
+        ours = vit.load_model(tmp_path / "hf").eval()
+    assert "ignored the MAE decoder" in caplog.text
+    x = images(32)
+    with torch.no_grad():
+        noise = torch.arange(4.0).expand(len(x), -1)  # no masking, patches kept in order
+        reference = theirs.vit(pixel_values=x, noise=noise).last_hidden_state
+        assert relative_error(ours.forward_features(x), reference) <= RTOL
 
 
 @pytest.mark.parametrize("registers", [0, 2], ids=["dinov2", "dinov2-registers"])

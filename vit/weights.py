@@ -1,13 +1,15 @@
 """Reading checkpoint files, loading them into a model, saving ours with their config.
 
 Files are read here; what their tensors are called is `vit.layouts`' job, so every source
-below works in every layout (timm's, transformers', torchvision's, Google's JAX):
+below works in every layout (timm's; transformers' ViT, MAE, DINOv2, CLIP, SigLIP and DeiT; the
+original DINOv2's; OpenAI's and OpenCLIP's; torchvision's; Google's JAX):
   * `.safetensors` files (ours carry the model config and class names in their metadata),
   * torch pickles `.pth/.pt/.bin/.ckpt` holding a state dict, possibly under `model`/`state_dict`
     and/or with DistributedDataParallel's `module.` prefix -- read with `weights_only=True`,
     so a file that would run code while loading is refused,
   * Google's original JAX `.npz` checkpoints (vit_jax and big_vision layouts),
   * a transformers folder (`config.json` + `model.safetensors` or `pytorch_model.bin`),
+    whose `model_type` must be one of those families (others are refused, named),
   * a model instance (timm's, ours, transformers' or torchvision's), or a plain dict of tensors.
 """
 
