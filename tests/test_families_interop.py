@@ -159,7 +159,7 @@ def test_two_tower_clip_and_siglip_folders_load_their_image_tower(tmp_path, one_
         theirs.save_pretrained(tmp_path / name)
         with caplog.at_level(logging.WARNING, logger="vit"):
             ours = vit.load_model(tmp_path / name).eval()
-        assert "ignored the text tower" in caplog.text
+        assert "tensors outside the image tower" in caplog.text
         with torch.no_grad():
             reference = theirs.get_image_features(pixel_values=x)
             reference = getattr(reference, "pooler_output", reference)
@@ -174,6 +174,29 @@ def dinov2(image_size: int, registers: int) -> torch.nn.Module:
         config = transformers.Dinov2WithRegistersConfig(**arguments, num_register_tokens=registers)
         return perturbed(transformers.Dinov2WithRegistersModel(config))
     return perturbed(transformers.Dinov2Model(transformers.Dinov2Config(**arguments)))
+
+
+def test_a_siglip_tower_inside_a_vision_language_model_is_found(tmp_path, one_thread):
+    """PaliGemma-style state dicts keep the tower under vision_tower.vision_model. beside a
+    language model: the tower is found by its patch embedding, the rest dropped."""
+    theirs, size = build("SiglipVisionModel-no-head")
+    theirs.save_pretrained(tmp_path / "hf")
+    tower = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    state = {f"vision_tower.vision_model.{key.removeprefix('vision_model.')}": value
+             for key, value in tower.items()}  # fmt: skip
+    state["language_model.lm_head.weight"] = torch.zeros(10, 8)
+    state["multi_modal_projector.linear.weight"] = torch.zeros(8, 32)
+    ours = vit.load_model(tmp_path / "hf")  # the architecture, from config.json
+    bare = vit.VisionTransformer(**ours.config.to_dict())
+    report = vit.load_weights(bare, state)
+    assert report.layout == "transformers_siglip" and report.unexpected == []
+    assert any("ignored 2 tensors outside the image tower" in m for m in report.messages)
+    x = images(size)
+    with torch.no_grad():
+        assert (
+            relative_error(bare.eval()(x), their_output("SiglipVisionModel-no-head", theirs, x))
+            <= RTOL
+        )
 
 
 def test_mae_pretraining_folder_loads_its_encoder(tmp_path, one_thread, caplog):
@@ -362,7 +385,7 @@ def test_open_clip_checkpoint_gives_clips_image_embeddings(tmp_path, one_thread,
     with caplog.at_level(logging.WARNING, logger="vit"):
         report = vit.load_weights(ours, path)
     assert report.layout == "open_clip" and report.missing == [] and report.unexpected == []
-    assert "ignored the text tower" in caplog.text
+    assert "tensors outside the image tower" in caplog.text
     assert read_checkpoint(path).norm_eps == 1e-5
     x = images(32)
     with torch.no_grad():
