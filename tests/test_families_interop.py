@@ -512,3 +512,54 @@ def test_weights_that_do_not_fit_the_models_switches_name_the_tensors(tmp_path, 
     )  # fmt: skip
     with pytest.raises(KeyError, match=r"missing keys \[\], unexpected keys \['reg_token'\]"):
         vit.load_weights(no_registers, tmp_path / "reg")
+
+
+# -- bare files by timm's names ------------------------------------------------------------------
+def _transformers_file(model, tmp_path, rename=None):
+    model.save_pretrained(tmp_path / "hf")
+    state = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    path = tmp_path / "weights.pth"
+    torch.save(rename(state) if rename else state, path)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "source"),
+    [
+        ("vit_small_patch14_dinov2", "facebookresearch/dinov2"),
+        ("vit_base_patch16_clip_quickgelu_224", "OpenCLIP"),
+        ("vit_base_patch16_siglip_224", "SiglipVisionModel"),
+        ("deit_base_distilled_patch16_224", "DeiTForImageClassificationWithTeacher"),
+    ],
+)
+def test_full_size_files_load_by_timms_name(tmp_path, one_thread, name, source):
+    """create_model(NAME, pretrained=FILE) with a bare state dict in each source's layout, at
+    the published size: the architecture is the name's, the outputs transformers'. timm's
+    SigLIP names use exact GELU where transformers (like big_vision) uses the tanh
+    approximation: act_layer="gelu_tanh" gives transformers' numbers."""
+    torch.manual_seed(0)
+    overrides = {}
+    if source == "facebookresearch/dinov2":
+        config = transformers.Dinov2Config(hidden_size=384, num_attention_heads=6, image_size=518)
+        theirs = perturbed(transformers.Dinov2Model(config))
+        path = _transformers_file(theirs, tmp_path, original_dinov2_state_dict)
+        size, output = 518, _pooled
+    elif source == "OpenCLIP":
+        config = transformers.CLIPVisionConfig(patch_size=16, projection_dim=512)
+        theirs = perturbed(transformers.CLIPVisionModelWithProjection(config))
+        path = _transformers_file(theirs, tmp_path, open_clip_state_dict)
+        size, output = 224, lambda result: result.image_embeds
+    elif source == "SiglipVisionModel":
+        theirs = perturbed(transformers.SiglipVisionModel(transformers.SiglipVisionConfig()))
+        path = _transformers_file(theirs, tmp_path)
+        size, output, overrides = 224, _pooled, {"act_layer": "gelu_tanh"}
+    else:
+        config = transformers.DeiTConfig(num_labels=1000)
+        theirs = perturbed(transformers.DeiTForImageClassificationWithTeacher(config))
+        path = _transformers_file(theirs, tmp_path)
+        size, output = 224, lambda result: result.logits
+    ours = vit.create_model(name, pretrained=path, **overrides).eval()
+    x = images(size, batch=1)
+    with torch.no_grad():
+        assert relative_error(ours(x), output(theirs(pixel_values=x))) <= RTOL
