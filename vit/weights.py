@@ -1,13 +1,15 @@
 """Reading checkpoint files, loading them into a model, saving ours with their config.
 
 Files are read here; what their tensors are called is `vit.layouts`' job, so every source
-below works in every layout (timm's, transformers', torchvision's, Google's JAX):
+below works in every layout (timm's; transformers' ViT, MAE, DINOv2, CLIP, SigLIP and DeiT; the
+original DINOv2's; OpenAI's and OpenCLIP's; torchvision's; Google's JAX):
   * `.safetensors` files (ours carry the model config and class names in their metadata),
   * torch pickles `.pth/.pt/.bin/.ckpt` holding a state dict, possibly under `model`/`state_dict`
     and/or with DistributedDataParallel's `module.` prefix -- read with `weights_only=True`,
     so a file that would run code while loading is refused,
   * Google's original JAX `.npz` checkpoints (vit_jax and big_vision layouts),
   * a transformers folder (`config.json` + `model.safetensors` or `pytorch_model.bin`),
+    whose `model_type` must be one of those families (others are refused, named),
   * a model instance (timm's, ours, transformers' or torchvision's), or a plain dict of tensors.
 """
 
@@ -35,7 +37,7 @@ from .io import atomic_write
 from .layouts import huggingface
 from .layouts.google_jax import convert_jax_checkpoint
 from .model import VisionTransformer, to_pair
-from .pos_embed import resample_abs_pos_embed
+from .pos_embed import RESAMPLERS, resample_abs_pos_embed, resample_pos_embed
 
 # Re-exported: other modules and users import them from here.
 __all__ = [
@@ -60,9 +62,6 @@ ACCEPTED = (
     "(config.json + weights), an nn.Module, or a dict"
 )
 WRAPPER_KEYS = ("model", "state_dict", "model_state_dict")
-# LayerNorm eps a layout's checkpoints are trained with when nothing else says (timm, torchvision
-# and JAX: 1e-6, which is also our default); transformers' ViTConfig default is 1e-12.
-LAYOUT_NORM_EPS = {"transformers": 1e-12}
 
 
 @dataclass
@@ -88,6 +87,7 @@ class Checkpoint:
     notes: list[str] = field(default_factory=list)  # what the conversion dropped or assumed
     norm_eps: float | None = None  # LayerNorm eps the weights were trained with, if known
     description: str = ""  # the source, for messages
+    pos_embed: str = "timm"  # how the source resamples position embeddings (vit.pos_embed)
 
 
 # -- reading files -------------------------------------------------------------------------------
@@ -229,11 +229,12 @@ def _read_file(path: Path) -> tuple[dict, dict]:
 def _read_transformers_folder(folder: Path) -> tuple[dict, float]:
     """A transformers folder -> (its tensors, merged over shards; its LayerNorm eps)."""
     config = huggingface.read_json(folder / "config.json")
-    huggingface.config_from_hf(config, source=str(folder))  # refuses what is not a plain ViT
+    # refuses what this package cannot compute, naming it
+    arch, _ = layouts.config_from_transformers(config, source=str(folder))
     tensors: dict[str, torch.Tensor] = {}
     for path in huggingface.weights_files(folder):
         tensors.update(_read_file(path)[0])
-    return tensors, float(config.get("layer_norm_eps", 1e-12))
+    return tensors, arch["norm_eps"]
 
 
 def read_checkpoint(source: str | Path | nn.Module | Mapping | Checkpoint) -> Checkpoint:
@@ -258,12 +259,21 @@ def read_checkpoint(source: str | Path | nn.Module | Mapping | Checkpoint) -> Ch
         description = str(description)
     else:
         raise TypeError(f"cannot load weights from a {type(source).__name__}; accepted: {ACCEPTED}")
-    state_dict, layout, notes = layouts.to_timm(raw, description)
+    layout = layouts.detect(list(raw), description)
+    state_dict, notes = layout.to_timm(raw, description)
     if "vit.config" in metadata:
         norm_eps = metadata["vit.config"].get("norm_eps", 1e-6)
     elif norm_eps is None:
-        norm_eps = LAYOUT_NORM_EPS.get(layout)
-    return Checkpoint(state_dict, metadata, layout, notes, norm_eps, description)
+        norm_eps = layout.norm_eps
+    return Checkpoint(
+        state_dict,
+        metadata=metadata,
+        layout=layout.name,
+        notes=notes,
+        norm_eps=norm_eps,
+        description=description,
+        pos_embed=layout.pos_embed,
+    )
 
 
 def read_state_dict(source: str | Path | nn.Module | Mapping) -> tuple[dict, dict]:
@@ -310,9 +320,15 @@ def _switch_hint(report: LoadReport) -> str:
 
 
 def adapt_state_dict(
-    state_dict: dict, model: VisionTransformer, report: LoadReport, old_grid=None
+    state_dict: dict,
+    model: VisionTransformer,
+    report: LoadReport,
+    old_grid=None,
+    pos_embed: str = "timm",
 ) -> dict:
-    """Make a checkpoint fit `model`: resample position embeddings, drop a mismatched head."""
+    """Make a checkpoint fit `model`: resample position embeddings (the way `pos_embed` names,
+    a `vit.pos_embed.RESAMPLERS` key: the checkpoint's source library's), drop a mismatched
+    head."""
     state_dict = dict(state_dict)
     target = model.state_dict()
     pos = state_dict.get("pos_embed")
@@ -331,13 +347,13 @@ def adapt_state_dict(
                 f"switches (class_token, reg_tokens, no_embed_class, distilled)"
             )
         old = old_grid or (side, side)
-        state_dict["pos_embed"] = resample_abs_pos_embed(
-            pos, model.grid_size, old, num_prefix_tokens=prefix
+        state_dict["pos_embed"] = resample_pos_embed(
+            pos, model.grid_size, old, num_prefix_tokens=prefix, method=pos_embed
         )
         report.resampled_pos_embed = (tuple(old), tuple(model.grid_size))
         report.messages.append(
             f"resampled pos_embed from a {old[0]}x{old[1]} to a "
-            f"{model.grid_size[0]}x{model.grid_size[1]} patch grid (bicubic)"
+            f"{model.grid_size[0]}x{model.grid_size[1]} patch grid ({RESAMPLERS[pos_embed]})"
         )
     # a distillation head is the model's head too; into a plain model it is an unexpected key
     heads = HEAD_KEYS if model.config.distilled else HEAD_KEYS[:2]
@@ -387,7 +403,11 @@ def load_weights(
             f"model's; build the model with norm_eps={checkpoint.norm_eps:g} to match exactly"
         )
     state_dict = adapt_state_dict(
-        checkpoint.state_dict, model, report, old_grid=_stored_grid(checkpoint.metadata)
+        checkpoint.state_dict,
+        model,
+        report,
+        old_grid=_stored_grid(checkpoint.metadata),
+        pos_embed=checkpoint.pos_embed,
     )
     target = model.state_dict()
     wrong_shape = [
