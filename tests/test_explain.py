@@ -13,9 +13,11 @@ from vit.explain import (
     attention_rollout,
     capture_attention,
     discard_lowest,
+    drop_tokens,
     faithfulness,
     gradient_rollout,
     gradient_rollout_matrix,
+    last_block_attention,
     mean_attention_distance,
     patch_map,
     perturbation_curve,
@@ -44,7 +46,8 @@ def tiny_model(seed: int = 0, **overrides) -> vit.VisionTransformer:
     torch.manual_seed(seed)
     kwargs = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5)
     model = vit.VisionTransformer(**{**kwargs, **overrides}).eval()
-    torch.nn.init.normal_(model.head.weight, std=0.5)
+    if isinstance(model.head, torch.nn.Linear):  # not for a headless model (num_classes=0)
+        torch.nn.init.normal_(model.head.weight, std=0.5)
     return model
 
 
@@ -415,3 +418,129 @@ def test_faithfulness_script_prints_a_table(tmp_path, capsys):
     for row in rows:
         positive, negative = (float(cell) for cell in row.strip("|").split("|")[1:])
         assert 0.0 <= positive <= 1.0 and 0.0 <= negative <= 1.0
+
+
+# -- readouts, registers, directions, per-head maps ----------------------------------------------
+def test_patch_map_with_readout_weights_by_hand():
+    # Weights over the 3 tokens read the matrix's rows in that mixture: 1/2 on the class and
+    # 1/2 on the second prefix token (a distilled model), or an attention pool's weights.
+    matrix = torch.tensor(ROLLOUT)[None]  # (1, 3, 3)
+    halves = torch.tensor([0.5, 0.5, 0.0])
+    expected = 0.5 * (torch.tensor(ROLLOUT[0]) + torch.tensor(ROLLOUT[1]))[1:]
+    torch.testing.assert_close(patch_map(matrix, (1, 2), 1, halves).flatten(), expected)
+    pool = torch.tensor([[0.2, 0.3, 0.5]])  # (B, N)
+    expected = (pool @ torch.tensor(ROLLOUT))[0, 1:]
+    torch.testing.assert_close(patch_map(matrix, (1, 2), 1, pool).flatten(), expected)
+    # one-hot on token 0 is the "token" readout
+    one_hot = torch.tensor([1.0, 0.0, 0.0])
+    torch.testing.assert_close(patch_map(matrix, (1, 2), 1, one_hot), patch_map(matrix, (1, 2), 1))
+
+
+def test_drop_tokens_removes_rows_and_columns_and_renormalises():
+    a = torch.tensor(A1)[None, None]  # (1, 1, 3, 3): drop token 1 (a "register")
+    got = drop_tokens(a, [1])
+    kept = torch.tensor([[0.2, 0.2], [0.4, 0.6]])  # rows 0, 2 and columns 0, 2 of A1
+    torch.testing.assert_close(got[0, 0], kept / kept.sum(dim=1, keepdim=True))
+    torch.testing.assert_close(drop_tokens(a, [1], renormalize=False)[0, 0], kept)
+    # a readout's (B, nh, L, N) attention loses the column only
+    pool = torch.tensor([[[[0.1, 0.6, 0.3]]]])
+    torch.testing.assert_close(drop_tokens(pool, [1]), torch.tensor([[[[0.25, 0.75]]]]))
+
+
+def test_dropping_registers_nobody_attends_to_changes_nothing():
+    # If no token attends to token 1, rolling out without it gives the same map: the matrix
+    # shrinks by one row and column, the map over the patches is identical.
+    attentions = random_attention(batch=2, heads=3, n=7, depth=3, seed=4)
+    for a in attentions:
+        a[..., 1] = 0.0
+        a /= a.sum(dim=-1, keepdim=True)
+    full = rollout_matrix(attentions, num_prefix_tokens=2)
+    without = rollout_matrix([drop_tokens(a, [1]) for a in attentions], num_prefix_tokens=1)
+    assert full.shape == (2, 7, 7) and without.shape == (2, 6, 6)
+    torch.testing.assert_close(without.sum(dim=-1), torch.ones(2, 6))
+    torch.testing.assert_close(patch_map(full, (1, 5), 2), patch_map(without, (1, 5), 1))
+
+
+def test_direction_along_a_head_row_explains_that_class():
+    # With the dot product, the similarity to head.weight[c] is logit c minus its bias: the
+    # same gradients, so the same maps as explaining class c.
+    model = tiny_model()
+    images = images_for(model, batch=3)
+    for c in (0, 3):
+        row = model.head.weight[c].detach()
+        for method in (gradient_rollout, relevance):
+            by_class = method(model, images, target=c)
+            by_direction = method(model, images, direction=row, similarity="dot")
+            torch.testing.assert_close(by_direction, by_class, rtol=1e-5, atol=1e-7)
+    record = record_attention(model, images, direction=model.head.weight[0], similarity="dot")
+    torch.testing.assert_close(record.scores, (record.embeddings @ model.head.weight[0].detach()))
+    assert record.logits is None and record.embeddings.shape == (3, 32)
+
+
+def test_cosine_direction_explains_a_headless_backbone():
+    model = tiny_model(num_classes=0)  # model(x) is the pooled embedding
+    images = images_for(model, batch=3)
+    embeddings = vit.explain.embed(model, images)  # (B, D)
+    with torch.no_grad():
+        torch.testing.assert_close(embeddings, model(images))
+    reference = embeddings[0]  # explain the other images' similarity to image 0
+    record = record_attention(model, images, direction=reference)
+    cosine = torch.nn.functional.cosine_similarity(embeddings, reference[None], dim=-1)
+    torch.testing.assert_close(record.scores, cosine)
+    assert record.scores[0] == pytest.approx(1.0)
+    for method in (gradient_rollout, relevance):
+        batched = method(model, images, direction=reference)
+        per_image = method(model, images, direction=reference.expand(3, -1))
+        torch.testing.assert_close(batched, per_image)
+        singles = torch.cat(
+            [method(model, images[i : i + 1], direction=reference) for i in range(3)]
+        )
+        torch.testing.assert_close(batched, singles, rtol=1e-4, atol=1e-7)
+        assert batched[1:].abs().sum() > 0
+        # cosine is scale free: the same map for a rescaled direction; the dot product is not
+        torch.testing.assert_close(method(model, images, direction=5 * reference), batched)
+        dot = method(model, images, direction=reference, similarity="dot")
+        assert not torch.allclose(dot, batched)
+    with pytest.raises(ValueError, match="no classifier head"):
+        relevance(model, images)
+    with pytest.raises(ValueError, match=r"direction has shape \(7,\)"):
+        relevance(model, images, direction=torch.ones(7))
+    with pytest.raises(ValueError, match="similarity"):
+        relevance(model, images, direction=reference, similarity="euclid")
+
+
+def test_class_target_and_direction_are_not_mixed_up():
+    model = tiny_model()
+    images = images_for(model, batch=2)
+    with pytest.raises(ValueError, match="not both"):
+        gradient_rollout(model, images, target=1, direction=torch.ones(32))
+    with pytest.raises(ValueError, match="direction="):
+        gradient_rollout(model, images, target=torch.ones(2))  # floats are not class indices
+
+
+@pytest.mark.parametrize("class_token", [True, False])
+def test_last_block_attention_is_each_heads_readout_row(class_token):
+    overrides = {} if class_token else {"class_token": False, "global_pool": "avg"}
+    model = tiny_model(num_heads=4, img_size=(8, 16), **overrides)  # a 2x4 grid
+    images = images_for(model, batch=3)
+    maps = last_block_attention(model, images)
+    assert maps.shape == (3, 4, 2, 4)
+    last = record_attention(model, images).attentions[-1]  # (B, nh, N, N)
+    if class_token:
+        # DINO's picture: attentions[:, :, 0, 1:], and with the class column the row sums to 1
+        torch.testing.assert_close(maps, last[:, :, 0, 1:].reshape(3, 4, 2, 4))
+        torch.testing.assert_close(maps.sum(dim=(-2, -1)) + last[:, :, 0, 0], torch.ones(3, 4))
+    else:
+        torch.testing.assert_close(maps, last.mean(dim=2).reshape(3, 4, 2, 4))
+        torch.testing.assert_close(maps.sum(dim=(-2, -1)), torch.ones(3, 4))
+    singles = torch.cat([last_block_attention(model, images[i : i + 1]) for i in range(3)])
+    torch.testing.assert_close(maps, singles, rtol=1e-5, atol=1e-7)
+
+
+def test_maps_follow_the_input_grid_of_a_dynamic_size_model():
+    model = tiny_model(dynamic_img_size=True)  # made for 16x16 (4x4 grid), fed 8x12 (2x3)
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 8, 12)
+    for method in (attention_rollout, gradient_rollout, relevance):
+        assert method(model, images).shape == (2, 2, 3)
+    assert last_block_attention(model, images).shape == (2, 2, 2, 3)
