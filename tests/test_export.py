@@ -64,6 +64,19 @@ def test_onnx_has_a_dynamic_batch_and_our_logits(model, tmp_path, one_thread):
     assert leftovers(tmp_path) == []
 
 
+def test_onnx_of_a_headless_backbone_outputs_its_embeddings(tmp_path, one_thread):
+    torch.manual_seed(0)
+    headless = vit.VisionTransformer(**{**TINY, "num_classes": 0}).eval()
+    path = tmp_path / "backbone.onnx"
+    assert export_onnx(headless, path).max_relative_difference <= RTOL
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["embeddings"]
+    x = torch.randn(4, 3, 32, 32)
+    (out,) = session.run(["embeddings"], {"pixel_values": x.numpy()})
+    assert out.shape == (4, 32)  # the pooled embedding, as model(x)
+    assert relative_error(out, logits(headless, x)) <= RTOL
+
+
 def test_transformers_folder_loads_with_id2label_and_round_trips(model, tmp_path, one_thread):
     folder = tmp_path / "hf"
     result = export_transformers(model, folder)
