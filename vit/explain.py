@@ -500,6 +500,11 @@ def _prepare(
     prefix = model.num_prefix_tokens
     attentions, gradients = record.attentions, record.gradients
     pool_attention, pool_gradient = record.pool_attention, record.pool_gradient
+    n = attentions[0].shape[-1]
+    if pool_attention is not None and pool_attention.shape[-1] == n - prefix != n:
+        # a pool over the patch tokens only: the prefix tokens get no weight
+        pool_attention = F.pad(pool_attention, (prefix, 0))
+        pool_gradient = None if pool_gradient is None else F.pad(pool_gradient, (prefix, 0))
     registers = num_registers(model)
     if not include_registers and registers:
         dropped = range(prefix - registers, prefix)  # registers are the last prefix tokens
