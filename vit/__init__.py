@@ -3,7 +3,8 @@
 from .configs import Preprocess, list_models
 from .factory import create_model, create_transform, load_model
 from .model import Attention, Block, Mlp, PatchEmbed, VisionTransformer, ViTConfig
-from .weights import LoadReport, load_weights, resample_abs_pos_embed, save_weights
+from .pos_embed import resample_abs_pos_embed
+from .weights import LoadReport, load_weights, save_weights
 
 __version__ = "0.1.0"
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from torchvision import transforms as T
 
+from . import layouts
 from .configs import Preprocess, get_spec
 from .layouts import huggingface
 from .layouts import torchvision as torchvision_layout
@@ -78,19 +79,25 @@ def _timm_pretrained(name: str, tag: str | None):
     return timm.create_model(f"{name}.{tag}", pretrained=True)
 
 
-def load_model(path: str | Path, num_classes: int | None = None) -> VisionTransformer:
+def load_model(
+    path: str | Path, num_classes: int | None = None, img_size: int | tuple[int, int] | None = None
+) -> VisionTransformer:
     """Rebuild a model from a file or folder that says what architecture it holds.
 
     path: a `.safetensors` file written by `vit.save_weights` (the architecture, class names
-        and preprocessing come from its metadata), or a transformers ViT folder (`config.json`
-        + `model.safetensors` or `pytorch_model.bin`; `preprocessor_config.json` if present).
+        and preprocessing come from its metadata), or a transformers folder (`config.json` +
+        `model.safetensors` or `pytorch_model.bin`; `preprocessor_config.json` if present) of
+        a ViT, ViT-MAE, DINOv2, CLIP, SigLIP or distilled DeiT model.
     num_classes: replace the classifier (the stored head is then dropped).
+    img_size: build the model for this input size (position embeddings resampled the way the
+        weights' source library does). A transformers folder defaults to the size its
+        preprocessing produces (DINOv2: 224 px, though config.json says 518).
     The result carries `model.class_names` (None when unknown), `model.model_name` and
     `model.preprocess`.
     """
     path = Path(path)
     if path.is_dir():
-        return _load_transformers_folder(path, num_classes)
+        return _load_transformers_folder(path, num_classes, img_size)
     if not path.is_file():
         raise FileNotFoundError(
             f"{path}: no such file or folder; vit.load_model reads our .safetensors files and "
@@ -111,6 +118,8 @@ def load_model(path: str | Path, num_classes: int | None = None) -> VisionTransf
     config = dict(metadata["vit.config"])
     if num_classes is not None:
         config["num_classes"] = num_classes
+    if img_size is not None:
+        config["img_size"] = img_size
     model = VisionTransformer(**config)
     load_weights(model, path)
     model.class_names = metadata.get("vit.class_names")
@@ -124,31 +133,31 @@ def load_model(path: str | Path, num_classes: int | None = None) -> VisionTransf
     return model
 
 
-def _load_transformers_folder(folder: Path, num_classes: int | None) -> VisionTransformer:
-    """A transformers ViT folder -> our model, architecture and class names from config.json."""
-    hf_config = (
-        huggingface.read_json(folder / "config.json")
-        if (folder / "config.json").is_file()
-        else None
-    )
-    if hf_config is None:
+def _load_transformers_folder(
+    folder: Path, num_classes: int | None, img_size: int | tuple[int, int] | None
+) -> VisionTransformer:
+    """A transformers folder -> our model, architecture and class names from config.json, at
+    the input size of its preprocessing unless `img_size` says otherwise."""
+    if not (folder / "config.json").is_file():
         raise FileNotFoundError(
-            f"{folder} is a folder without config.json: vit.load_model reads transformers ViT "
+            f"{folder} is a folder without config.json: vit.load_model reads transformers "
             f"folders (config.json + model.safetensors or pytorch_model.bin) or our "
             f".safetensors files"
         )
-    config, class_names = huggingface.config_from_hf(hf_config, source=str(folder))
+    hf_config = huggingface.read_json(folder / "config.json")
+    config, class_names = layouts.config_from_transformers(hf_config, source=str(folder))
+    processor = folder / "preprocessor_config.json"
+    settings = huggingface.read_json(processor) if processor.is_file() else {}
+    preprocess = huggingface.preprocess_from_hf(settings, config["img_size"])
     if num_classes is not None:
         config["num_classes"] = num_classes
+    config["img_size"] = to_pair(img_size, "img_size") if img_size else preprocess["input_size"]
+    preprocess["input_size"] = config["img_size"]
     model = VisionTransformer(**config)
     load_weights(model, folder)
     model.class_names = class_names if len(class_names or ()) == model.num_classes else None
     model.model_name = hf_config.get("_name_or_path") or folder.name
-    processor = folder / "preprocessor_config.json"
-    settings = huggingface.read_json(processor) if processor.is_file() else {}
-    model.preprocess = Preprocess.from_dict(
-        huggingface.preprocess_from_hf(settings, model.patch_embed.img_size)
-    )
+    model.preprocess = Preprocess.from_dict(preprocess)
     return model
 
 

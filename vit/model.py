@@ -1,26 +1,39 @@
 """The Vision Transformer (Dosovitskiy et al., 2021), written from scratch.
 
-An image is cut into non-overlapping patches, each patch is projected to a token, a learned
-class token is prepended, learned position embeddings are added, and a stack of pre-norm
-transformer blocks mixes the tokens. The class token (or the mean of the patch tokens) is
-classified by a linear head.
+An image is cut into non-overlapping patches, each patch is projected to a token, learned
+prefix tokens (a class token) are prepended, learned position embeddings are added, and a stack
+of pre-norm transformer blocks mixes the tokens. The class token (or the mean of the patch
+tokens) is classified by a linear head.
 
-Parameter names are timm's (`patch_embed.proj`, `blocks.{i}.attn.qkv`, ...), so a timm
+The ViT families in use today are this model with a few switches (timm's names), each a small
+module or a few lines below: LayerScale `init_values` (DINOv2, DeiT III), register tokens
+`reg_tokens` and patch-only position embeddings `no_embed_class` (DINOv2 with registers,
+DeiT III), a LayerNorm before the blocks `pre_norm` (CLIP), the MLP activation `act_layer`
+(QuickGELU: OpenAI CLIP), an attention-pool readout `global_pool="map"` (SigLIP), and a
+distillation token with its own head `distilled` (DeiT distilled).
+
+Parameter names are timm's (`patch_embed.proj`, `blocks.{i}.attn.qkv`, `blocks.{i}.ls1.gamma`,
+`reg_token`, `norm_pre`, `attn_pool.*`, `dist_token`, `head_dist`, ...), so a timm
 `VisionTransformer` state dict loads here strictly and ours loads into timm strictly.
 
 Shape legend used in comments:
     B batch, C channels, H/W image height/width, gh/gw patch-grid height/width,
-    N tokens (prefix + gh*gw), D embed dim, nh heads, hs head size (D // nh).
+    P prefix tokens (class + distillation + registers), N tokens (P + gh*gw),
+    D embed dim, nh heads, hs head size (D // nh).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .pos_embed import resample_abs_pos_embed
 
 
 def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
@@ -44,7 +57,9 @@ class ViTConfig:
     patch_size: int | tuple[int, int] = 16
     in_chans: int = 3
     num_classes: int = 1000
-    global_pool: Literal["token", "avg"] = "token"
+    # "token": the class token; "avg": mean of the patch tokens; "map": an attention-pool readout
+    # (SigLIP); "": no pooling, the head sees every token
+    global_pool: Literal["token", "avg", "map", ""] = "token"
     embed_dim: int = 768
     depth: int = 12
     num_heads: int = 12
@@ -52,6 +67,12 @@ class ViTConfig:
     qkv_bias: bool = True
     class_token: bool = True
     fc_norm: bool | None = None  # None: timm's default, a norm after pooling only for "avg"
+    init_values: float | None = None  # LayerScale on both residual branches (DINOv2, DeiT III)
+    reg_tokens: int = 0  # register tokens after the class token (DINOv2 with registers)
+    no_embed_class: bool = False  # position embeddings for the patches only (DeiT III, DINOv2-reg)
+    pre_norm: bool = False  # LayerNorm before the blocks, patch projection without bias (CLIP)
+    act_layer: Literal["gelu", "gelu_tanh", "quick_gelu"] = "gelu"  # quick_gelu: OpenAI CLIP
+    distilled: bool = False  # a distillation token with its own head (DeiT distilled)
     # LayerNorm epsilon everywhere: 1e-6 as in the JAX ViT and timm (PyTorch's default is 1e-5,
     # transformers' ViT uses 1e-12); a checkpoint's own value is needed to reproduce its logits.
     norm_eps: float = 1e-6
@@ -76,7 +97,13 @@ class PatchEmbed(nn.Module):
     """Image to patch tokens: a Conv2d whose kernel and stride are both the patch size."""
 
     def __init__(
-        self, img_size, patch_size, in_chans: int, embed_dim: int, dynamic_img_size: bool = False
+        self,
+        img_size,
+        patch_size,
+        in_chans: int,
+        embed_dim: int,
+        dynamic_img_size: bool = False,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         self.dynamic_img_size = dynamic_img_size
@@ -94,7 +121,9 @@ class PatchEmbed(nn.Module):
             self.img_size[1] // self.patch_size[1],
         )
         self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.proj = nn.Conv2d(in_chans, embed_dim, self.patch_size, stride=self.patch_size)
+        self.proj = nn.Conv2d(
+            in_chans, embed_dim, self.patch_size, stride=self.patch_size, bias=bias
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
@@ -161,19 +190,91 @@ class Attention(nn.Module):
         return self.proj_drop(self.proj(x))
 
 
-class Mlp(nn.Module):
-    """Two linear layers with a GELU between: D -> hidden -> D."""
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): the GELU approximation OpenAI's CLIP was trained with."""
 
-    def __init__(self, dim: int, hidden_dim: int, drop: float = 0.0) -> None:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(1.702 * x)
+
+
+# act_layer names (timm's) -> activation modules; a checkpoint needs the one it was trained with
+ACT_LAYERS = {
+    "gelu": nn.GELU,  # exact (erf) GELU: ViT, DeiT, DINOv2, timm's CLIP and SigLIP
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # transformers' SigLIP
+    "quick_gelu": QuickGELU,  # OpenAI CLIP
+}
+
+
+class Mlp(nn.Module):
+    """Two linear layers with an activation between: D -> hidden -> D."""
+
+    def __init__(
+        self, dim: int, hidden_dim: int, drop: float = 0.0, act_layer: str = "gelu"
+    ) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = nn.GELU()
+        self.act = ACT_LAYERS[act_layer]()
         self.drop1 = nn.Dropout(drop)
         self.fc2 = nn.Linear(hidden_dim, dim)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class LayerScale(nn.Module):
+    """A learned per-channel scale on a residual branch, starting small (DINOv2, DeiT III).
+
+    Deep ViTs train more stably when each block starts close to the identity (Touvron et al.
+    2021, "Going deeper with image transformers").
+    """
+
+    def __init__(self, dim: int, init_values: float) -> None:
+        super().__init__()
+        self.init_values = init_values
+        self.gamma = nn.Parameter(torch.full((dim,), init_values))  # (D,)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma  # (B, N, D)
+
+
+class AttentionPoolLatent(nn.Module):
+    """SigLIP's readout ("map", multihead attention pooling): one learned query attends to the
+    patch tokens, then a residual MLP. timm's `AttentionPoolLatent` names and maths.
+
+    Like `Attention`, a fused path and an explicit one whose probabilities pass through
+    `self.softmax`, so explanations can capture where the readout looks.
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float, norm_eps: float, act_layer: str):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.fused_attn = True
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))  # the learned query
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, dim * 2)
+        self.softmax = nn.Softmax(dim=-1)  # parameter-free; here so hooks can see probabilities
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(0.0)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, L, D = x.shape  # L: the tokens pooled over
+        q = self.q(self.latent).reshape(1, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        q = q.expand(B, -1, -1, -1)  # (B, nh, 1, hs)
+        kv = self.kv(x).reshape(B, L, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        k, v = kv.unbind(0)  # each (B, nh, L, hs)
+        if self.fused_attn:
+            x = F.scaled_dot_product_attention(q, k, v)  # (B, nh, 1, hs)
+        else:
+            attn = self.softmax((q * self.scale) @ k.transpose(-2, -1))  # (B, nh, 1, L)
+            x = attn @ v  # (B, nh, 1, hs)
+        x = self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, 1, D)))  # (B, 1, D)
+        x = x + self.mlp(self.norm(x))
+        return x[:, 0]  # (B, D)
 
 
 class DropPath(nn.Module):
@@ -229,7 +330,10 @@ class PatchDropout(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
+    """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)).
+
+    With `init_values` each branch is scaled by a LayerScale (`ls1`, `ls2`) before the sum.
+    """
 
     def __init__(
         self,
@@ -241,21 +345,28 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         norm_eps: float = 1e-6,
+        init_values: float | None = None,
+        act_layer: str = "gelu",
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = Attention(
             dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop
         )
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, act_layer=act_layer)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.attn(self.norm1(x)))  # (B, N, D)
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))  # (B, N, D)
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))  # (B, N, D)
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))  # (B, N, D)
         return x
+
+
+GLOBAL_POOLS = ("token", "avg", "map", "")
 
 
 class VisionTransformer(nn.Module):
@@ -270,15 +381,25 @@ class VisionTransformer(nn.Module):
                 f"accepted: {sorted(ViTConfig.__dataclass_fields__)}"
             )
         cfg = ViTConfig(**kwargs)
-        if cfg.global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be 'token' or 'avg', got {cfg.global_pool!r}")
-        if cfg.global_pool == "token" and not cfg.class_token:
-            raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
+        _check_pool(cfg.global_pool, cfg.class_token)
+        if cfg.act_layer not in ACT_LAYERS:
+            raise ValueError(
+                f"act_layer must be one of {sorted(ACT_LAYERS)}, got {cfg.act_layer!r}"
+            )
+        if cfg.distilled and (cfg.global_pool != "token" or cfg.reg_tokens):
+            raise ValueError(
+                "distilled=True reads the class and distillation tokens: it needs "
+                "global_pool='token' and no register tokens"
+            )
         self.config = cfg
         self.num_classes = cfg.num_classes
         self.global_pool = cfg.global_pool
         self.embed_dim = self.num_features = cfg.embed_dim
-        self.num_prefix_tokens = 1 if cfg.class_token else 0
+        # Prefix tokens, in order: class, distillation (DeiT), registers (DINOv2-reg).
+        self.num_prefix_tokens = int(cfg.class_token) + int(cfg.distilled) + cfg.reg_tokens
+        self.num_reg_tokens = cfg.reg_tokens
+        self.grad_checkpointing = False
+        self.distilled_training = False  # DeiT: return both heads' logits in training (timm's)
         use_fc_norm = cfg.uses_fc_norm
 
         self.patch_embed = PatchEmbed(
@@ -287,14 +408,22 @@ class VisionTransformer(nn.Module):
             cfg.in_chans,
             cfg.embed_dim,
             dynamic_img_size=cfg.dynamic_img_size,
+            bias=not cfg.pre_norm,  # CLIP's projection has no bias: norm_pre follows it
         )
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.distilled else None
+        self.reg_token = (
+            nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.embed_dim)) if cfg.reg_tokens else None
+        )
         self.pos_embed = nn.Parameter(
-            torch.zeros(1, num_patches + self.num_prefix_tokens, cfg.embed_dim)
+            torch.zeros(1, num_patches + self.pos_embed_prefix_tokens, cfg.embed_dim)
         )
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
         self.patch_drop = PatchDropout(cfg.patch_drop_rate, self.num_prefix_tokens)
+        self.norm_pre = (
+            nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
+        )
         # stochastic depth rises linearly from 0 at the first block to drop_path_rate at the last
         drop_path_rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
         self.blocks = nn.Sequential(
@@ -308,17 +437,31 @@ class VisionTransformer(nn.Module):
                     attn_drop=cfg.attn_drop_rate,
                     drop_path=rate,
                     norm_eps=cfg.norm_eps,
+                    init_values=cfg.init_values,
+                    act_layer=cfg.act_layer,
                 )
                 for rate in drop_path_rates
             ]
         )
         # timm's layout: the final norm sits before pooling, or after it (fc_norm) for "avg"
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
+        self.attn_pool = (  # SigLIP's readout
+            AttentionPoolLatent(
+                cfg.embed_dim,
+                cfg.num_heads,
+                mlp_ratio=cfg.mlp_ratio,
+                norm_eps=cfg.norm_eps,
+                act_layer=cfg.act_layer,
+            )
+            if cfg.global_pool == "map"
+            else None
+        )
         self.fc_norm = (
             nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         )
         self.head_drop = nn.Dropout(cfg.drop_rate)
         self.head = self._make_head(cfg.num_classes)
+        self.head_dist = self._make_head(cfg.num_classes) if cfg.distilled else None  # DeiT
         self.init_weights()
         # Set by vit.create_model / vit.load_model, saved beside the weights by vit.save_weights.
         self.model_name: str | None = None
@@ -329,10 +472,16 @@ class VisionTransformer(nn.Module):
     def _make_head(self, num_classes: int) -> nn.Module:
         return nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
+    @property
+    def pos_embed_prefix_tokens(self) -> int:
+        """How many prefix tokens have a position embedding: none with no_embed_class."""
+        return 0 if self.config.no_embed_class else self.num_prefix_tokens
+
     @torch.no_grad()
     def init_weights(self) -> None:
         """ViT paper / timm initialisation: truncated normal(0.02) weights, zero biases, a zero
-        head so that training starts from uniform predictions, a near-zero class token."""
+        head so that training starts from uniform predictions, near-zero class and register
+        tokens, LayerScale at init_values, the attention pool's query at std D**-0.5."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 nn.init.trunc_normal_(module.weight, std=0.02)
@@ -341,39 +490,73 @@ class VisionTransformer(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
+            elif isinstance(module, LayerScale):
+                nn.init.constant_(module.gamma, module.init_values)
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
+        if self.dist_token is not None:
+            nn.init.trunc_normal_(self.dist_token, std=0.02)
+        if self.attn_pool is not None:
+            std = self.embed_dim**-0.5
+            nn.init.trunc_normal_(self.attn_pool.latent, std=std, a=-2 * std, b=2 * std)
         self._zero_head()
 
     @torch.no_grad()
     def _zero_head(self) -> None:
         # A zero head predicts uniformly at first, so early gradients do not chase random logits.
-        if isinstance(self.head, nn.Linear):
-            nn.init.zeros_(self.head.weight)
-            nn.init.zeros_(self.head.bias)
+        for head in (self.head, self.head_dist):
+            if isinstance(head, nn.Linear):
+                nn.init.zeros_(head.weight)
+                nn.init.zeros_(head.bias)
+
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        """The classifier head; (head, head_dist) for a distilled model, as timm."""
+        return self.head if self.head_dist is None else (self.head, self.head_dist)
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """Replace the head with a fresh (zero) one for `num_classes` (0 removes it)."""
+        """Replace the head(s) with fresh (zero) ones for `num_classes` (0 removes them).
+
+        global_pool may switch between "token", "avg" and "" (no pooling); a model built with
+        an attention pool ("map") loses it when switched away, and cannot gain one.
+        """
         if global_pool is not None:
-            if global_pool not in ("token", "avg"):
-                raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
-            if global_pool == "token" and self.cls_token is None:
-                raise ValueError("global_pool='token' needs a class token; this model has none")
+            _check_pool(global_pool, self.cls_token is not None)
+            if global_pool == "map" and self.attn_pool is None:
+                raise ValueError("global_pool='map' cannot be added to a model built without it")
+            if self.head_dist is not None and global_pool != "token":
+                raise ValueError("a distilled model reads its class and distillation tokens")
+            if global_pool != "map":
+                self.attn_pool = None
             self.global_pool = self.config.global_pool = global_pool
+        device = self.pos_embed.device
         self.num_classes = self.config.num_classes = num_classes
-        self.head = self._make_head(num_classes).to(self.pos_embed.device)
+        self.head = self._make_head(num_classes).to(device)
+        if self.head_dist is not None:
+            self.head_dist = self._make_head(num_classes).to(device)
         self._zero_head()
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip (the optimizer also skips biases/norms)."""
-        return {"pos_embed", "cls_token"}
+        names = ("pos_embed", "cls_token", "reg_token", "dist_token")
+        return {name for name in names if getattr(self, name) is not None}
 
     def set_fused_attn(self, enabled: bool) -> None:
-        """Switch every block between fused SDPA (True) and the explicit softmax path."""
+        """Switch every attention (blocks and attention pool) between fused SDPA (True) and the
+        explicit softmax path."""
         for module in self.modules():
-            if isinstance(module, Attention):
+            if isinstance(module, (Attention, AttentionPoolLatent)):
                 module.fused_attn = enabled
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass instead of storing them:
+        less memory for more compute (torch.utils.checkpoint), as timm's switch."""
+        self.grad_checkpointing = enable
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """DeiT: in training, return (class-head logits, distillation-head logits), as timm."""
+        self.distilled_training = enable
 
     @property
     def grid_size(self) -> tuple[int, int]:
@@ -381,25 +564,25 @@ class VisionTransformer(nn.Module):
 
     # -- forward -----------------------------------------------------------------------------
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        pos_embed = self.pos_embed  # (1, N, D) for the model's own grid
+        """Patch tokens (B, gh*gw, D) -> prefix tokens first, position embeddings added."""
+        pos_embed = self.pos_embed  # (1, gh*gw + P or gh*gw, D) for the model's own grid
         if grid != self.grid_size:  # only with dynamic_img_size: another input size
-            # Imported here: vit.weights imports this module. Differentiable, so training at
-            # a smaller size still trains the full-size embeddings.
-            from .weights import resample_abs_pos_embed
-
+            # Differentiable, so training at a smaller size still trains the full-size embeddings.
             pos_embed = resample_abs_pos_embed(
-                pos_embed, grid, self.grid_size, num_prefix_tokens=self.num_prefix_tokens
+                pos_embed, grid, self.grid_size, num_prefix_tokens=self.pos_embed_prefix_tokens
             )
-        if self.cls_token is not None:
-            cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, D)
-            x = torch.cat([cls, x], dim=1)  # (B, N, D)
-        return self.pos_drop(x + pos_embed)
+        tokens = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if not tokens:  # SigLIP: no prefix tokens
+            return self.pos_drop(x + pos_embed)
+        prefix = torch.cat(tokens, dim=1).expand(x.shape[0], -1, -1)  # (B, P, D)
+        if self.config.no_embed_class:  # DeiT III, DINOv2-reg: prefix tokens carry no position
+            x = torch.cat([prefix, x + pos_embed], dim=1)  # (B, N, D)
+        else:
+            x = torch.cat([prefix, x], dim=1) + pos_embed  # (B, N, D)
+        return self.pos_drop(x)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images (B, C, H, W) -> normalised tokens (B, N, D), prefix tokens first.
-
-        In training with patch_drop_rate > 0, N counts only the kept patch tokens.
-        """
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> tokens (B, N, D) ready for the first block."""
         grid = (
             x.shape[-2] // self.patch_embed.patch_size[0],
             x.shape[-1] // self.patch_embed.patch_size[1],
@@ -407,17 +590,114 @@ class VisionTransformer(nn.Module):
         x = self.patch_embed(x)  # (B, gh*gw, D)
         x = self._pos_embed(x, grid)  # (B, N, D)
         x = self.patch_drop(x)  # (B, N', D), N' <= N in training only
-        x = self.blocks(x)
+        return self.norm_pre(x)  # CLIP normalises before the blocks
+
+    def _run_block(self, block: Block, x: torch.Tensor) -> torch.Tensor:
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(block, x, use_reentrant=False)
+        return block(x)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> normalised tokens (B, N, D), prefix tokens first.
+
+        In training with patch_drop_rate > 0, N counts only the kept patch tokens.
+        """
+        x = self._embed(x)
+        for block in self.blocks:
+            x = self._run_block(block, x)
         return self.norm(x)
+
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | Sequence[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list | tuple[torch.Tensor, list]:
+        """Block outputs for dense tasks, timm's signature and semantics.
+
+        indices: the last n blocks if an int, these blocks (negative from the end) if a list,
+            every block if None. norm: apply the final norm to each. output_fmt: "NCHW" gives
+            patch maps (B, D, gh, gw), "NLC" patch tokens (B, gh*gw, D); with
+            return_prefix_tokens each is a pair (patches, prefix (B, P, D)).
+        Returns the intermediates, or (forward_features output, intermediates).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take = _take_indices(len(self.blocks), indices)
+        B, _, H, W = x.shape
+        gh, gw = H // self.patch_embed.patch_size[0], W // self.patch_embed.patch_size[1]
+        x = self._embed(x)
+        intermediates = []
+        last = max(take) if stop_early else len(self.blocks) - 1
+        for i, block in enumerate(self.blocks[: last + 1]):
+            x = self._run_block(block, x)
+            if i in take:
+                intermediates.append(self.norm(x) if norm else x)  # (B, N, D)
+        P = self.num_prefix_tokens
+        prefixes = [y[:, :P] for y in intermediates]  # (B, P, D)
+        intermediates = [y[:, P:] for y in intermediates]  # (B, gh*gw, D)
+        if output_fmt == "NCHW":
+            intermediates = [
+                y.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates
+            ]  # (B, D, gh, gw)
+        if return_prefix_tokens and P:
+            intermediates = list(zip(intermediates, prefixes, strict=True))
+        return intermediates if intermediates_only else (self.norm(x), intermediates)
+
+    def pool(self, x: torch.Tensor) -> torch.Tensor:
+        """Tokens (B, N, D) -> pooled features (B, D) by the model's readout ("": unchanged)."""
+        if self.attn_pool is not None:  # SigLIP: a learned query over the patch tokens
+            return self.attn_pool(x[:, self.num_prefix_tokens :])  # (B, D)
+        if self.global_pool == "avg":
+            return x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
+        if self.global_pool == "token":
+            return x[:, 0]  # the class token, (B, D)
+        return x  # "": every token, (B, N, D)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens (B, N, D) -> logits (B, num_classes), or pooled features (B, D) if pre_logits."""
-        if self.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
-        else:
-            x = x[:, 0]  # the class token, (B, D)
-        x = self.head_drop(self.fc_norm(x))
+        if self.head_dist is not None:  # DeiT distilled: the class and distillation tokens
+            return self._forward_distilled_head(x, pre_logits)
+        x = self.head_drop(self.fc_norm(self.pool(x)))
         return x if pre_logits else self.head(x)
+
+    def _forward_distilled_head(self, x: torch.Tensor, pre_logits: bool):
+        """DeiT: each token has its own head; the prediction is the mean of the two (timm's
+        VisionTransformerDistilled), or both logits in training after set_distilled_training."""
+        cls, dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])  # each (B, D)
+        if pre_logits:
+            return (cls + dist) / 2
+        cls, dist = self.head(cls), self.head_dist(dist)  # each (B, num_classes)
+        if self.distilled_training and self.training:
+            return cls, dist
+        return (cls + dist) / 2
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+def _check_pool(global_pool: str, class_token: bool) -> None:
+    if global_pool not in GLOBAL_POOLS:
+        raise ValueError(f"global_pool must be one of {GLOBAL_POOLS}, got {global_pool!r}")
+    if global_pool == "token" and not class_token:
+        raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg'")
+
+
+def _take_indices(depth: int, indices: int | Sequence[int] | None) -> list[int]:
+    """timm's block selection: None every block, n the last n, a list those (negative: from
+    the end). Out-of-range values are named."""
+    if indices is None:
+        indices = depth
+    if isinstance(indices, int):
+        if not 0 < indices <= depth:
+            raise ValueError(f"indices={indices} asks for the last {indices} of {depth} blocks")
+        return list(range(depth - indices, depth))
+    take = [depth + i if i < 0 else i for i in indices]
+    bad = [i for i, t in zip(indices, take, strict=True) if not 0 <= t < depth]
+    if bad or not take:
+        raise ValueError(f"block indices {list(indices)} out of range for {depth} blocks")
+    return take

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
@@ -34,6 +33,7 @@ from .io import atomic_write
 from .layouts import huggingface
 from .layouts.google_jax import convert_jax_checkpoint
 from .model import VisionTransformer, to_pair
+from .pos_embed import RESAMPLERS, resample_abs_pos_embed, resample_pos_embed
 
 # Re-exported: other modules and users import them from here.
 __all__ = [
@@ -58,9 +58,6 @@ ACCEPTED = (
     "(config.json + weights), an nn.Module, or a dict"
 )
 WRAPPER_KEYS = ("model", "state_dict", "model_state_dict")
-# LayerNorm eps a layout's checkpoints are trained with when nothing else says (timm, torchvision
-# and JAX: 1e-6, which is also our default); transformers' ViTConfig default is 1e-12.
-LAYOUT_NORM_EPS = {"transformers": 1e-12}
 
 
 @dataclass
@@ -86,6 +83,7 @@ class Checkpoint:
     notes: list[str] = field(default_factory=list)  # what the conversion dropped or assumed
     norm_eps: float | None = None  # LayerNorm eps the weights were trained with, if known
     description: str = ""  # the source, for messages
+    pos_embed: str = "timm"  # how the source resamples position embeddings (vit.pos_embed)
 
 
 # -- reading files -------------------------------------------------------------------------------
@@ -165,11 +163,12 @@ def _read_file(path: Path) -> tuple[dict, dict]:
 def _read_transformers_folder(folder: Path) -> tuple[dict, float]:
     """A transformers folder -> (its tensors, merged over shards; its LayerNorm eps)."""
     config = huggingface.read_json(folder / "config.json")
-    huggingface.config_from_hf(config, source=str(folder))  # refuses what is not a plain ViT
+    # refuses what this package cannot compute, naming it
+    arch, _ = layouts.config_from_transformers(config, source=str(folder))
     tensors: dict[str, torch.Tensor] = {}
     for path in huggingface.weights_files(folder):
         tensors.update(_read_file(path)[0])
-    return tensors, float(config.get("layer_norm_eps", 1e-12))
+    return tensors, arch["norm_eps"]
 
 
 def read_checkpoint(source: str | Path | nn.Module | Mapping | Checkpoint) -> Checkpoint:
@@ -194,53 +193,21 @@ def read_checkpoint(source: str | Path | nn.Module | Mapping | Checkpoint) -> Ch
         description = str(description)
     else:
         raise TypeError(f"cannot load weights from a {type(source).__name__}; accepted: {ACCEPTED}")
-    state_dict, layout, notes = layouts.to_timm(raw, description)
+    layout = layouts.detect(list(raw), description)
+    state_dict, notes = layout.to_timm(raw, description)
     if "vit.config" in metadata:
         norm_eps = metadata["vit.config"].get("norm_eps", 1e-6)
     elif norm_eps is None:
-        norm_eps = LAYOUT_NORM_EPS.get(layout)
-    return Checkpoint(state_dict, metadata, layout, notes, norm_eps, description)
+        norm_eps = layout.norm_eps
+    return Checkpoint(
+        state_dict, metadata, layout.name, notes, norm_eps, description, layout.pos_embed
+    )
 
 
 def read_state_dict(source: str | Path | nn.Module | Mapping) -> tuple[dict, dict]:
     """Any accepted source -> (timm-named state dict on CPU, our metadata or {})."""
     checkpoint = read_checkpoint(source)
     return checkpoint.state_dict, checkpoint.metadata
-
-
-# -- position embeddings -----------------------------------------------------------------------
-def resample_abs_pos_embed(
-    posemb: torch.Tensor,
-    new_size: tuple[int, int],
-    old_size: tuple[int, int] | None = None,
-    num_prefix_tokens: int = 1,
-    interpolation: str = "bicubic",
-    antialias: bool = True,
-) -> torch.Tensor:
-    """Resize learned position embeddings (1, prefix + old_h*old_w, D) to a new patch grid.
-
-    The prefix (class token) embeddings are kept as they are; the grid part is treated as a
-    D-channel image and interpolated in float32 (bicubic in half precision is too coarse).
-    Same semantics as timm's `resample_abs_pos_embed`.
-    """
-    num_new = new_size[0] * new_size[1] + num_prefix_tokens
-    if num_new == posemb.shape[1] and new_size[0] == new_size[1]:
-        return posemb
-    if old_size is None:
-        side = math.isqrt(posemb.shape[1] - num_prefix_tokens)
-        old_size = (side, side)
-    prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
-    if old_size[0] * old_size[1] != grid.shape[1]:
-        raise ValueError(
-            f"position embedding has {grid.shape[1]} grid tokens, which is not a "
-            f"{old_size[0]}x{old_size[1]} grid; pass old_size=(grid_h, grid_w)"
-        )
-    dim, dtype = posemb.shape[-1], posemb.dtype
-    grid = grid.float().reshape(1, old_size[0], old_size[1], dim)  # (1, h, w, D)
-    grid = grid.permute(0, 3, 1, 2)  # channels first for F.interpolate: (1, D, h, w)
-    grid = F.interpolate(grid, size=new_size, mode=interpolation, antialias=antialias)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, -1, dim).to(dtype)  # (1, new_h*new_w, D)
-    return torch.cat([prefix, grid], dim=1)
 
 
 # -- loading into a model ----------------------------------------------------------------------
@@ -255,9 +222,15 @@ def _stored_grid(metadata: dict) -> tuple[int, int] | None:
 
 
 def adapt_state_dict(
-    state_dict: dict, model: VisionTransformer, report: LoadReport, old_grid=None
+    state_dict: dict,
+    model: VisionTransformer,
+    report: LoadReport,
+    old_grid=None,
+    pos_embed: str = "timm",
 ) -> dict:
-    """Make a checkpoint fit `model`: resample position embeddings, drop a mismatched head."""
+    """Make a checkpoint fit `model`: resample position embeddings (the way `pos_embed` names,
+    a `vit.pos_embed.RESAMPLERS` key: the checkpoint's source library's), drop a mismatched
+    head."""
     state_dict = dict(state_dict)
     target = model.state_dict()
     pos = state_dict.get("pos_embed")
@@ -267,14 +240,16 @@ def adapt_state_dict(
                 f"pos_embed width {pos.shape[-1]} does not match the model's embed_dim "
                 f"{target['pos_embed'].shape[-1]}: these weights are for another architecture"
             )
-        old = old_grid or (math.isqrt(pos.shape[1] - model.num_prefix_tokens),) * 2
-        state_dict["pos_embed"] = resample_abs_pos_embed(
-            pos, model.grid_size, old, num_prefix_tokens=model.num_prefix_tokens
+        # no_embed_class: position embeddings for the patches only (DINOv2 with registers)
+        prefix = 0 if getattr(model.config, "no_embed_class", False) else model.num_prefix_tokens
+        old = old_grid or (math.isqrt(pos.shape[1] - prefix),) * 2
+        state_dict["pos_embed"] = resample_pos_embed(
+            pos, model.grid_size, old, num_prefix_tokens=prefix, method=pos_embed
         )
         report.resampled_pos_embed = (tuple(old), tuple(model.grid_size))
         report.messages.append(
             f"resampled pos_embed from a {old[0]}x{old[1]} to a "
-            f"{model.grid_size[0]}x{model.grid_size[1]} patch grid (bicubic)"
+            f"{model.grid_size[0]}x{model.grid_size[1]} patch grid ({RESAMPLERS[pos_embed]})"
         )
     head_keys = [k for k in ("head.weight", "head.bias") if k in state_dict]
     head_differs = any(k not in target or state_dict[k].shape != target[k].shape for k in head_keys)
@@ -322,7 +297,11 @@ def load_weights(
             f"model's; build the model with norm_eps={checkpoint.norm_eps:g} to match exactly"
         )
     state_dict = adapt_state_dict(
-        checkpoint.state_dict, model, report, old_grid=_stored_grid(checkpoint.metadata)
+        checkpoint.state_dict,
+        model,
+        report,
+        old_grid=_stored_grid(checkpoint.metadata),
+        pos_embed=checkpoint.pos_embed,
     )
     target = model.state_dict()
     wrong_shape = [

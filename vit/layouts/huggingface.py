@@ -1,11 +1,14 @@
-"""Hugging Face transformers' ViT (`ViTModel`, `ViTForImageClassification`).
+"""Hugging Face transformers' ViT (`ViTModel`, `ViTForImageClassification`) and MAE encoder
+(`ViTMAEModel`, `ViTMAEForPreTraining`), and what every transformers layout here shares.
 
 transformers keeps q, k and v as three Linear layers; timm fuses them into one `qkv` whose
 output rows are q's, then k's, then v's, so the three weights are stacked in that order.
 Its files (the hub's and what `save_pretrained` writes) use the names below; transformers 5
 renamed the modules in memory (`layers.{i}.attention.q_proj`, `mlp.fc1`, ...) and maps the
 file names on load, so both spellings are read here. The architecture is otherwise the same
-pre-norm ViT, except that its LayerNorm eps defaults to 1e-12 (timm: 1e-6).
+pre-norm ViT, except that its LayerNorm eps defaults to 1e-12 (timm: 1e-6). The MAE encoder is
+this same ViT (its fixed sine-cosine position embeddings are stored like learned ones); the
+pre-training decoder is dropped.
 
 A folder (`config.json` + `model.safetensors` or `pytorch_model.bin`) also gives the
 architecture, class names (`id2label`) and, from `preprocessor_config.json`, the preprocessing.
@@ -21,7 +24,8 @@ from pathlib import Path
 import torch
 
 from ..model import ViTConfig, to_pair
-from .keymap import KeyMap
+from .keymap import KeyMap, rename
+from .refused import SUPPORTED
 
 FILE_BLOCK, MEMORY_BLOCK = "encoder.layer.{i}.", "layers.{i}."
 # q/k/v per block: (file spelling, transformers-5 in-memory spelling)
@@ -30,36 +34,67 @@ QKV = {
     "k": ("attention.attention.key.", "attention.k_proj."),
     "v": ("attention.attention.value.", "attention.v_proj."),
 }
-KEYS = KeyMap(
-    [
-        ("embeddings.cls_token", "cls_token"),
-        ("embeddings.position_embeddings", "pos_embed"),
-        ("embeddings.patch_embeddings.projection.", "patch_embed.proj."),
-        (FILE_BLOCK + "layernorm_before.", "blocks.{i}.norm1."),
-        (FILE_BLOCK + "attention.output.dense.", "blocks.{i}.attn.proj."),
-        (FILE_BLOCK + "layernorm_after.", "blocks.{i}.norm2."),
-        (FILE_BLOCK + "intermediate.dense.", "blocks.{i}.mlp.fc1."),
-        (FILE_BLOCK + "output.dense.", "blocks.{i}.mlp.fc2."),
-        (MEMORY_BLOCK + "layernorm_before.", "blocks.{i}.norm1."),
-        (MEMORY_BLOCK + "attention.o_proj.", "blocks.{i}.attn.proj."),
-        (MEMORY_BLOCK + "layernorm_after.", "blocks.{i}.norm2."),
-        (MEMORY_BLOCK + "mlp.fc1.", "blocks.{i}.mlp.fc1."),
-        (MEMORY_BLOCK + "mlp.fc2.", "blocks.{i}.mlp.fc2."),
-        ("layernorm.", "norm."),
-    ]
-)
-_QKV_PATTERN = re.compile(
-    r"^(?:encoder\.layer|layers)\.(\d+)\.attention\.(?:attention\.(query|key|value)|([qkv])_proj)"
-    r"\.(weight|bias)$"
+BLOCK_PAIRS = [
+    (FILE_BLOCK + "layernorm_before.", "blocks.{i}.norm1."),
+    (FILE_BLOCK + "attention.output.dense.", "blocks.{i}.attn.proj."),
+    (FILE_BLOCK + "layernorm_after.", "blocks.{i}.norm2."),
+    (FILE_BLOCK + "intermediate.dense.", "blocks.{i}.mlp.fc1."),
+    (FILE_BLOCK + "output.dense.", "blocks.{i}.mlp.fc2."),
+    (MEMORY_BLOCK + "layernorm_before.", "blocks.{i}.norm1."),
+    (MEMORY_BLOCK + "attention.o_proj.", "blocks.{i}.attn.proj."),
+    (MEMORY_BLOCK + "layernorm_after.", "blocks.{i}.norm2."),
+    (MEMORY_BLOCK + "mlp.fc1.", "blocks.{i}.mlp.fc1."),
+    (MEMORY_BLOCK + "mlp.fc2.", "blocks.{i}.mlp.fc2."),
+]
+EMBEDDING_PAIRS = [
+    ("embeddings.cls_token", "cls_token"),
+    ("embeddings.position_embeddings", "pos_embed"),
+    ("embeddings.patch_embeddings.projection.", "patch_embed.proj."),
+]
+KEYS = KeyMap([*EMBEDDING_PAIRS, *BLOCK_PAIRS, ("layernorm.", "norm.")])
+# a q, k or v weight or bias of block `block`, in the file or the in-memory spelling
+QKV_BODY = (
+    r"(?:encoder\.layer|layers)\.(?P<block>\d+)\.attention\."
+    r"(?:attention\.)?(?P<part>query|key|value|[qkv](?=_proj))(?:_proj)?\.(?P<kind>weight|bias)$"
 )
 PATCH_KEY = "embeddings.patch_embeddings.projection.weight"
-SUPPORTED = "plain ViT: ViTModel or ViTForImageClassification (model_type 'vit')"
+MAE_DECODER_KEY = "decoder.decoder_embed.weight"
 # tensors that exist in transformers' ViT but play no part in classification
 IGNORED = {
     "pooler.dense.weight": "ViTModel's tanh pooler (classification reads the class token)",
     "pooler.dense.bias": None,
     "embeddings.mask_token": "the masked-image-modelling mask token (unused at inference)",
 }
+# transformers' hidden_act -> our act_layer
+ACT_LAYERS = {
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "quick_gelu": "quick_gelu",
+}
+
+
+def prefixed(prefix: str, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(prefix + theirs, ours) for theirs, ours in pairs]
+
+
+def convert(
+    state: Mapping[str, torch.Tensor],
+    source: str,
+    what: str,
+    keys: KeyMap,
+    qkv: str,
+    ignored: Mapping[str, str | None],
+) -> tuple[dict, list[str]]:
+    """Rename a transformers state dict by `keys`, fusing q/k/v (matched by the regex `qkv`),
+    dropping `ignored` and refusing any other key, naming it: another architecture."""
+    out, notes, unknown = rename(state, keys, re.compile(qkv), ignored)
+    if unknown:
+        raise ValueError(
+            f"{source} has tensors a {what} does not ({unknown[:8]}): another architecture; "
+            f"supported: {SUPPORTED}"
+        )
+    return out, [f"{source}: {note}" for note in notes]
 
 
 def matches(keys: Collection[str]) -> bool:
@@ -70,11 +105,6 @@ def _model_prefix(keys: Collection[str], source: str) -> str:
     """'' (a ViTModel) or 'vit.' (inside ViTForImageClassification); other models refused."""
     patch_key = next(key for key in keys if key.endswith(PATCH_KEY))
     prefix = patch_key[: -len(PATCH_KEY)]
-    if any("distillation_token" in key for key in keys):
-        raise ValueError(
-            f"{source} is a transformers DeiT with a distillation token (two prefix tokens and "
-            f"two heads): not supported; supported: {SUPPORTED}"
-        )
     if prefix not in ("", "vit."):
         raise ValueError(
             f"{source} is a transformers '{prefix.rstrip('.')}' checkpoint, not a plain ViT; "
@@ -84,40 +114,18 @@ def _model_prefix(keys: Collection[str], source: str) -> str:
 
 
 def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[str]]:
-    """transformers names -> timm's: q, k, v fused into qkv; the pooler and mask token dropped.
-
-    Keys of anything else (a decoder, layer scales, ...) mean another architecture: refused,
-    naming them."""
+    """transformers names -> timm's: q, k, v fused into qkv; the pooler, the mask token and an
+    MAE decoder dropped. Keys of anything else (layer scales, ...) mean another architecture:
+    refused, naming them."""
     prefix = _model_prefix(list(state), source)
-    out: dict[str, torch.Tensor] = {}
-    qkv: dict[tuple[int, str], dict[str, torch.Tensor]] = {}  # (block, weight|bias) -> q/k/v
-    notes, unknown = [], []
-    for key, value in state.items():
-        if key.startswith("classifier."):
-            out["head." + key.removeprefix("classifier.")] = value
-            continue
-        name = key.removeprefix(prefix) if key.startswith(prefix) else None
-        found = _QKV_PATTERN.match(name) if name else None
-        if found:
-            block, long_name, short_name, kind = found.groups()
-            qkv.setdefault((int(block), kind), {})[(short_name or long_name[0])] = value
-        elif name in IGNORED:
-            if IGNORED[name]:
-                notes.append(f"{source}: ignored {key}, {IGNORED[name]}")
-        elif name is not None and KEYS.to_timm(name):
-            out[KEYS.to_timm(name)] = value
-        else:
-            unknown.append(key)
-    if unknown:
-        raise ValueError(
-            f"{source} has tensors a plain ViT does not ({unknown[:8]}): another transformers "
-            f"architecture; supported: {SUPPORTED}"
-        )
-    for (block, kind), parts in sorted(qkv.items()):
-        if sorted(parts) != ["k", "q", "v"]:
-            raise ValueError(f"{source}: block {block} has {kind} for {sorted(parts)} only")
-        out[f"blocks.{block}.attn.qkv.{kind}"] = torch.cat([parts[p] for p in "qkv"])
-    return out, notes
+    notes = []
+    if MAE_DECODER_KEY in state:  # ViTMAEForPreTraining: the encoder is a plain ViT
+        state = {k: v for k, v in state.items() if not k.startswith("decoder.")}
+        notes.append(f"{source}: ignored the MAE decoder (decoder.*, used in pre-training only)")
+    keys = KeyMap([*prefixed(prefix, KEYS.pairs), ("classifier.", "head.")])
+    ignored = {prefix + name: note for name, note in IGNORED.items()}
+    out, more = convert(state, source, "plain ViT", keys, re.escape(prefix) + QKV_BODY, ignored)
+    return out, notes + more
 
 
 def from_timm(state: Mapping[str, torch.Tensor], with_head: bool) -> dict[str, torch.Tensor]:
@@ -142,46 +150,73 @@ def from_timm(state: Mapping[str, torch.Tensor], with_head: bool) -> dict[str, t
 
 
 # -- config.json ---------------------------------------------------------------------------------
+def act_layer(hf: dict, source: str) -> str:
+    """transformers' `hidden_act` -> our `act_layer`, or a ValueError naming what is accepted."""
+    act = hf["hidden_act"]
+    if act not in ACT_LAYERS:
+        raise ValueError(
+            f"{source} uses hidden_act={act!r}; accepted: {sorted(ACT_LAYERS)} (exact GELU, "
+            f"tanh-approximated GELU, QuickGELU)"
+        )
+    return ACT_LAYERS[act]
+
+
+# transformers' ViTConfig defaults: a config.json may leave out what equals them
+DEFAULTS = dict(
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    image_size=224,
+    patch_size=16,
+    num_channels=3,
+    hidden_act="gelu",
+    layer_norm_eps=1e-12,
+)
+
+
+def backbone_config(hf: dict, source: str, defaults: dict = DEFAULTS) -> dict:
+    """The `ViTConfig` fields every transformers ViT-like config states the same way, with the
+    family's defaults for what `hf` leaves out."""
+    hf = {**defaults, **hf}
+    dim = int(hf["hidden_size"])
+    return dict(
+        img_size=to_pair(hf["image_size"], "image_size"),
+        patch_size=to_pair(hf["patch_size"], "patch_size"),
+        in_chans=int(hf["num_channels"]),
+        embed_dim=dim,
+        depth=int(hf["num_hidden_layers"]),
+        num_heads=int(hf["num_attention_heads"]),
+        mlp_ratio=int(hf["intermediate_size"]) / dim,
+        norm_eps=float(hf["layer_norm_eps"]),
+        act_layer=act_layer(hf, source),
+    )
+
+
+def class_names_of(hf: dict) -> list[str] | None:
+    labels = hf.get("id2label") or {}
+    return [labels[k] for k in sorted(labels, key=int)] if labels else None
+
+
 def config_from_hf(hf: dict, source: str) -> tuple[dict, list[str] | None]:
-    """A transformers ViT `config.json` (as a dict) -> (our `ViTConfig` arguments, class names
-    or None). Anything that is not a plain ViT is refused, naming what it is."""
+    """A transformers ViT or ViT-MAE `config.json` (as a dict) -> (our `ViTConfig` arguments,
+    class names or None). Other ViT classes are refused, naming what they are."""
     model_type = hf.get("model_type")
     architectures = hf.get("architectures") or []
-    if model_type != "vit":
-        listed = ", ".join(architectures) or "no architectures listed"
-        raise ValueError(
-            f"{source} holds a transformers '{model_type}' model ({listed}), not a plain ViT; "
-            f"supported: {SUPPORTED}"
-        )
-    other = [a for a in architectures if a not in ("ViTModel", "ViTForImageClassification")]
+    accepted = {
+        "vit": ("ViTModel", "ViTForImageClassification"),
+        "vit_mae": ("ViTMAEModel", "ViTMAEForPreTraining"),
+    }[model_type]
+    other = [a for a in architectures if a not in accepted]
     if other:
         raise ValueError(f"{source} holds a {other[0]}; supported: {SUPPORTED}")
-    if hf.get("hidden_act", "gelu") != "gelu":
-        raise ValueError(
-            f"{source} uses hidden_act={hf['hidden_act']!r}; only 'gelu' (exact, erf-based, as "
-            f"timm's ViT) is supported"
-        )
-    dim, heads = int(hf.get("hidden_size", 768)), int(hf.get("num_attention_heads", 12))
-    intermediate = int(hf.get("intermediate_size", 3072))
-    if int(dim * (intermediate / dim)) != intermediate:
-        raise ValueError(
-            f"{source}: intermediate_size {intermediate} is not expressible as a ratio"
-        )
     classifier = "ViTForImageClassification" in architectures
-    labels = hf.get("id2label") or {}
-    class_names = [labels[k] for k in sorted(labels, key=int)] if classifier and labels else None
+    class_names = class_names_of(hf) if classifier else None
     num_classes = len(class_names) if class_names else int(hf.get("num_labels", 0) or 0)
     config = dict(
-        img_size=to_pair(hf.get("image_size", 224), "image_size"),
-        patch_size=to_pair(hf.get("patch_size", 16), "patch_size"),
-        in_chans=int(hf.get("num_channels", 3)),
+        backbone_config(hf, source),
         num_classes=num_classes if classifier else 0,
-        embed_dim=dim,
-        depth=int(hf.get("num_hidden_layers", 12)),
-        num_heads=heads,
-        mlp_ratio=intermediate / dim,
         qkv_bias=bool(hf.get("qkv_bias", True)),
-        norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
     )
     return config, class_names
 
@@ -231,19 +266,29 @@ PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 
 
 def preprocess_from_hf(processor: dict, img_size: tuple[int, int]) -> dict:
-    """A `preprocessor_config.json` (ViTImageProcessor) -> `vit.Preprocess` fields.
+    """A `preprocessor_config.json` -> `vit.Preprocess` fields.
 
-    transformers resizes straight to `size`, we resize the shorter side and centre-crop
-    (crop_pct 1.0): identical for square images, a crop instead of a squash otherwise."""
-    size = processor.get("size") or {}
+    ViTImageProcessor (and SigLIP's) resizes straight to `size`: we resize the shorter side and
+    centre-crop (crop_pct 1.0), identical for square images, a crop instead of a squash
+    otherwise. CLIP's and DINOv2's processors resize the shorter side to `size` and centre-crop
+    `crop_size`, which is crop_pct = crop / shorter side (DINOv2: 224 / 256)."""
+    size, crop = processor.get("size") or {}, processor.get("crop_size") or {}
+    if isinstance(size, int):  # older processors: one number, the shorter side
+        size = {"shortest_edge": size}
+    if isinstance(crop, int):
+        crop = {"height": crop, "width": crop}
     height = size.get("height", size.get("shortest_edge", img_size[0]))
     width = size.get("width", size.get("shortest_edge", img_size[1]))
+    crop_pct = 1.0
+    if processor.get("do_center_crop") and "shortest_edge" in size and crop:
+        crop_pct = crop["height"] / size["shortest_edge"]
+        height, width = crop["height"], crop["width"]
     return dict(
         input_size=(int(height), int(width)),
         mean=tuple(processor.get("image_mean", (0.5, 0.5, 0.5))),
         std=tuple(processor.get("image_std", (0.5, 0.5, 0.5))),
         interpolation=PIL_RESAMPLE.get(processor.get("resample", 2), "bilinear"),
-        crop_pct=1.0,
+        crop_pct=crop_pct,
     )
 
 

@@ -1,0 +1,115 @@
+"""transformers' CLIP image tower: `CLIPVisionModel`, `CLIPVisionModelWithProjection` and the
+vision half of `CLIPModel`.
+
+A ViT with a LayerNorm after the position embeddings (`pre_layrnorm`, sic -> timm's `norm_pre`;
+the patch projection has no bias), QuickGELU (OpenAI's weights) and LayerNorm eps 1e-5. The
+pooled output is the class token after `post_layernorm` (timm's `norm`); the projection to the
+joint image-text space (`visual_projection`, no bias) becomes timm's `head` with a zero bias,
+so `model(x)` is `image_embeds`, as timm does for OpenAI's CLIP. The text tower is dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+
+import torch
+
+from . import huggingface as hf
+from .keymap import KeyMap
+from .refused import SUPPORTED
+
+BLOCK = "encoder.layers.{i}."
+# the encoder layers, shared with SigLIP's tower
+BLOCK_PAIRS = [
+    (BLOCK + "layer_norm1.", "blocks.{i}.norm1."),
+    (BLOCK + "self_attn.out_proj.", "blocks.{i}.attn.proj."),
+    (BLOCK + "layer_norm2.", "blocks.{i}.norm2."),
+    (BLOCK + "mlp.fc1.", "blocks.{i}.mlp.fc1."),
+    (BLOCK + "mlp.fc2.", "blocks.{i}.mlp.fc2."),
+]
+QKV_BODY = (
+    r"encoder\.layers\.(?P<block>\d+)\.self_attn\.(?P<part>[qkv])_proj\.(?P<kind>weight|bias)$"
+)
+PAIRS = [
+    ("embeddings.class_embedding", "cls_token"),
+    ("embeddings.patch_embedding.", "patch_embed.proj."),
+    ("embeddings.position_embedding.weight", "pos_embed"),
+    ("pre_layrnorm.", "norm_pre."),
+    *BLOCK_PAIRS,
+    ("post_layernorm.", "norm."),
+]
+IGNORED = {"embeddings.position_ids": None}  # a buffer older transformers saved
+TOWER = "vision_model."
+# what CLIPModel and SiglipModel hold beside the image tower
+TEXT_ROOTS = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
+# transformers' CLIPVisionConfig defaults
+DEFAULTS = {**hf.DEFAULTS, "patch_size": 32, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5}
+MODEL_TYPES = ("clip", "clip_vision_model")
+ARCHITECTURES = ("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel")
+
+
+def matches(keys: Collection[str]) -> bool:
+    return any(key.endswith("embeddings.class_embedding") for key in keys)
+
+
+def tower(
+    state: Mapping[str, torch.Tensor], source: str
+) -> tuple[str, dict[str, torch.Tensor], list[str]]:
+    """(key prefix of the image tower, the state without the text tower, notes)."""
+    prefix = TOWER if any(key.startswith(TOWER) for key in state) else ""
+    if any(key.startswith("classifier.") for key in state):
+        raise ValueError(
+            f"{source} is a transformers image classifier on the mean of CLIP/SigLIP patch "
+            f"tokens (*ForImageClassification): not supported; supported: {SUPPORTED}"
+        )
+    kept = {k: v for k, v in state.items() if not k.startswith(TEXT_ROOTS)}
+    notes = [f"{source}: ignored the text tower (text_model.*)"] if len(kept) < len(state) else []
+    return prefix, kept, notes
+
+
+def vector_shapes(out: dict[str, torch.Tensor]) -> None:
+    """transformers keeps the class token as (D,) and position embeddings as (N, D); timm as
+    (1, 1, D) and (1, N, D). In place."""
+    if "cls_token" in out:
+        out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
+    out["pos_embed"] = out["pos_embed"].unsqueeze(0)
+
+
+def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[str]]:
+    """transformers' CLIP image tower -> timm's names (projection -> head, zero bias)."""
+    prefix, state, notes = tower(state, source)
+    keys = KeyMap([*hf.prefixed(prefix, PAIRS), ("visual_projection.weight", "head.weight")])
+    ignored = {prefix + name: note for name, note in IGNORED.items()}
+    qkv = re.escape(prefix) + QKV_BODY
+    out, more = hf.convert(state, source, "CLIP image tower", keys, qkv, ignored)
+    vector_shapes(out)
+    if "head.weight" in out:
+        out["head.bias"] = torch.zeros(out["head.weight"].shape[0])  # the projection has none
+    return out, notes + more
+
+
+def vision_config(hf_config: dict, source: str) -> tuple[dict, list[str]]:
+    """(the image tower's config, the architectures) of a tower or a two-tower config."""
+    architectures = hf_config.get("architectures") or []
+    if "vision_config" in hf_config:  # CLIPModel / SiglipModel: the towers' configs nested
+        return {**hf_config["vision_config"]}, architectures
+    return hf_config, architectures
+
+
+def config_from_hf(hf_config: dict, source: str) -> tuple[dict, None]:
+    """A transformers CLIP `config.json` -> our `ViTConfig` arguments. With a projection
+    (`CLIPVisionModelWithProjection`, `CLIPModel`) the head is the projection: num_classes is
+    projection_dim and model(x) is image_embeds; without, model(x) is pooler_output."""
+    vision, architectures = vision_config(hf_config, source)
+    other = [a for a in architectures if a not in ARCHITECTURES]
+    if other:
+        raise ValueError(f"{source} holds a {other[0]}; supported: {SUPPORTED}")
+    projected = any(a in ("CLIPVisionModelWithProjection", "CLIPModel") for a in architectures)
+    projection_dim = hf_config.get("projection_dim", vision.get("projection_dim", 512))
+    config = dict(
+        hf.backbone_config(vision, source, DEFAULTS),
+        num_classes=int(projection_dim) if projected else 0,
+        pre_norm=True,
+    )
+    return config, None

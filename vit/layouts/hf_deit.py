@@ -1,0 +1,70 @@
+"""transformers' distilled DeiT (`DeiTForImageClassificationWithTeacher`).
+
+The encoder is transformers' plain ViT under `deit.`, plus a distillation token after the class
+token (`distillation_token` -> timm's `dist_token`; the position embeddings cover both) and a
+second head reading it (`distillation_classifier` -> `head_dist`). At inference the logits are
+the mean of both heads, in transformers as in timm's `VisionTransformerDistilled`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+
+import torch
+
+from . import huggingface as hf
+from .keymap import KeyMap
+from .refused import SUPPORTED
+
+PREFIX = "deit."
+KEYS = KeyMap(
+    [
+        *hf.prefixed(PREFIX, hf.KEYS.pairs),
+        (PREFIX + "embeddings.distillation_token", "dist_token"),
+        ("cls_classifier.", "head."),
+        ("distillation_classifier.", "head_dist."),
+    ]
+)
+IGNORED = {
+    PREFIX + "embeddings.mask_token": "the masked-image-modelling mask token (unused here)",
+    PREFIX + "pooler.dense.weight": "DeiTModel's tanh pooler (the heads read the tokens)",
+    PREFIX + "pooler.dense.bias": None,
+}
+ARCHITECTURE = "DeiTForImageClassificationWithTeacher"
+
+
+def matches(keys: Collection[str]) -> bool:
+    return any(key.endswith("embeddings.distillation_token") for key in keys)
+
+
+def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[str]]:
+    """transformers' DeiT names -> timm's distilled ViT (`dist_token`, `head_dist`)."""
+    if not any(key.startswith("distillation_classifier.") for key in state):
+        raise ValueError(
+            f"{source} is a transformers DeiT with a distillation token but no distillation "
+            f"head (DeiTModel or DeiTForImageClassification): not supported; supported: "
+            f"{SUPPORTED}"
+        )
+    qkv = re.escape(PREFIX) + hf.QKV_BODY
+    return hf.convert(state, source, "distilled DeiT", KEYS, qkv, IGNORED)
+
+
+def config_from_hf(hf_config: dict, source: str) -> tuple[dict, list[str] | None]:
+    """A transformers DeiT `config.json` -> (our `ViTConfig` arguments, class names)."""
+    architectures = hf_config.get("architectures") or []
+    if architectures != [ARCHITECTURE]:
+        listed = ", ".join(architectures) or "no architectures listed"
+        raise ValueError(
+            f"{source} holds a transformers DeiT ({listed}); only {ARCHITECTURE} (both heads) is "
+            f"supported; supported: {SUPPORTED}"
+        )
+    class_names = hf.class_names_of(hf_config)
+    num_classes = len(class_names) if class_names else int(hf_config.get("num_labels", 2))
+    config = dict(
+        hf.backbone_config(hf_config, source),
+        num_classes=num_classes,
+        qkv_bias=bool(hf_config.get("qkv_bias", True)),
+        distilled=True,
+    )
+    return config, class_names

@@ -1,0 +1,108 @@
+"""transformers' DINOv2 (`Dinov2Model`) and DINOv2 with registers (`Dinov2WithRegistersModel`).
+
+A pre-norm ViT with LayerScale (`layer_scale1.lambda1` -> timm's `ls1.gamma`) and, with
+registers, `register_tokens` after the class token. q, k and v are fused as for the plain ViT.
+transformers adds the class token's position embedding before inserting the registers; timm's
+no_embed_class layout keeps position embeddings for the patches only, so that one embedding is
+folded into the class token (exact: the class position is never resampled), as timm's own
+DINOv2 conversion does.
+
+Position embeddings are stored for 518 px (37x37 patches) and resampled to the input in every
+forward: plain DINOv2 bicubic without antialiasing, DINOv2 with registers bicubic with it
+(timm's). Loading records which, so a model built at 224 px gives transformers' numbers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+
+import torch
+
+from . import huggingface as hf
+from .keymap import KeyMap
+from .refused import SUPPORTED
+
+BLOCK = "encoder.layer.{i}."
+KEYS = KeyMap(
+    [
+        *hf.EMBEDDING_PAIRS,
+        ("embeddings.register_tokens", "reg_token"),
+        (BLOCK + "norm1.", "blocks.{i}.norm1."),
+        (BLOCK + "attention.output.dense.", "blocks.{i}.attn.proj."),
+        (BLOCK + "attention.o_proj.", "blocks.{i}.attn.proj."),  # transformers 5, in memory
+        (BLOCK + "layer_scale1.lambda1", "blocks.{i}.ls1.gamma"),
+        (BLOCK + "norm2.", "blocks.{i}.norm2."),
+        (BLOCK + "mlp.fc1.", "blocks.{i}.mlp.fc1."),
+        (BLOCK + "mlp.fc2.", "blocks.{i}.mlp.fc2."),
+        (BLOCK + "layer_scale2.lambda1", "blocks.{i}.ls2.gamma"),
+        ("layernorm.", "norm."),
+    ]
+)
+IGNORED = {"embeddings.mask_token": "DINOv2's masked-patch token (used in training only)"}
+# transformers' Dinov2Config defaults (intermediate_size is not used: mlp_ratio is)
+DEFAULTS = {**hf.DEFAULTS, "patch_size": 14, "layer_norm_eps": 1e-6}
+MODEL_TYPES = ("dinov2", "dinov2_with_registers")
+ARCHITECTURES = ("Dinov2Model", "Dinov2WithRegistersModel")
+
+
+def matches(keys: Collection[str]) -> bool:
+    return any(re.search(r"(^|\.)encoder\.layer\.\d+\.layer_scale1\.lambda1$", k) for k in keys)
+
+
+def has_registers(keys: Collection[str]) -> bool:
+    return any(key.endswith("embeddings.register_tokens") for key in keys)
+
+
+def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[str]]:
+    """transformers' DINOv2 names -> timm's; registers in timm's no_embed_class layout."""
+    if any(key.startswith("dinov2.") or key.startswith("classifier.") for key in state):
+        raise ValueError(
+            f"{source} is a transformers Dinov2ForImageClassification, whose classifier reads "
+            f"the class token and the mean patch token together: not supported; supported: "
+            f"{SUPPORTED}"
+        )
+    if any(".mlp.weights_in." in key for key in state):
+        raise ValueError(
+            f"{source} is a DINOv2 with a SwiGLU MLP (ViT-g/14, use_swiglu_ffn): not "
+            f"supported; supported: {SUPPORTED}"
+        )
+    out, notes = hf.convert(state, source, "DINOv2", KEYS, hf.QKV_BODY, IGNORED)
+    if "reg_token" in out:
+        notes.append(f"{source}: {fold_class_position(out)}")
+    return out, notes
+
+
+def fold_class_position(out: dict[str, torch.Tensor]) -> str:
+    """DINOv2 with registers -> timm's no_embed_class layout, in place: the class token's
+    position embedding is added to the class token and dropped from `pos_embed`."""
+    pos = out["pos_embed"]  # (1, 1 + gh*gw, D)
+    out["cls_token"] = out["cls_token"] + pos[:, :1]
+    out["pos_embed"] = pos[:, 1:]  # (1, gh*gw, D)
+    return "folded the class token's position embedding into cls_token (no_embed_class)"
+
+
+def config_from_hf(hf_config: dict, source: str) -> tuple[dict, None]:
+    """A transformers DINOv2 `config.json` -> our `ViTConfig` arguments (a headless backbone:
+    num_classes=0, model(x) is the class token after the final norm, Dinov2Model's
+    pooler_output)."""
+    architectures = hf_config.get("architectures") or []
+    other = [a for a in architectures if a not in ARCHITECTURES]
+    if other:
+        raise ValueError(f"{source} holds a {other[0]}; supported: {SUPPORTED}")
+    if hf_config.get("use_swiglu_ffn"):
+        raise ValueError(
+            f"{source} is a DINOv2 with a SwiGLU MLP (use_swiglu_ffn, ViT-g/14): not supported; "
+            f"supported: {SUPPORTED}"
+        )
+    config = hf.backbone_config(hf_config, source, DEFAULTS)
+    registers = int(hf_config.get("num_register_tokens", 0))
+    config.update(
+        num_classes=0,
+        mlp_ratio=float(hf_config.get("mlp_ratio", 4)),  # DINOv2 ignores intermediate_size
+        qkv_bias=bool(hf_config.get("qkv_bias", True)),
+        init_values=float(hf_config.get("layerscale_value", 1.0)),
+    )
+    if hf_config.get("model_type") == "dinov2_with_registers":
+        config.update(reg_tokens=registers, no_embed_class=True)
+    return config, None

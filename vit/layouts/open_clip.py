@@ -1,0 +1,83 @@
+"""OpenAI's CLIP and OpenCLIP checkpoints: the image tower under `visual.`.
+
+    visual.class_embedding (D,)           -> cls_token (1, 1, D)
+    visual.positional_embedding (N, D)    -> pos_embed (1, N, D)
+    visual.conv1.weight (no bias)         -> patch_embed.proj.weight
+    visual.ln_pre / ln_post               -> norm_pre / norm
+    visual.transformer.resblocks.{i}.     -> blocks.{i}.  (ln_1, attn.in_proj_*, attn.out_proj,
+                                             ls_1.gamma, ln_2, mlp.c_fc, mlp.c_proj, ls_2.gamma)
+    visual.proj (D, E), x @ proj          -> head.weight (E, D) and a zero head.bias
+
+`nn.MultiheadAttention` keeps q, k and v stacked in timm's order, so attention is renames only.
+OpenCLIP models whose tower is a timm model (`visual.trunk.*`) already use timm's names. The
+text tower is dropped. The keys do not say which activation the tower was trained with
+(OpenAI's QuickGELU or OpenCLIP's GELU), nor its image size: the model name does (the
+`_quickgelu` variants). LayerNorm eps is PyTorch's default, 1e-5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+
+import torch
+
+from .keymap import KeyMap
+from .refused import SUPPORTED
+
+BLOCK = "visual.transformer.resblocks.{i}."
+KEYS = KeyMap(
+    [
+        ("visual.class_embedding", "cls_token"),
+        ("visual.positional_embedding", "pos_embed"),
+        ("visual.conv1.", "patch_embed.proj."),
+        ("visual.ln_pre.", "norm_pre."),
+        (BLOCK + "ln_1.", "blocks.{i}.norm1."),
+        (BLOCK + "attn.in_proj_weight", "blocks.{i}.attn.qkv.weight"),
+        (BLOCK + "attn.in_proj_bias", "blocks.{i}.attn.qkv.bias"),
+        (BLOCK + "attn.out_proj.", "blocks.{i}.attn.proj."),
+        (BLOCK + "ls_1.gamma", "blocks.{i}.ls1.gamma"),
+        (BLOCK + "ln_2.", "blocks.{i}.norm2."),
+        (BLOCK + "mlp.c_fc.", "blocks.{i}.mlp.fc1."),
+        (BLOCK + "mlp.c_proj.", "blocks.{i}.mlp.fc2."),
+        (BLOCK + "ls_2.gamma", "blocks.{i}.ls2.gamma"),
+        ("visual.ln_post.", "norm."),
+    ]
+)
+TRUNK = "visual.trunk."
+
+
+def matches(keys: Collection[str]) -> bool:
+    return any(
+        key in ("visual.class_embedding", "visual.conv1.weight") or key.startswith(TRUNK)
+        for key in keys
+    )
+
+
+def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[str]]:
+    """OpenAI / OpenCLIP names -> timm's (projection -> head, zero bias)."""
+    notes = []
+    if any(not key.startswith("visual.") for key in state):
+        notes.append(f"{source}: ignored the text tower (the keys outside visual.*)")
+    if any(key.startswith(TRUNK) for key in state):  # a timm model inside OpenCLIP
+        out = {k.removeprefix(TRUNK): v for k, v in state.items() if k.startswith(TRUNK)}
+        if "visual.head.proj.weight" in state:
+            out["head.weight"] = state["visual.head.proj.weight"]
+            out["head.bias"] = torch.zeros(out["head.weight"].shape[0])
+        return out, notes
+    out, unknown = {}, []
+    for key, value in state.items():
+        if key == "visual.proj":
+            out["head.weight"] = value.T  # used as x @ proj: (D, E) -> Linear's (E, D)
+            out["head.bias"] = torch.zeros(value.shape[1])
+        elif KEYS.to_timm(key):
+            out[KEYS.to_timm(key)] = value
+        elif key.startswith("visual."):
+            unknown.append(key)
+    if unknown:
+        raise ValueError(
+            f"{source} has image-tower tensors a CLIP ViT does not ({unknown[:8]}; e.g. "
+            f"CoCa's attentional pooler): another architecture; supported: {SUPPORTED}"
+        )
+    out["cls_token"] = out["cls_token"].reshape(1, 1, -1)
+    out["pos_embed"] = out["pos_embed"].unsqueeze(0)
+    return out, notes
