@@ -56,19 +56,26 @@ def images_for(model: vit.VisionTransformer, batch: int = 3, seed: int = 1) -> t
     return torch.randn(batch, 3, *model.patch_embed.img_size)
 
 
-def force_attention(model: vit.VisionTransformer, matrices: list[torch.Tensor]):
-    """Make block i's softmax output `matrices[i]` (N, N) for every image and head.
+def force_attention(
+    model: vit.VisionTransformer, matrices: list[torch.Tensor], pool: torch.Tensor | None = None
+):
+    """Make block i's softmax output `matrices[i]` (N, N) for every image and head, and the
+    attention pool's (global_pool="map") output `pool` (N,).
 
     A forward hook that returns a value replaces the module's output, and hooks run in
     registration order, so the capture hooks registered later see the forced matrices."""
+    softmaxes = [block.attn.softmax for block in model.blocks]
+    if pool is not None:
+        softmaxes.append(model.attn_pool.softmax)
+        matrices = [*matrices, pool]
     handles = []
-    for block, matrix in zip(model.blocks, matrices, strict=True):
+    for softmax, matrix in zip(softmaxes, matrices, strict=True):
 
         def hook(_module, _inputs, out, matrix=matrix):
             # out * 0 keeps the forced matrix in the graph, so gradients can still be taken
             return out * 0 + matrix.to(out.dtype)
 
-        handles.append(block.attn.softmax.register_forward_hook(hook))
+        handles.append(softmax.register_forward_hook(hook))
     return handles
 
 
@@ -289,22 +296,43 @@ def test_gradients_are_paired_with_their_own_block():
 
 
 # -- batches, shapes, targets --------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        {},
-        {"img_size": (8, 24), "patch_size": (4, 8)},  # non-square image and patches: 2x3 grid
-        {"class_token": False, "global_pool": "avg"},
-    ],
-    ids=["square", "non-square", "no-class-token"],
-)
-def test_batch_equals_single_images(overrides):
-    model = tiny_model(**overrides)
+# Every family's switches (timm's names), on the tiny model: the explanations must hold for each.
+FAMILIES = {
+    "square": {},
+    "non-square": {"img_size": (8, 24), "patch_size": (4, 8)},  # non-square patches: 2x3 grid
+    "no-class-token": {"class_token": False, "global_pool": "avg"},
+    "dinov2": {"init_values": 1e-5},  # LayerScale
+    "dinov2-registers": {"init_values": 0.1, "reg_tokens": 4, "no_embed_class": True},
+    "clip": {"pre_norm": True, "act_layer": "quick_gelu"},
+    "siglip": {"class_token": False, "global_pool": "map", "act_layer": "gelu_tanh"},
+    "deit-distilled": {"distilled": True},
+    "deit3": {"init_values": 1e-4, "no_embed_class": True},
+    "registers-avg": {"reg_tokens": 2, "class_token": False, "global_pool": "avg"},
+}
+
+
+def family_model(name: str, seed: int = 0) -> vit.VisionTransformer:
+    """The tiny model with a family's switches; LayerScale at 1 so blocks do mix the tokens,
+    and random heads (the distillation head too)."""
+    model = tiny_model(seed, **FAMILIES[name])
+    with torch.no_grad():
+        for name_, parameter in model.named_parameters():
+            if name_.endswith("gamma"):
+                parameter.fill_(1.0)
+            if name_.startswith("head_dist.weight"):
+                torch.nn.init.normal_(parameter, std=0.5)
+    return model
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_batch_equals_single_images(family):
+    model = family_model(family)
     images = images_for(model, batch=3)
     methods = {
         "rollout": lambda x: attention_rollout(model, x, "max", discard_ratio=0.5),
         "gradient rollout": lambda x: gradient_rollout(model, x, discard_ratio=0.3),
         "relevance": lambda x: relevance(model, x),
+        "last block, head 1": lambda x: last_block_attention(model, x)[:, 1],
     }
     for name, method in methods.items():
         batched = method(images)
@@ -544,3 +572,78 @@ def test_maps_follow_the_input_grid_of_a_dynamic_size_model():
     for method in (attention_rollout, gradient_rollout, relevance):
         assert method(model, images).shape == (2, 2, 3)
     assert last_block_attention(model, images).shape == (2, 2, 2, 3)
+
+
+# -- the families' readouts, by hand ---------------------------------------------------------------
+def run_forced(model, matrices, pool=None, method=attention_rollout, **kwargs):
+    handles = force_attention(model, matrices, pool)
+    try:
+        return method(model, images_for(model, batch=2), **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_distilled_maps_read_the_mean_of_class_and_distillation_rows():
+    # A 4x8 image in 4x4 patches with class + distillation token: N = 4, two forced layers.
+    model = tiny_model(img_size=(4, 8), distilled=True)
+    assert model.num_prefix_tokens == 2
+    layers = random_attention(batch=1, heads=1, n=4, depth=2, seed=5)
+    matrices = [a[0, 0] for a in layers]
+    rolled = rollout_matrix(layers, num_prefix_tokens=2)[0]  # (4, 4)
+    expected = ((rolled[0] + rolled[1]) / 2)[2:].reshape(1, 2)
+    torch.testing.assert_close(run_forced(model, matrices), expected.expand(2, 1, 2))
+    heads = run_forced(model, matrices, method=last_block_attention)  # (B, nh, 1, 2)
+    last = matrices[-1]
+    expected = ((last[0] + last[1]) / 2)[2:].reshape(1, 1, 2)
+    torch.testing.assert_close(heads, expected.expand(2, 2, 1, 2))
+
+
+def test_attention_pool_maps_weight_the_rollout_rows_by_the_pools_attention():
+    # SigLIP: no class token, an attention pool reads the tokens. With the pool's attention
+    # forced to w, the rollout map is (w @ rollout)[patches]; the last-block map per head is
+    # w @ A_last; relevance with the pool reads w-weighted rows of R.
+    model = tiny_model(img_size=(4, 8), class_token=False, global_pool="map")
+    assert model.num_prefix_tokens == 0
+    layers = random_attention(batch=1, heads=1, n=2, depth=2, seed=6)
+    matrices = [a[0, 0] for a in layers]
+    w = torch.tensor([0.25, 0.75])
+    rolled = rollout_matrix(layers, num_prefix_tokens=0)[0]
+    got = run_forced(model, matrices, pool=w)
+    torch.testing.assert_close(got, (w @ rolled).reshape(1, 1, 2).expand(2, 1, 2))
+    heads = run_forced(model, matrices, pool=w, method=last_block_attention)
+    torch.testing.assert_close(heads, (w @ matrices[-1]).reshape(1, 1, 1, 2).expand(2, 2, 1, 2))
+    # the pool's attention is captured like a block's, rows summing to one
+    record = record_attention(model, images_for(model), with_gradients=True)
+    assert record.pool_attention.shape == (3, 2, 1, 2)
+    torch.testing.assert_close(record.pool_attention.sum(-1), torch.ones(3, 2, 1))
+    assert record.pool_gradient.shape == (3, 2, 1, 2) and record.pool_gradient.abs().sum() > 0
+    assert all(block.attn.fused_attn for block in model.blocks) and model.attn_pool.fused_attn
+
+
+def test_registers_can_be_left_out_of_the_maps():
+    # class + 2 registers + a 1x2 grid: N = 5, the registers are tokens 1 and 2.
+    model = tiny_model(img_size=(4, 8), reg_tokens=2)
+    assert model.num_prefix_tokens == 3
+    layers = random_attention(batch=1, heads=1, n=5, depth=2, seed=7)
+    matrices = [a[0, 0] for a in layers]
+    kept = [drop_tokens(a, [1, 2]) for a in layers]  # (1, 1, 3, 3) each, rows renormalised
+    with_registers = rollout_matrix(layers, num_prefix_tokens=3)[0]
+    without = rollout_matrix(kept, num_prefix_tokens=1)[0]
+    assert without.shape == (3, 3)
+    torch.testing.assert_close(without.sum(-1), torch.ones(3))
+    got = run_forced(model, matrices)
+    torch.testing.assert_close(got, with_registers[0, 3:].reshape(1, 1, 2).expand(2, 1, 2))
+    got = run_forced(model, matrices, include_registers=False)
+    torch.testing.assert_close(got, without[0, 1:].reshape(1, 1, 2).expand(2, 1, 2))
+    heads = run_forced(model, matrices, method=last_block_attention, include_registers=False)
+    torch.testing.assert_close(heads, kept[-1][0, 0, 0, 1:].reshape(1, 1, 1, 2).expand(2, 2, 1, 2))
+    # with the registers left out, the class row over class + patches sums to one
+    torch.testing.assert_close(heads.sum(dim=(-2, -1)) + kept[-1][0, 0, 0, 0], torch.ones(2, 2))
+    # gradient methods too: real attention, both settings, maps of the grid's size, different
+    model = family_model("dinov2-registers")
+    images = images_for(model)
+    for method in (attention_rollout, gradient_rollout, relevance):
+        full, bare = method(model, images), method(model, images, include_registers=False)
+        assert full.shape == bare.shape == (3, 4, 4)
+        assert not torch.allclose(full, bare)

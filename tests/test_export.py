@@ -77,6 +77,41 @@ def test_onnx_of_a_headless_backbone_outputs_its_embeddings(tmp_path, one_thread
     assert relative_error(out, logits(headless, x)) <= RTOL
 
 
+# Every family's switches (timm's names) on the tiny model; each exports and runs in onnxruntime.
+FAMILIES = {
+    "dinov2 (LayerScale, headless)": {"init_values": 1e-5, "num_classes": 0},
+    "dinov2 with registers": {"init_values": 1e-5, "reg_tokens": 4, "no_embed_class": True},
+    "clip (pre_norm, QuickGELU)": {"pre_norm": True, "act_layer": "quick_gelu"},
+    "siglip (attention pool)": {
+        "class_token": False,
+        "global_pool": "map",
+        "act_layer": "gelu_tanh",
+    },
+    "deit distilled": {"distilled": True},
+    "deit3 (LayerScale, no_embed_class)": {"init_values": 1e-4, "no_embed_class": True},
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_onnx_of_every_family_matches_in_onnxruntime(family, tmp_path, one_thread):
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(**{**TINY, **FAMILIES[family]}).eval()
+    with torch.no_grad():  # random heads and LayerScale at 1: nothing that hides a difference
+        for name, parameter in model.named_parameters():
+            if name.endswith("gamma"):
+                parameter.fill_(1.0)
+            elif name.startswith(("head.weight", "head_dist.weight")):
+                torch.nn.init.normal_(parameter, std=0.5)
+    path = tmp_path / "model.onnx"
+    result = export_onnx(model, path)
+    assert result.max_relative_difference <= RTOL
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.randn(2, 3, 32, 32)
+    (out,) = session.run(None, {"pixel_values": x.numpy()})
+    assert out.shape == (2, model.num_classes or model.embed_dim)
+    assert relative_error(out, logits(model, x)) <= RTOL
+
+
 def test_transformers_folder_loads_with_id2label_and_round_trips(model, tmp_path, one_thread):
     folder = tmp_path / "hf"
     result = export_transformers(model, folder)
