@@ -16,6 +16,7 @@ NOTEBOOKS = ROOT / "notebooks"
 # The notebook reads VIT_WEIGHTS too (the kernel inherits the environment): another model.
 WEIGHTS = Path(os.environ.get("VIT_WEIGHTS", ROOT / "weights" / "cifar10_vit_cpu.safetensors"))
 TEST_DIR = ROOT.parent / "shared" / "data" / "cifar10-jpg" / "test"
+DINOV2_FOLDER = ROOT.parent / "shared" / "data" / "dinov2-small"  # real DINOv2 ViT-S/14 weights
 
 
 @pytest.fixture
@@ -62,10 +63,18 @@ def test_attention_notebook_runs(this_python_kernel):
         pytest.skip(f"CIFAR-10 test images not found at {TEST_DIR} (the shared data copy)")
     assert WEIGHTS.exists(), f"the notebook needs the trained model {WEIGHTS}"
     images, text = run_notebook(NOTEBOOKS / "attention_maps.ipynb", this_python_kernel)
-    # CIFAR: side-by-side maps, per-head grid, attention distance; then the 224x224 photo's maps
-    assert images == 4
+    # CIFAR: side-by-side maps, per-head grid, attention distance; then the 224x224 photo's
+    # maps; then DINOv2: one map per head of the last block, rollout and similarity maps
+    assert images == 6
     assert "of 10 shown images correct" in text and "uniform attention" in text
     assert "14x14 = 196 patch tokens + 1 class token; each map is (1, 14, 14)" in text
+    assert "16x16 = 256 patches + 1 class token, 6 heads; each map is (16, 16)" in text
+    assert "cosine similarity of the photograph to the face crop" in text
+    # the weights are named: the shared DINOv2 folder offline (as in CI), else random ones
+    if DINOV2_FOLDER.is_dir():
+        assert "weights: ../shared/data/dinov2-small (DINOv2 ViT-S/14, see its README)" in text
+    else:
+        assert "weights: RANDOM weights (maps meaningless)" in text
 
 
 def test_walkthrough_notebook_runs_and_its_hand_computations_match_the_model(this_python_kernel):
