@@ -647,3 +647,9 @@ def test_registers_can_be_left_out_of_the_maps():
         full, bare = method(model, images), method(model, images, include_registers=False)
         assert full.shape == bare.shape == (3, 4, 4)
         assert not torch.allclose(full, bare)
+
+
+def test_a_model_without_pooling_is_refused_with_the_reason():
+    model = tiny_model(num_classes=0, global_pool="")  # forward_head returns every token
+    with pytest.raises(ValueError, match="global_pool=''.*'token', 'avg' or 'map'"):
+        attention_rollout(model, images_for(model))

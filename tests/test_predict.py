@@ -5,6 +5,7 @@ import csv
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -413,3 +414,58 @@ def test_features_are_not_written_when_no_image_was_read(headless_checkpoint, tm
     assert code == 1
     assert out.read_bytes() == b"an earlier run's embeddings"  # left as it was
     assert "wrote" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        {"reg_tokens": 4, "init_values": 0.1, "no_embed_class": True},  # DINOv2 with registers
+        {"class_token": False, "global_pool": "map"},  # SigLIP's attention pool
+        {"distilled": True},  # DeiT distilled
+        {"pre_norm": True, "act_layer": "quick_gelu"},  # OpenAI CLIP
+    ],
+    ids=["dinov2-registers", "siglip", "deit-distilled", "clip"],
+)
+def test_explain_and_features_work_for_every_family(family, tmp_path, one_thread, capsys):
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3, **family
+    )
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    checkpoint = vit.save_weights(model, tmp_path / "family.safetensors", class_names=NAMES)
+    tree = make_tree(tmp_path / "tree", sizes=((40, 56),))
+    out, features = tmp_path / "maps", tmp_path / "features.npz"
+    for method in ("rollout", "gradient_rollout", "relevance"):
+        code = main(
+            [str(tree), "--checkpoint", str(checkpoint), "--explain", str(out), "--method", method,
+             "--features", str(features)]
+        )  # fmt: skip
+        assert code == 0
+        assert len(list(out.rglob("*.png"))) == 3
+    assert "wrote 3 attention maps" in capsys.readouterr().err
+    with np.load(features) as saved:
+        assert saved["features"].shape == (3, 32)
+
+
+def test_predict_embeds_and_explains_the_real_dinov2_folder(tmp_path, one_thread, capsys):
+    """../shared/data/dinov2-small, a transformers Dinov2Model folder: headless, so embeddings
+    and rollout maps; the embeddings are transformers' own pooled output (the class token)."""
+    folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "dinov2-small"
+    if not folder.is_dir():
+        pytest.skip(f"the shared DINOv2 folder is not at {folder}")
+    from transformers import Dinov2Model
+
+    image = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (240, 300, 3), np.uint8)).save(image)
+    out, features = tmp_path / "maps", tmp_path / "features.json"
+    args = [str(image), "--checkpoint", str(folder), "--features", str(features)]
+    assert main([*args, "--explain", str(out)]) == 0
+    assert (out / "photo.png").is_file()
+    (record,) = json.loads(features.read_text())
+    model = vit.load_model(folder)
+    pixels = vit.create_transform(model.preprocess)(open_image(image))[None]
+    with torch.no_grad():
+        theirs = Dinov2Model.from_pretrained(folder).eval()(pixel_values=pixels).pooler_output
+    np.testing.assert_allclose(record["embedding"], theirs[0].numpy(), rtol=1e-4, atol=1e-4)
+    assert main([*args, "--explain", str(out), "--method", "relevance"]) == 2
+    assert "use --method rollout" in capsys.readouterr().err
