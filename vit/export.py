@@ -51,10 +51,11 @@ class ExportCheck:
     path: Path
     target: str  # what ran the export, e.g. "onnxruntime", "torchvision.models.vit_b_16(...)"
     max_relative_difference: float
+    compared: str = "logits"  # what was compared: "embeddings" for a headless ONNX export
 
     def __str__(self) -> str:
         return (
-            f"wrote {self.path}; {self.target} logits vs ours: max relative difference "
+            f"wrote {self.path}; {self.target} {self.compared} vs ours: max relative difference "
             f"{self.max_relative_difference:.1e}"
         )
 
@@ -151,7 +152,9 @@ def export_onnx(
         result.append(_verify_onnx(onnxruntime, tmp, model, tolerance))
 
     atomic_write(path, write)
-    return ExportCheck(path, result[0].target, result[0].max_relative_difference)
+    return ExportCheck(
+        path, result[0].target, result[0].max_relative_difference, result[0].compared
+    )
 
 
 def onnx_output_name(model: VisionTransformer) -> str:
@@ -169,7 +172,7 @@ def _verify_onnx(onnxruntime, path: Path, model: VisionTransformer, tolerance: f
             ours = model(images)  # logits, or a headless model's pooled embedding
         worst = max(worst, relative_difference(torch.from_numpy(theirs), ours))
     check(worst, tolerance, "onnxruntime")
-    return ExportCheck(path, "onnxruntime (batch 1 and 3)", worst)
+    return ExportCheck(path, "onnxruntime (batch 1 and 3)", worst, onnx_output_name(model))
 
 
 # -- transformers --------------------------------------------------------------------------------
