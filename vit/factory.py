@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+import os
+import socket
 from dataclasses import replace
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from torchvision import transforms as T
 
 from . import layouts
-from .configs import Preprocess, get_spec
+from .configs import Preprocess, get_spec, split_tag
 from .layouts import huggingface
 from .layouts import torchvision as torchvision_layout
 from .model import VisionTransformer, ViTConfig, to_pair
@@ -25,9 +28,13 @@ def create_model(
 ) -> VisionTransformer:
     """Build a named ViT, e.g. `create_model("vit_base_patch16_224", pretrained=True)`.
 
-    pretrained: False for fresh initialisation; True for timm's default pretrained weights for
-        this name (downloaded through timm from the Hugging Face hub); or a weights file path
-        in any layout `vit.load_weights` reads (timm, transformers, torchvision, Google JAX).
+    name: one of `vit.list_models()`, optionally with one of timm's pretrained tags
+        ("vit_base_patch16_224.dino", see `vit.list_models(pretrained=True)`), which selects
+        those weights' preprocessing and head size.
+    pretrained: False for fresh initialisation; True for timm's pretrained weights for this
+        name and tag (its default tag without one; downloaded through timm from the Hugging
+        Face hub, or read from its cache offline); or a weights file path in any layout
+        `vit.load_weights` reads (timm, transformers, torchvision, Google JAX).
     num_classes: replace the classifier (a pretrained head of another size is dropped).
     img_size: another input size; pretrained position embeddings are resampled to it.
     overrides: any other `ViTConfig` field, e.g. drop_path_rate=0.1.
@@ -52,7 +59,7 @@ def create_model(
         preprocess = replace(preprocess, input_size=to_pair(img_size, "img_size"))
     checkpoint = None
     if pretrained is True:
-        checkpoint = read_checkpoint(_timm_pretrained(name, spec.pretrained_tag))
+        checkpoint = read_checkpoint(_timm_pretrained(split_tag(name)[0], spec.pretrained_tag))
     elif pretrained:
         checkpoint = read_checkpoint(pretrained)
     if checkpoint is not None and checkpoint.norm_eps is not None and "norm_eps" not in overrides:
@@ -68,7 +75,12 @@ def create_model(
 
 
 def _timm_pretrained(name: str, tag: str | None):
-    """timm's default pretrained model for `name` (timm downloads, caches and converts)."""
+    """timm's pretrained model `name.tag` (timm downloads, caches and converts the weights).
+
+    Offline (HF_HUB_OFFLINE set, or the hub unreachable) weights already in the Hugging Face
+    cache are read from it; otherwise one line says so at once, instead of the hub client's
+    retries.
+    """
     if tag is None:
         raise ValueError(
             f"no published pretrained weights for {name}; pass pretrained=PATH to a weights file "
@@ -76,7 +88,51 @@ def _timm_pretrained(name: str, tag: str | None):
         )
     import timm  # imported here: only this path needs it
 
-    return timm.create_model(f"{name}.{tag}", pretrained=True)
+    full_name = f"{name}.{tag}"
+    cached = _cached_timm_weights(full_name)
+    if cached is not None:
+        return timm.create_model(
+            full_name, pretrained=True, pretrained_cfg_overlay={"file": cached}
+        )
+    offline = _hub_offline_reason()
+    if offline:
+        raise ConnectionError(
+            f"cannot download the pretrained weights of {full_name}: {offline}, and they are not "
+            f"in the Hugging Face cache; pass pretrained=PATH to a local weights file instead"
+        )
+    return timm.create_model(full_name, pretrained=True)
+
+
+def _cached_timm_weights(full_name: str) -> str | None:
+    """The path of `full_name`'s weights in the Hugging Face cache, if they are there."""
+    from huggingface_hub import try_to_load_from_cache
+    from timm.models import get_pretrained_cfg
+
+    cfg = get_pretrained_cfg(full_name)
+    if cfg is None or not cfg.hf_hub_id:
+        return None
+    names = [cfg.hf_hub_filename] if cfg.hf_hub_filename else []
+    for filename in names + ["model.safetensors", "pytorch_model.bin"]:
+        path = try_to_load_from_cache(cfg.hf_hub_id, filename)
+        if isinstance(path, str):
+            return path
+    return None
+
+
+def _hub_offline_reason(timeout: float = 3.0) -> str | None:
+    """Why the Hugging Face hub cannot be reached, or None: HF_HUB_OFFLINE, or no connection
+    to the hub (or the proxy) within `timeout` seconds."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    url = urlsplit(proxy or endpoint)
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as e:
+        return f"no network connection to {host}:{port} ({e})"
+    return None
 
 
 def load_model(
@@ -161,12 +217,28 @@ def _load_transformers_folder(
     return model
 
 
-def create_transform(preprocess: Preprocess) -> T.Compose:
-    """The evaluation transform for a PIL image: resize, centre crop, tensor, normalise.
+def create_transform(
+    preprocess: Preprocess | str | dict | VisionTransformer,
+    is_training: bool = False,
+    aug=None,
+):
+    """The transform for a PIL image, from a `Preprocess`, a model name ("vit_base_patch16_224",
+    with an optional ".tag"), a model (its `preprocess`), or a timm data config dict
+    (`input_size` (C, H, W), `mean`, `std`, `interpolation`, `crop_pct`).
 
-    Matches timm's eval transform: the resize target is input_size / crop_pct (floored), on
-    the shorter side for square inputs and on both sides otherwise.
+    Evaluation (the default): resize, centre crop, tensor, normalise, matching timm's eval
+    transform: the resize target is input_size / crop_pct (floored), on the shorter side for
+    square inputs and on both sides otherwise.
+    is_training: the project's training augmentation instead (`vit.transforms.train_transform`:
+    crop, flip, RandAugment, random erasing, normalise) with `aug` (a
+    `vit.transforms.AugmentConfig`, its defaults if None); random on every call.
     """
+    preprocess = _as_preprocess(preprocess)
+    if is_training:
+        # Imported here: vit.transforms builds its eval transform with this module's.
+        from .transforms import AugmentConfig, TrainTransform
+
+        return TrainTransform(preprocess, aug or AugmentConfig())
     height, width = preprocess.input_size
     interpolation = T.InterpolationMode(preprocess.interpolation)
     if height == width:
@@ -180,4 +252,27 @@ def create_transform(preprocess: Preprocess) -> T.Compose:
             T.ToTensor(),
             T.Normalize(preprocess.mean, preprocess.std),
         ]
+    )
+
+
+def _as_preprocess(source) -> Preprocess:
+    if isinstance(source, Preprocess):
+        return source
+    if isinstance(source, str):
+        return get_spec(source).preprocess
+    if isinstance(source, VisionTransformer):
+        if source.preprocess is None:
+            raise ValueError("this model has no preprocess; build it with vit.create_model")
+        return source.preprocess
+    if isinstance(source, dict):
+        keys = ("input_size", "mean", "std", "interpolation", "crop_pct")
+        missing = [k for k in keys if k not in source]
+        if missing:
+            raise ValueError(f"data config lacks {missing}; a timm data config has {list(keys)}")
+        values = {k: source[k] for k in keys}
+        values["input_size"] = tuple(values["input_size"])[-2:]  # timm's is (C, H, W)
+        return Preprocess.from_dict(values)
+    raise TypeError(
+        f"create_transform takes a Preprocess, a model name, a model or a timm data config "
+        f"dict, got a {type(source).__name__}"
     )

@@ -55,12 +55,12 @@ def resample_abs_pos_embed(
 # size reproduce their source only when resampled the source's way. A checkpoint's layout
 # records which of these its weights need (`vit.layouts.Layout.pos_embed`).
 RESAMPLERS = {
-    "timm": "bicubic with antialiasing, to the new size (timm, OpenCLIP, DINOv2 with registers "
-    "in transformers)",
-    "transformers": "bicubic without antialiasing, to the new size (transformers' "
-    "interpolate_pos_encoding: DINOv2, CLIP, SigLIP, ViT, DeiT)",
-    "dinov2": "bicubic without antialiasing, by a scale factor of (new + 0.1) / old "
-    "(facebookresearch/dinov2's interpolate_offset)",
+    # timm, OpenCLIP and transformers' DINOv2 with registers
+    "timm": "bicubic, antialiased, to the new size: timm's",
+    # transformers' interpolate_pos_encoding (DINOv2, CLIP, SigLIP, ViT, DeiT)
+    "transformers": "bicubic, not antialiased, to the new size: transformers'",
+    # facebookresearch/dinov2's interpolate_offset: every sample point moves a little
+    "dinov2": "bicubic, not antialiased, by a scale factor (new + 0.1) / old: original DINOv2's",
 }
 
 

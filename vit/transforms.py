@@ -95,6 +95,18 @@ def train_transform(preprocess: Preprocess, aug: AugmentConfig) -> A.Compose:
     return A.Compose(ops)
 
 
+class TrainTransform:
+    """`train_transform` on PIL images (what `vit.create_transform(..., is_training=True)`
+    returns): RGB PIL image in, augmented (3, H, W) float tensor out."""
+
+    def __init__(self, preprocess: Preprocess, aug: AugmentConfig) -> None:
+        self.preprocess = preprocess
+        self.transform = train_transform(preprocess, aug)
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        return self.transform(image=np.asarray(image.convert("RGB")))["image"]  # (3, H, W)
+
+
 class EvalTransform:
     """The model's evaluation preprocessing (resize, centre crop, normalise) on numpy images;
     the same torchvision pipeline as `vit.create_transform`, so timm's numbers reproduce."""

@@ -1,13 +1,15 @@
 """Reading checkpoint files, loading them into a model, saving ours with their config.
 
 Files are read here; what their tensors are called is `vit.layouts`' job, so every source
-below works in every layout (timm's, transformers', torchvision's, Google's JAX):
+below works in every layout (timm's; transformers' ViT, MAE, DINOv2, CLIP, SigLIP and DeiT; the
+original DINOv2's; OpenAI's and OpenCLIP's; torchvision's; Google's JAX):
   * `.safetensors` files (ours carry the model config and class names in their metadata),
   * torch pickles `.pth/.pt/.bin/.ckpt` holding a state dict, possibly under `model`/`state_dict`
     and/or with DistributedDataParallel's `module.` prefix -- read with `weights_only=True`,
     so a file that would run code while loading is refused,
   * Google's original JAX `.npz` checkpoints (vit_jax and big_vision layouts),
   * a transformers folder (`config.json` + `model.safetensors` or `pytorch_model.bin`),
+    whose `model_type` must be one of those families (others are refused, named),
   * a model instance (timm's, ours, transformers' or torchvision's), or a plain dict of tensors.
 """
 
@@ -221,6 +223,32 @@ def _stored_grid(metadata: dict) -> tuple[int, int] | None:
     return (img[0] // patch[0], img[1] // patch[1])
 
 
+HEAD_KEYS = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")  # dist: DeiT
+# Tensors that exist only with one of the model's switches: named when they do not fit.
+SWITCH_TENSORS = {
+    ".ls1.gamma": "init_values (LayerScale)",
+    ".ls2.gamma": "init_values (LayerScale)",
+    "reg_token": "reg_tokens",
+    "norm_pre.": "pre_norm",
+    "attn_pool.": "global_pool='map'",
+    "dist_token": "distilled",
+    "head_dist.": "distilled",
+    "cls_token": "class_token",
+}
+
+
+def _switch_hint(report: LoadReport) -> str:
+    """Which model switches the missing or unexpected keys belong to, if any."""
+    parts = []
+    for keys, side in ((report.unexpected, "have"), (report.missing, "lack")):
+        switches = sorted({s for p, s in SWITCH_TENSORS.items() for k in keys if p in k})
+        if switches:
+            parts.append(f"the weights {side} the tensors of {', '.join(switches)}")
+    if not parts:
+        return ""
+    return f" ({'; '.join(parts)}: build the model with the weights' switches)"
+
+
 def adapt_state_dict(
     state_dict: dict,
     model: VisionTransformer,
@@ -240,8 +268,7 @@ def adapt_state_dict(
                 f"pos_embed width {pos.shape[-1]} does not match the model's embed_dim "
                 f"{target['pos_embed'].shape[-1]}: these weights are for another architecture"
             )
-        # no_embed_class: position embeddings for the patches only (DINOv2 with registers)
-        prefix = 0 if getattr(model.config, "no_embed_class", False) else model.num_prefix_tokens
+        prefix = model.pos_embed_prefix_tokens  # 0 with no_embed_class (DeiT III, DINOv2-reg)
         old = old_grid or (math.isqrt(pos.shape[1] - prefix),) * 2
         state_dict["pos_embed"] = resample_pos_embed(
             pos, model.grid_size, old, num_prefix_tokens=prefix, method=pos_embed
@@ -251,7 +278,9 @@ def adapt_state_dict(
             f"resampled pos_embed from a {old[0]}x{old[1]} to a "
             f"{model.grid_size[0]}x{model.grid_size[1]} patch grid ({RESAMPLERS[pos_embed]})"
         )
-    head_keys = [k for k in ("head.weight", "head.bias") if k in state_dict]
+    # a distillation head is the model's head too; into a plain model it is an unexpected key
+    heads = HEAD_KEYS if model.config.distilled else HEAD_KEYS[:2]
+    head_keys = [k for k in heads if k in state_dict]
     head_differs = any(k not in target or state_dict[k].shape != target[k].shape for k in head_keys)
     if head_keys and head_differs:
         old_classes = state_dict[head_keys[-1]].shape[0]
@@ -314,13 +343,13 @@ def load_weights(
             f"weights from {checkpoint.description} do not fit this model; shape mismatches:\n  "
             + "\n  ".join(wrong_shape)
         )
-    fresh_head = {"head.weight", "head.bias"} if report.fresh_head else set()
+    fresh_head = set(HEAD_KEYS) & set(target) if report.fresh_head else set()
     report.missing = sorted(set(target) - set(state_dict) - fresh_head)
     report.unexpected = sorted(set(state_dict) - set(target))
     if report.missing or report.unexpected:
         problem = (
             f"weights from {checkpoint.description}: missing keys {report.missing}, "
-            f"unexpected keys {report.unexpected}"
+            f"unexpected keys {report.unexpected}{_switch_hint(report)}"
         )
         if strict:
             raise KeyError(problem + " (pass strict=False to load the rest)")
