@@ -382,6 +382,13 @@ def test_features_of_a_classifier_are_its_pre_logits(
     with torch.no_grad():
         torch.testing.assert_close(features, vit.explain.embed(model, images))
         torch.testing.assert_close(model.head(features), model(images))  # the head's input
+    # --embedding output: the model's output instead (a CLIP tower's projection, here logits)
+    assert main([*args, "--features", str(out), "--embedding", "output"]) == 0
+    assert "(3 values each, the model's output)" in capsys.readouterr().err
+    with np.load(out) as saved:
+        assert saved["paths"].tolist() == paths
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(saved["features"]), model(images))
 
 
 def test_a_headless_model_embeds_and_explains_but_does_not_classify(

@@ -3,7 +3,7 @@
     python -m vit.predict IMAGE|FOLDER|GLOB ... --model NAME [--checkpoint PATH] [--top-k 5]
         [--batch-size 32] [--device auto] [--output preds.csv|preds.json]
         [--explain DIR [--method rollout|gradient_rollout|relevance]]
-        [--features FILE.npz|.csv|.json]
+        [--features FILE.npz|.csv|.json [--embedding pooled|output]]
 
 With only --model, timm's pretrained weights for that name are used (downloaded once). With
 --checkpoint, the weights come from that file or folder: our own `.safetensors` files and
@@ -17,12 +17,13 @@ probability, label_2, probability_2, ...). A file that cannot be read is named o
 other images are still classified, and the exit status is 1 at the end.
 
 --features FILE writes one pooled embedding per image with its path: the model's pre-logits
-features (`forward_head(x, pre_logits=True)`, what a headless backbone such as DINOv2 or CLIP's
-image tower returns as `model(x)`). FILE.npz holds two arrays, `paths` (N,) and `features`
-(N, D) float32 (`np.load(FILE)`, no pickle); FILE.csv one row per image, `path, f0, ..., f{D-1}`;
-FILE.json a list of {"path", "embedding"}. A model without a classifier head (num_classes=0)
-classifies nothing: it takes --features and --explain (rollout) only. Nothing is written when no
-image could be read.
+features (`forward_head(x, pre_logits=True)`, what a headless backbone such as DINOv2 returns
+as `model(x)`), or with --embedding output the model's output itself (for a CLIP image tower
+whose head is the projection into the text space, `image_embeds`). FILE.npz holds two arrays,
+`paths` (N,) and `features` (N, D) float32 (`np.load(FILE)`, no pickle); FILE.csv one row per
+image, `path, f0, ..., f{D-1}`; FILE.json a list of {"path", "embedding"}. A model without a
+classifier head (num_classes=0) classifies nothing: it takes --features and --explain (rollout)
+only. Nothing is written when no image could be read.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ METHODS = {
 }
 OUTPUT_SUFFIXES = (".csv", ".json")
 FEATURE_SUFFIXES = (".npz", ".csv", ".json")
+EMBEDDINGS = {"pooled": "pooled pre-logits features", "output": "the model's output"}
 
 
 class InputError(Exception):
@@ -121,14 +123,19 @@ def best_of(logits: torch.Tensor, top_k: int) -> tuple:
 
 @torch.inference_mode()
 def logits_and_features(
-    model: VisionTransformer, batch: torch.Tensor, with_features: bool
+    model: VisionTransformer, batch: torch.Tensor, embedding: str | None
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """One pass over a prepared batch (B, 3, H, W): logits (B, num_classes), None for a headless
-    model; pooled pre-logits features (B, D) if `with_features`, else None."""
+    model; and the embeddings (B, D) when `embedding` is "pooled" (pre-logits features) or
+    "output" (the model's output), None when it is None."""
     tokens = model.eval().forward_features(batch)  # (B, N, D)
-    features = model.forward_head(tokens, pre_logits=True).float() if with_features else None
-    logits = model.forward_head(tokens) if model.num_classes > 0 else None
-    return logits, features
+    output = model.forward_head(tokens)  # logits, or a headless model's pooled features
+    features = None
+    if embedding == "pooled":
+        features = model.forward_head(tokens, pre_logits=True).float()
+    elif embedding == "output":
+        features = output.float()
+    return (output if model.num_classes > 0 else None), features
 
 
 def write_features(path: Path, paths: Sequence[str], features: torch.Tensor) -> None:
@@ -300,6 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="write one pooled embedding per image with its path: FILE.npz (arrays paths, "
         "features), .csv (path, f0, f1, ...) or .json",
     )
+    parser.add_argument(
+        "--embedding",
+        choices=("pooled", "output"),
+        default="pooled",
+        help="for --features: the pooled pre-logits features (default) or the model's output "
+        "(a CLIP tower's projection into the text space)",
+    )
     return parser
 
 
@@ -385,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
         problems += errors
         if batch is not None:
             batch = batch.to(device)
-            logits, batch_features = logits_and_features(model, batch, args.features is not None)
+            embedding = args.embedding if args.features is not None else None
+            logits, batch_features = logits_and_features(model, batch, embedding)
             if logits is None:  # a headless model: paths only
                 batch_records = [{"path": str(path)} for path in batch_paths]
             else:
@@ -417,8 +432,8 @@ def finish(
             print(f"error: --features {args.features}: cannot write it ({e})", file=sys.stderr)
             return 2
         print(
-            f"wrote {len(records)} embeddings ({embeddings.shape[1]} values each, pooled "
-            f"pre-logits features) to {args.features}",
+            f"wrote {len(records)} embeddings ({embeddings.shape[1]} values each, "
+            f"{EMBEDDINGS[args.embedding]}) to {args.features}",
             file=sys.stderr,
         )
     if args.output is not None:
