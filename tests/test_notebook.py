@@ -92,3 +92,26 @@ def test_walkthrough_notebook_runs_and_its_hand_computations_match_the_model(thi
         "fused vs explicit",
     ):
         assert checked in text
+
+
+def test_dinov2_section_falls_back_to_random_weights_and_says_so(tmp_path, monkeypatch, capsys):
+    """No hub (HF_HUB_OFFLINE, nothing cached) and no local folder: random DINOv2-shaped
+    weights, a loud note, and a label that every figure of the section carries."""
+    import importlib.util
+
+    import torch
+
+    from vit.explain import last_block_attention
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-cache"))
+    spec = importlib.util.spec_from_file_location("imagenet_setup", NOTEBOOKS / "imagenet_setup.py")
+    setup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup)
+    model, label = setup.self_supervised_vit(tmp_path)  # tmp_path/../shared/...: not there
+    assert label == "RANDOM weights (maps meaningless)"
+    assert "NOTE: RANDOM WEIGHTS" in capsys.readouterr().out
+    assert model.num_classes == 0 and model.patch_embed.patch_size == (14, 14)
+    assert model.preprocess.input_size == (224, 224)
+    heads = last_block_attention(model, torch.zeros(1, 3, 224, 224))
+    assert heads.shape == (1, 6, 16, 16)
