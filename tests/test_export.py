@@ -3,6 +3,7 @@ loaded back by the library it is for and compared with our logits (float32, eval
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -112,6 +113,27 @@ def test_onnx_of_every_family_matches_in_onnxruntime(family, tmp_path, one_threa
     (out,) = session.run(None, {"pixel_values": x.numpy()})
     assert out.shape == (2, model.num_classes or model.embed_dim)
     assert relative_error(out, logits(model, x)) <= RTOL
+
+
+@pytest.mark.parametrize(
+    ("family", "named"),
+    [
+        ("dinov2 with registers", "reg_token"),
+        ("clip (pre_norm, QuickGELU)", "norm_pre.weight"),
+        ("siglip (attention pool)", "global_pool='map'"),
+        ("deit distilled", "dist_token"),
+        ("deit3 (LayerScale, no_embed_class)", "blocks.0.ls1.gamma"),
+    ],
+)
+def test_plain_vit_exports_refuse_family_switches_by_name(family, named, tmp_path):
+    model = vit.VisionTransformer(**{**TINY, **FAMILIES[family]})
+    for exporter, path in (
+        (export_transformers, tmp_path / "hf"),
+        (export_torchvision, tmp_path / "tv.pth"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            exporter(model, path)
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 def test_transformers_folder_loads_with_id2label_and_round_trips(model, tmp_path, one_thread):
