@@ -12,7 +12,7 @@ from timm.data import resolve_data_config
 from timm.models import get_pretrained_cfg
 
 import vit
-from vit.configs import MODELS
+from vit.configs import MODELS, get_spec
 
 # timm's standard ViT names: sizes tiny..huge, patch 8/14/16/32, input 224/384.
 STANDARD_PATTERN = r"vit_(tiny|small|base|large|huge)_patch(8|14|16|32)_(224|384)"
@@ -81,3 +81,35 @@ def test_cifar_models_are_32_pixel_patch_4():
         assert model.grid_size == (8, 8) and model.num_classes == 10
         assert model.preprocess.input_size == (32, 32)
     assert sum(p.numel() for p in vit.create_model("vit_cifar_patch4_32").parameters()) < 3e6
+
+
+TAGGED = [name for name in vit.list_models(pretrained=True) if not name.endswith("_32")]
+
+
+@pytest.mark.parametrize("tagged_name", TAGGED)
+def test_every_offered_tag_has_timms_preprocessing_and_head(tagged_name):
+    spec = get_spec(tagged_name)  # with the tag's preprocessing and head size
+    cfg = get_pretrained_cfg(tagged_name)
+    assert cfg is not None and tagged_name in timm.list_models(pretrained=True)
+    assert spec.preprocess.input_size == tuple(cfg.input_size[1:])
+    assert spec.preprocess.mean == pytest.approx(cfg.mean)
+    assert spec.preprocess.std == pytest.approx(cfg.std)
+    assert spec.preprocess.interpolation == cfg.interpolation
+    assert spec.preprocess.crop_pct == pytest.approx(cfg.crop_pct)
+    assert cfg.crop_mode == "center"  # the only crop our eval transform makes
+    assert spec.num_classes == cfg.num_classes
+
+
+def test_families_offer_timms_sizes():
+    for family, pattern in (
+        ("dinov2", "vit_*_patch14_*dinov2"),
+        ("siglip", "vit_*_siglip_*"),
+        ("deit3", "deit3_*"),
+        ("deit", "deit_*"),
+    ):
+        ours = {n for n, spec in MODELS.items() if spec.family == family}
+        theirs = set(timm.list_models(pattern, pretrained=True, exclude_filters=["*gap*"]))
+        theirs = {n.split(".")[0] for n in theirs}
+        # every size timm has, except what needs a layer this model lacks (SwiGLU: giant)
+        # or weights only at sizes/names not listed here
+        assert ours <= theirs and len(ours) >= 4, family

@@ -159,7 +159,7 @@ def test_two_tower_clip_and_siglip_folders_load_their_image_tower(tmp_path, one_
         theirs.save_pretrained(tmp_path / name)
         with caplog.at_level(logging.WARNING, logger="vit"):
             ours = vit.load_model(tmp_path / name).eval()
-        assert "ignored the text tower" in caplog.text
+        assert "tensors outside the image tower" in caplog.text
         with torch.no_grad():
             reference = theirs.get_image_features(pixel_values=x)
             reference = getattr(reference, "pooler_output", reference)
@@ -174,6 +174,29 @@ def dinov2(image_size: int, registers: int) -> torch.nn.Module:
         config = transformers.Dinov2WithRegistersConfig(**arguments, num_register_tokens=registers)
         return perturbed(transformers.Dinov2WithRegistersModel(config))
     return perturbed(transformers.Dinov2Model(transformers.Dinov2Config(**arguments)))
+
+
+def test_a_siglip_tower_inside_a_vision_language_model_is_found(tmp_path, one_thread):
+    """PaliGemma-style state dicts keep the tower under vision_tower.vision_model. beside a
+    language model: the tower is found by its patch embedding, the rest dropped."""
+    theirs, size = build("SiglipVisionModel-no-head")
+    theirs.save_pretrained(tmp_path / "hf")
+    tower = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    state = {f"vision_tower.vision_model.{key.removeprefix('vision_model.')}": value
+             for key, value in tower.items()}  # fmt: skip
+    state["language_model.lm_head.weight"] = torch.zeros(10, 8)
+    state["multi_modal_projector.linear.weight"] = torch.zeros(8, 32)
+    ours = vit.load_model(tmp_path / "hf")  # the architecture, from config.json
+    bare = vit.VisionTransformer(**ours.config.to_dict())
+    report = vit.load_weights(bare, state)
+    assert report.layout == "transformers_siglip" and report.unexpected == []
+    assert any("ignored 2 tensors outside the image tower" in m for m in report.messages)
+    x = images(size)
+    with torch.no_grad():
+        assert (
+            relative_error(bare.eval()(x), their_output("SiglipVisionModel-no-head", theirs, x))
+            <= RTOL
+        )
 
 
 def test_mae_pretraining_folder_loads_its_encoder(tmp_path, one_thread, caplog):
@@ -362,7 +385,7 @@ def test_open_clip_checkpoint_gives_clips_image_embeddings(tmp_path, one_thread,
     with caplog.at_level(logging.WARNING, logger="vit"):
         report = vit.load_weights(ours, path)
     assert report.layout == "open_clip" and report.missing == [] and report.unexpected == []
-    assert "ignored the text tower" in caplog.text
+    assert "tensors outside the image tower" in caplog.text
     assert read_checkpoint(path).norm_eps == 1e-5
     x = images(32)
     with torch.no_grad():
@@ -489,3 +512,54 @@ def test_weights_that_do_not_fit_the_models_switches_name_the_tensors(tmp_path, 
     )  # fmt: skip
     with pytest.raises(KeyError, match=r"missing keys \[\], unexpected keys \['reg_token'\]"):
         vit.load_weights(no_registers, tmp_path / "reg")
+
+
+# -- bare files by timm's names ------------------------------------------------------------------
+def _transformers_file(model, tmp_path, rename=None):
+    model.save_pretrained(tmp_path / "hf")
+    state = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    path = tmp_path / "weights.pth"
+    torch.save(rename(state) if rename else state, path)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "source"),
+    [
+        ("vit_small_patch14_dinov2", "facebookresearch/dinov2"),
+        ("vit_base_patch16_clip_quickgelu_224", "OpenCLIP"),
+        ("vit_base_patch16_siglip_224", "SiglipVisionModel"),
+        ("deit_base_distilled_patch16_224", "DeiTForImageClassificationWithTeacher"),
+    ],
+)
+def test_full_size_files_load_by_timms_name(tmp_path, one_thread, name, source):
+    """create_model(NAME, pretrained=FILE) with a bare state dict in each source's layout, at
+    the published size: the architecture is the name's, the outputs transformers'. timm's
+    SigLIP names use exact GELU where transformers (like big_vision) uses the tanh
+    approximation: act_layer="gelu_tanh" gives transformers' numbers."""
+    torch.manual_seed(0)
+    overrides = {}
+    if source == "facebookresearch/dinov2":
+        config = transformers.Dinov2Config(hidden_size=384, num_attention_heads=6, image_size=518)
+        theirs = perturbed(transformers.Dinov2Model(config))
+        path = _transformers_file(theirs, tmp_path, original_dinov2_state_dict)
+        size, output = 518, _pooled
+    elif source == "OpenCLIP":
+        config = transformers.CLIPVisionConfig(patch_size=16, projection_dim=512)
+        theirs = perturbed(transformers.CLIPVisionModelWithProjection(config))
+        path = _transformers_file(theirs, tmp_path, open_clip_state_dict)
+        size, output = 224, lambda result: result.image_embeds
+    elif source == "SiglipVisionModel":
+        theirs = perturbed(transformers.SiglipVisionModel(transformers.SiglipVisionConfig()))
+        path = _transformers_file(theirs, tmp_path)
+        size, output, overrides = 224, _pooled, {"act_layer": "gelu_tanh"}
+    else:
+        config = transformers.DeiTConfig(num_labels=1000)
+        theirs = perturbed(transformers.DeiTForImageClassificationWithTeacher(config))
+        path = _transformers_file(theirs, tmp_path)
+        size, output = 224, lambda result: result.logits
+    ours = vit.create_model(name, pretrained=path, **overrides).eval()
+    x = images(size, batch=1)
+    with torch.no_grad():
+        assert relative_error(ours(x), output(theirs(pixel_values=x))) <= RTOL

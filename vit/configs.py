@@ -293,7 +293,8 @@ MODELS.update(
                 ("large", 16, 256, ("v2_webli", "webli")),
                 ("large", 16, 384, ("v2_webli", "webli")),
                 ("so400m", 14, 224, ("v2_webli", "webli")),
-                ("so400m", 14, 384, ("webli",)),
+                # (timm's so400m at 384 px cuts a 27x27 grid of 14-px patches, leaving a 6-px
+                # margin unseen; this PatchEmbed refuses sizes that are not patch multiples)
             )
         },
         # DeiT (Touvron et al. 2021): the plain ViT trained on ImageNet-1k alone; the distilled

@@ -412,13 +412,14 @@ class VisionTransformer(nn.Module):
         )
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.class_token else None
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.distilled else None
         self.reg_token = (
             nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.embed_dim)) if cfg.reg_tokens else None
         )
         self.pos_embed = nn.Parameter(
             torch.zeros(1, num_patches + self.pos_embed_prefix_tokens, cfg.embed_dim)
         )
+        # after pos_embed: timm's order of keys in the state dict
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.distilled else None
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
         self.patch_drop = PatchDropout(cfg.patch_drop_rate, self.num_prefix_tokens)
         self.norm_pre = (

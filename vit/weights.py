@@ -269,7 +269,14 @@ def adapt_state_dict(
                 f"{target['pos_embed'].shape[-1]}: these weights are for another architecture"
             )
         prefix = model.pos_embed_prefix_tokens  # 0 with no_embed_class (DeiT III, DINOv2-reg)
-        old = old_grid or (math.isqrt(pos.shape[1] - prefix),) * 2
+        side = math.isqrt(max(pos.shape[1] - prefix, 0))
+        if old_grid is None and side * side != pos.shape[1] - prefix:
+            raise ValueError(
+                f"pos_embed of {pos.shape[1]} tokens is not this model's {prefix} prefix "
+                f"position(s) plus a square grid: the weights were made with other prefix-token "
+                f"switches (class_token, reg_tokens, no_embed_class, distilled)"
+            )
+        old = old_grid or (side, side)
         state_dict["pos_embed"] = resample_pos_embed(
             pos, model.grid_size, old, num_prefix_tokens=prefix, method=pos_embed
         )

@@ -40,9 +40,8 @@ PAIRS = [
     ("post_layernorm.", "norm."),
 ]
 IGNORED = {"embeddings.position_ids": None}  # a buffer older transformers saved
-TOWER = "vision_model."
-# what CLIPModel and SiglipModel hold beside the image tower
-TEXT_ROOTS = ("text_model.", "text_projection.", "logit_scale", "logit_bias")
+PATCH_KEY = "embeddings.patch_embedding.weight"
+PROJECTION = "visual_projection.weight"  # CLIP's, beside the tower
 # transformers' CLIPVisionConfig defaults
 DEFAULTS = {**hf.DEFAULTS, "patch_size": 32, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5}
 MODEL_TYPES = ("clip", "clip_vision_model")
@@ -56,15 +55,26 @@ def matches(keys: Collection[str]) -> bool:
 def tower(
     state: Mapping[str, torch.Tensor], source: str
 ) -> tuple[str, dict[str, torch.Tensor], list[str]]:
-    """(key prefix of the image tower, the state without the text tower, notes)."""
-    prefix = TOWER if any(key.startswith(TOWER) for key in state) else ""
+    """(key prefix of the image tower, the state without what lies outside it, notes).
+
+    The tower is wherever its patch embedding is: at the top (`CLIPVisionModel`), under
+    `vision_model.` (`CLIPModel`, `SiglipModel`) or deeper (a vision-language model's
+    `vision_tower.vision_model.`); the rest (a text tower, a language model) is dropped."""
+    patch = next(key for key in state if key.endswith(PATCH_KEY))
+    prefix = patch[: -len(PATCH_KEY)]
     if any(key.startswith("classifier.") for key in state):
         raise ValueError(
             f"{source} is a transformers image classifier on the mean of CLIP/SigLIP patch "
             f"tokens (*ForImageClassification): not supported; supported: {SUPPORTED}"
         )
-    kept = {k: v for k, v in state.items() if not k.startswith(TEXT_ROOTS)}
-    notes = [f"{source}: ignored the text tower (text_model.*)"] if len(kept) < len(state) else []
+    kept = {k: v for k, v in state.items() if k.startswith(prefix) or k == PROJECTION}
+    outside = [key for key in state if key not in kept]
+    notes = []
+    if outside:
+        notes.append(
+            f"{source}: ignored {len(outside)} tensors outside the image tower {prefix}* (a "
+            f"text tower or language model: {outside[0]}, ...)"
+        )
     return prefix, kept, notes
 
 
@@ -79,7 +89,7 @@ def vector_shapes(out: dict[str, torch.Tensor]) -> None:
 def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[str]]:
     """transformers' CLIP image tower -> timm's names (projection -> head, zero bias)."""
     prefix, state, notes = tower(state, source)
-    keys = KeyMap([*hf.prefixed(prefix, PAIRS), ("visual_projection.weight", "head.weight")])
+    keys = KeyMap([*hf.prefixed(prefix, PAIRS), (PROJECTION, "head.weight")])
     ignored = {prefix + name: note for name, note in IGNORED.items()}
     qkv = re.escape(prefix) + QKV_BODY
     out, more = hf.convert(state, source, "CLIP image tower", keys, qkv, ignored)

@@ -40,9 +40,7 @@ ARCHITECTURES = ("SiglipVisionModel", "SiglipModel")
 
 
 def matches(keys: Collection[str]) -> bool:
-    return any(key.endswith("embeddings.patch_embedding.weight") for key in keys) and not (
-        hf_clip.matches(keys)
-    )
+    return any(key.endswith(hf_clip.PATCH_KEY) for key in keys) and not hf_clip.matches(keys)
 
 
 def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[str]]:

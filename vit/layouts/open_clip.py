@@ -56,8 +56,12 @@ def matches(keys: Collection[str]) -> bool:
 def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[str]]:
     """OpenAI / OpenCLIP names -> timm's (projection -> head, zero bias)."""
     notes = []
-    if any(not key.startswith("visual.") for key in state):
-        notes.append(f"{source}: ignored the text tower (the keys outside visual.*)")
+    outside = [key for key in state if not key.startswith("visual.")]
+    if outside:
+        notes.append(
+            f"{source}: ignored {len(outside)} tensors outside the image tower visual.* (the "
+            f"text tower: {outside[0]}, ...)"
+        )
     if any(key.startswith(TRUNK) for key in state):  # a timm model inside OpenCLIP
         out = {k.removeprefix(TRUNK): v for k, v in state.items() if k.startswith(TRUNK)}
         if "visual.head.proj.weight" in state:
