@@ -10,8 +10,8 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 import vit
 from vit.configs import MODELS
 
-# Every named model that timm also has: the standard ViT configs.
-STANDARD = [name for name in vit.list_models() if name in timm.list_models()]
+# Every plain ViT name that timm also has (the families: tests/test_families.py).
+STANDARD = [n for n in vit.list_models() if n in timm.list_models() and MODELS[n].family == "vit"]
 # Small enough to run on every commit; the rest are marked slow.
 CHEAP = {
     "vit_tiny_patch16_224",

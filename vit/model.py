@@ -257,7 +257,6 @@ class AttentionPoolLatent(nn.Module):
         self.kv = nn.Linear(dim, dim * 2)
         self.softmax = nn.Softmax(dim=-1)  # parameter-free; here so hooks can see probabilities
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(0.0)
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer)
 
@@ -272,8 +271,8 @@ class AttentionPoolLatent(nn.Module):
         else:
             attn = self.softmax((q * self.scale) @ k.transpose(-2, -1))  # (B, nh, 1, L)
             x = attn @ v  # (B, nh, 1, hs)
-        x = self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, 1, D)))  # (B, 1, D)
-        x = x + self.mlp(self.norm(x))
+        x = self.proj(x.transpose(1, 2).reshape(B, 1, D))  # (B, 1, D)
+        x = x + self.mlp(self.norm(x))  # (B, 1, D)
         return x[:, 0]  # (B, D)
 
 
