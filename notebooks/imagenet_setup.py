@@ -103,7 +103,7 @@ def self_supervised_vit(root: Path, seed: int = 0) -> tuple[vit.VisionTransforme
     folder = root / DINOV2_FOLDER
     if (folder / "config.json").is_file():
         print(f"timm's {DINOV2} not loaded ({reason}); using the local folder {DINOV2_FOLDER}")
-        model = vit.load_model(folder).eval()
+        model = vit.load_model(os.path.relpath(folder)).eval()  # relative: no local paths shown
         return model, f"{DINOV2_FOLDER.as_posix()} (DINOv2 ViT-S/14, see its README)"
     torch.manual_seed(seed)
     model = vit.VisionTransformer(

@@ -271,3 +271,22 @@ def test_command_line_errors_are_one_line(model, tmp_path, capsys):
     assert export.main([str(path), "--torchvision", str(tmp_path / "tv.pth")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "torchvision's VisionTransformer cannot hold" in err
+
+
+@pytest.mark.slow
+def test_onnx_families_script_prints_a_table(capsys, one_thread):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "onnx_families.py"
+    spec = importlib.util.spec_from_file_location("onnx_families", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--names", "deit_tiny_distilled_patch16_224", "--threads", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    expected = 2 if script.REAL_DINOV2.is_dir() else 1  # + the real DINOv2 folder when present
+    assert len(rows) == expected
+    assert rows[0].startswith("| deit_tiny_distilled_patch16_224 | DeiT: distillation")
+    assert "| logits (1000) |" in rows[0]
+    for row in rows:
+        assert 0 <= float(row.strip("| ").rsplit("|", 1)[1]) <= RTOL
