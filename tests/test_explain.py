@@ -653,3 +653,47 @@ def test_a_model_without_pooling_is_refused_with_the_reason():
     model = tiny_model(num_classes=0, global_pool="")  # forward_head returns every token
     with pytest.raises(ValueError, match="global_pool=''.*'token', 'avg' or 'map'"):
         attention_rollout(model, images_for(model))
+
+
+# -- captured attention equals the source's ------------------------------------------------------
+def test_captured_pool_attention_is_the_latent_querys_softmax_by_hand():
+    # SigLIP's readout: softmax(q(latent) . k(tokens) / sqrt(hs)) per head, from the pool's own
+    # weights and the final tokens, computed here independently of the model's forward.
+    model = family_model("siglip")
+    images = images_for(model)
+    record = record_attention(model, images)
+    pool = model.attn_pool
+    with torch.no_grad():
+        tokens = model.forward_features(images)  # (B, N, D)
+        heads, size = pool.num_heads, 32 // pool.num_heads
+        q = pool.q(pool.latent).reshape(heads, size)  # (nh, hs)
+        k = pool.kv(tokens)[..., :32].reshape(3, -1, heads, size)  # (B, N, nh, hs)
+        expected = torch.einsum("hd,bnhd->bhn", q, k).mul(size**-0.5).softmax(-1)[:, :, None]
+    torch.testing.assert_close(record.pool_attention, expected, rtol=1e-5, atol=1e-6)
+
+
+DINOV2_FOLDER = Path(__file__).resolve().parents[2] / "shared" / "data" / "dinov2-small"
+
+
+@pytest.mark.slow
+def test_real_dinov2_attention_equals_transformers_own():
+    """The DINO picture on real weights: every block's captured attention, and so the per-head
+    last-block maps, equal transformers' Dinov2Model(output_attentions=True) on the same image."""
+    if not DINOV2_FOLDER.is_dir():
+        pytest.skip(f"the shared DINOv2 folder is not at {DINOV2_FOLDER}")
+    from transformers import Dinov2Model
+
+    model = vit.load_model(DINOV2_FOLDER)
+    theirs = Dinov2Model.from_pretrained(DINOV2_FOLDER, attn_implementation="eager").eval()
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 224, 224)
+    record = record_attention(model, images)
+    with torch.no_grad():
+        reference = theirs(pixel_values=images, output_attentions=True).attentions
+    assert len(record.attentions) == len(reference) == 12
+    for ours, their in zip(record.attentions, reference, strict=True):
+        torch.testing.assert_close(ours, their, rtol=1e-4, atol=2e-5)
+    heads = last_block_attention(model, images)  # (2, 6, 16, 16)
+    torch.testing.assert_close(
+        heads, reference[-1][:, :, 0, 1:].reshape(2, 6, 16, 16), rtol=1e-4, atol=2e-5
+    )
