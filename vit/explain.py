@@ -28,7 +28,8 @@ any number of prefix tokens and any grid, which is what the tests exercise direc
 ranks highest (positive perturbation, accuracy should collapse fast, lower area is better) or
 lowest (negative perturbation, accuracy should hold, higher area is better).
 
-Shape legend: B batch, nh heads, N tokens (prefix + gh*gw), P prefix tokens, gh/gw grid.
+Shape legend: B batch, nh heads, N tokens (prefix + gh*gw), P prefix tokens (class,
+distillation, registers), gh/gw grid, L the attention pool's latent queries, D embedding width.
 """
 
 from __future__ import annotations
@@ -193,7 +194,9 @@ def similarity_scores(
     with a classifier's weight row as the direction this is that class's logit minus its bias,
     so the explanation equals the class explanation.
     """
+    # detached: a text tower's graph behind the direction is not part of the explanation
     direction = torch.as_tensor(direction, dtype=embeddings.dtype, device=embeddings.device)
+    direction = direction.detach()
     if direction.ndim == 1 and direction.shape == embeddings.shape[1:]:
         direction = direction.expand_as(embeddings)  # one direction for every image
     if direction.shape != embeddings.shape:
