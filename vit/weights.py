@@ -202,7 +202,13 @@ def read_checkpoint(source: str | Path | nn.Module | Mapping | Checkpoint) -> Ch
     elif norm_eps is None:
         norm_eps = layout.norm_eps
     return Checkpoint(
-        state_dict, metadata, layout.name, notes, norm_eps, description, layout.pos_embed
+        state_dict,
+        metadata=metadata,
+        layout=layout.name,
+        notes=notes,
+        norm_eps=norm_eps,
+        description=description,
+        pos_embed=layout.pos_embed,
     )
 
 

@@ -96,7 +96,7 @@ def config_from_hf(hf_config: dict, source: str) -> tuple[dict, None]:
             f"supported: {SUPPORTED}"
         )
     config = hf.backbone_config(hf_config, source, DEFAULTS)
-    registers = int(hf_config.get("num_register_tokens", 0))
+    registers = int(hf_config.get("num_register_tokens", 4))  # Dinov2WithRegistersConfig default
     config.update(
         num_classes=0,
         mlp_ratio=float(hf_config.get("mlp_ratio", 4)),  # DINOv2 ignores intermediate_size

@@ -65,6 +65,11 @@ IGNORED = {
     "pooler.dense.bias": None,
     "embeddings.mask_token": "the masked-image-modelling mask token (unused at inference)",
 }
+# model_type -> the classes whose weights are a plain ViT
+ARCHITECTURES = {
+    "vit": ("ViTModel", "ViTForImageClassification"),
+    "vit_mae": ("ViTMAEModel", "ViTMAEForPreTraining"),
+}
 # transformers' hidden_act -> our act_layer
 ACT_LAYERS = {
     "gelu": "gelu",
@@ -203,10 +208,12 @@ def config_from_hf(hf: dict, source: str) -> tuple[dict, list[str] | None]:
     class names or None). Other ViT classes are refused, naming what they are."""
     model_type = hf.get("model_type")
     architectures = hf.get("architectures") or []
-    accepted = {
-        "vit": ("ViTModel", "ViTForImageClassification"),
-        "vit_mae": ("ViTMAEModel", "ViTMAEForPreTraining"),
-    }[model_type]
+    accepted = ARCHITECTURES.get(model_type)
+    if accepted is None:
+        raise ValueError(
+            f"{source} holds a transformers '{model_type}' model, not a plain ViT or ViT-MAE; "
+            f"supported: {SUPPORTED}"
+        )
     other = [a for a in architectures if a not in accepted]
     if other:
         raise ValueError(f"{source} holds a {other[0]}; supported: {SUPPORTED}")
