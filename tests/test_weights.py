@@ -334,6 +334,9 @@ def offline_hub(tmp_path, monkeypatch):
         return str(weights)
 
     monkeypatch.setattr("timm.models._hub.hf_hub_download", hf_hub_download)
+    # the hub counts as reachable, and its cache as empty, so the download path is taken
+    monkeypatch.setattr("vit.factory._hub_offline_reason", lambda: None)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
     return published.eval(), requests
 
 

@@ -19,6 +19,13 @@ from .model import VisionTransformer, ViTConfig, to_pair
 from .weights import load_weights, read_checkpoint, read_metadata
 
 
+class PretrainedUnavailableError(ConnectionError, RuntimeError):
+    """timm's pretrained weights cannot be downloaded (offline, no network) and are not cached.
+
+    A ConnectionError; also a RuntimeError, which the command lines report in one line.
+    """
+
+
 def create_model(
     name: str,
     pretrained: bool | str | Path = False,
@@ -96,7 +103,7 @@ def _timm_pretrained(name: str, tag: str | None):
         )
     offline = _hub_offline_reason()
     if offline:
-        raise ConnectionError(
+        raise PretrainedUnavailableError(
             f"cannot download the pretrained weights of {full_name}: {offline}, and they are not "
             f"in the Hugging Face cache; pass pretrained=PATH to a local weights file instead"
         )
