@@ -70,11 +70,16 @@ def test_attention_notebook_runs(this_python_kernel):
     assert "14x14 = 196 patch tokens + 1 class token; each map is (1, 14, 14)" in text
     assert "16x16 = 256 patches + 1 class token, 6 heads; each map is (16, 16)" in text
     assert "cosine similarity of the photograph to the face crop" in text
-    # the weights are named: the shared DINOv2 folder offline (as in CI), else random ones
-    if DINOV2_FOLDER.is_dir():
-        assert "weights: ../shared/data/dinov2-small (DINOv2 ViT-S/14, see its README)" in text
-    else:
-        assert "weights: RANDOM weights (maps meaningless)" in text
+    # the weights are named: timm's from the cache, else the shared DINOv2 folder (as in CI),
+    # else random ones, and never random while the folder is there
+    (source,) = [line for line in text.splitlines() if line.startswith("weights: ")]
+    sources = {
+        "weights: timm vit_small_patch14_dinov2.lvd142m (Hugging Face hub)",
+        "weights: ../shared/data/dinov2-small (DINOv2 ViT-S/14, see its README)",
+        "weights: RANDOM weights (maps meaningless)",
+    }
+    assert source in sources
+    assert not (DINOV2_FOLDER.is_dir() and "RANDOM" in source)
 
 
 def test_walkthrough_notebook_runs_and_its_hand_computations_match_the_model(this_python_kernel):
