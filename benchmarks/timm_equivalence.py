@@ -6,7 +6,8 @@ and the DINOv2, CLIP, SigLIP, DeiT and DeiT III families), through both attentio
 
 timm's randomly initialised weights are loaded into our model; both run in float32, eval mode,
 on the same random images. The standard ViTs get a random 10-class head (so logits are not
-zero); the family models keep their timm head (logits, or features for headless backbones).
+zero); the family models keep their timm head (logits, or features for headless backbones),
+and LayerScale factors drawn in [0.1, 1] instead of their 1e-5 start, so the blocks count.
 Family models are also compared at a smaller input, their position embeddings resampled on
 the fly (dynamic_img_size in both libraries). Prints max |ours - timm| / max |timm| per model,
 path and size, and the worst overall.
@@ -23,6 +24,14 @@ import vit
 from vit.configs import MODELS
 
 FAMILIES = ("dinov2", "clip", "siglip", "deit", "deit3")
+
+
+def randomise_layer_scale(model: torch.nn.Module) -> None:
+    """LayerScale starts at 1e-5 (DINOv2) or 1e-6 (DeiT III): the blocks would barely change the
+    tokens and hide any difference in them. Trained values are of order 0.1-1; use those."""
+    for name, p in model.named_parameters():
+        if name.endswith(("ls1.gamma", "ls2.gamma")):
+            p.data.uniform_(0.1, 1.0)
 
 
 def _errors(theirs, ours, size: tuple[int, int], batch_size: int) -> list[float]:
@@ -44,6 +53,7 @@ def relative_errors(name: str, batch_size: int, max_depth: int | None) -> list[f
         kwargs["depth"] = max_depth
     torch.manual_seed(0)
     theirs = timm.create_model(name, **kwargs).eval()
+    randomise_layer_scale(theirs)
     ours = vit.create_model(name, **kwargs).eval()
     ours.load_state_dict(theirs.state_dict(), strict=True)
     errors = _errors(theirs, ours, ours.patch_embed.img_size, batch_size)

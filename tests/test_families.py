@@ -43,6 +43,9 @@ def timm_and_ours(name: str, **kwargs) -> tuple[torch.nn.Module, vit.VisionTrans
         kwargs["depth"] = MAX_DEPTH
     torch.manual_seed(0)
     theirs = timm.create_model(name, **kwargs).eval()
+    for key, p in theirs.named_parameters():
+        if key.endswith("gamma"):  # LayerScale starts at 1e-5: the blocks would barely count
+            p.data.uniform_(0.1, 1.0)
     ours = vit.create_model(name, **kwargs).eval()
     ours.load_state_dict(theirs.state_dict(), strict=True)  # same names, no remapping
     return theirs, ours
@@ -318,6 +321,7 @@ def test_a_tag_selects_its_preprocessing_and_head():
     assert openai.preprocess.mean == pytest.approx((0.48145466, 0.4578275, 0.40821073))
     assert laion.preprocess.mean == (0.5, 0.5, 0.5)
     assert vit.create_model("vit_base_patch16_224.dino", depth=1).num_classes == 0
+    assert vit.create_model("vit_tiny_patch16_224.augreg_in21k", depth=1).num_classes == 21843
     with pytest.raises(ValueError, match="unknown pretrained tag 'dinov3'.*augreg2.*dino, mae"):
         vit.create_model("vit_base_patch16_224.dinov3")
 
@@ -408,3 +412,16 @@ def test_create_transform_for_training_augments_at_the_models_size():
     assert first.min() >= -1.0 - 1e-6 and first.max() <= 1.0 + 1e-6  # mean = std = 0.5
     with pytest.raises(TypeError, match="create_transform takes"):
         vit.create_transform(3)
+
+
+def test_saved_family_models_reload_with_their_switches(tmp_path):
+    for name in ("deit_tiny_distilled_patch16_224", "vit_small_patch14_reg4_dinov2"):
+        model = vit.create_model(name, img_size=56 if "dinov2" in name else 32, depth=1).eval()
+        for p in model.parameters():
+            p.data.normal_(std=0.02)
+        path = vit.save_weights(model, tmp_path / f"{name}.safetensors")
+        loaded = vit.load_model(path).eval()
+        assert loaded.config == model.config and loaded.preprocess == model.preprocess
+        x = torch.randn(1, 3, *model.patch_embed.img_size)
+        with torch.no_grad():
+            assert torch.equal(loaded(x), model(x))

@@ -101,11 +101,26 @@ def _spec(size: str, patch: int, image: int, tag: str | None, **spec) -> ModelSp
     return ModelSpec(arch=arch, pretrained_tag=tag, **spec)
 
 
-def _imagenet(size: str, patch: int, image: int, tag: str | None, **spec) -> ModelSpec:
+# timm's other tags of the plain ViTs (Google's weights: mean = std = 0.5) and their head sizes
+_GOOGLE_TAG_CLASSES = {
+    "augreg_in21k": 21843,  # ImageNet-21k classifier (Steiner et al. 2021, "How to train your ViT")
+    "augreg_in1k": 1000,
+    "augreg_in21k_ft_in1k": 1000,
+    "orig_in21k": 0,  # the original paper's ImageNet-21k backbone, head removed
+    "orig_in21k_ft_in1k": 1000,
+    "sam_in1k": 1000,  # trained with sharpness-aware minimisation (Chen et al. 2022)
+}
+
+
+def _imagenet(size: str, patch: int, image: int, tag: str | None, *tags: str, **spec) -> ModelSpec:
+    """A plain ViT: `tag` is timm's default, `tags` its other Google tags offered here."""
     preprocess = spec.pop("preprocess", None) or Preprocess(
         input_size=(image, image), crop_pct=0.9 if image == 224 else 1.0
     )
-    return _spec(size, patch, image, tag, preprocess=preprocess, **spec)
+    google = Preprocess(input_size=(image, image), crop_pct=0.9 if image == 224 else 1.0)
+    other = {t: Weights(google, _GOOGLE_TAG_CLASSES[t]) for t in tags}
+    other.update(spec.pop("other_tags", {}))
+    return _spec(size, patch, image, tag, preprocess=preprocess, other_tags=other, **spec)
 
 
 _AUGREG = "augreg_in21k_ft_in1k"
@@ -113,27 +128,45 @@ _DINO = Preprocess(mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD)
 # Self-supervised tags of the plain architectures: headless backbones, ImageNet mean/std
 _DINO_TAG = {"dino": Weights(_DINO, 0)}  # DINO v1 (Caron et al. 2021)
 _MAE_TAG = {"mae": Weights(_DINO, 0)}  # masked autoencoders (He et al. 2022)
+_IN21K, _IN1K, _SAM = "augreg_in21k", "augreg_in1k", "sam_in1k"
+_ORIG, _ORIG_FT = "orig_in21k", "orig_in21k_ft_in1k"
 
 MODELS: dict[str, ModelSpec] = {
-    "vit_tiny_patch16_224": _imagenet("tiny", 16, 224, _AUGREG),
+    "vit_tiny_patch16_224": _imagenet("tiny", 16, 224, _AUGREG, _IN21K),
     "vit_tiny_patch16_384": _imagenet("tiny", 16, 384, _AUGREG),
-    "vit_small_patch32_224": _imagenet("small", 32, 224, _AUGREG),
+    "vit_small_patch32_224": _imagenet("small", 32, 224, _AUGREG, _IN21K),
     "vit_small_patch32_384": _imagenet("small", 32, 384, _AUGREG),
-    "vit_small_patch16_224": _imagenet("small", 16, 224, _AUGREG, other_tags=_DINO_TAG),
-    "vit_small_patch16_384": _imagenet("small", 16, 384, _AUGREG),
+    "vit_small_patch16_224": _imagenet(
+        "small", 16, 224, _AUGREG, _IN21K, _IN1K, other_tags=_DINO_TAG
+    ),
+    "vit_small_patch16_384": _imagenet("small", 16, 384, _AUGREG, _IN1K),
     # DINO self-supervised weights: no classifier head, ImageNet mean/std
     "vit_small_patch8_224": _imagenet("small", 8, 224, "dino", num_classes=0, preprocess=_DINO),
-    "vit_base_patch32_224": _imagenet("base", 32, 224, _AUGREG),
-    "vit_base_patch32_384": _imagenet("base", 32, 384, _AUGREG),
+    "vit_base_patch32_224": _imagenet("base", 32, 224, _AUGREG, _IN21K, _IN1K, _ORIG, _SAM),
+    "vit_base_patch32_384": _imagenet("base", 32, 384, _AUGREG, _IN1K),
     "vit_base_patch16_224": _imagenet(
-        "base", 16, 224, "augreg2_in21k_ft_in1k", other_tags={**_DINO_TAG, **_MAE_TAG}
+        "base",
+        16,
+        224,
+        "augreg2_in21k_ft_in1k",
+        _AUGREG,
+        _IN21K,
+        _IN1K,
+        _ORIG,
+        _ORIG_FT,
+        _SAM,
+        other_tags={**_DINO_TAG, **_MAE_TAG},
+    ),  # fmt: skip
+    "vit_base_patch16_384": _imagenet("base", 16, 384, _AUGREG, _IN1K, _ORIG_FT),
+    "vit_base_patch8_224": _imagenet(
+        "base", 8, 224, "augreg2_in21k_ft_in1k", _AUGREG, _IN21K, other_tags=_DINO_TAG
     ),
-    "vit_base_patch16_384": _imagenet("base", 16, 384, _AUGREG),
-    "vit_base_patch8_224": _imagenet("base", 8, 224, "augreg2_in21k_ft_in1k", other_tags=_DINO_TAG),
     # ImageNet-21k pre-trained only: a feature extractor, no classifier head
     "vit_large_patch32_224": _imagenet("large", 32, 224, "orig_in21k", num_classes=0),
     "vit_large_patch32_384": _imagenet("large", 32, 384, "orig_in21k_ft_in1k"),
-    "vit_large_patch16_224": _imagenet("large", 16, 224, _AUGREG, other_tags=_MAE_TAG),
+    "vit_large_patch16_224": _imagenet(
+        "large", 16, 224, _AUGREG, _IN21K, _ORIG, other_tags=_MAE_TAG
+    ),
     "vit_large_patch16_384": _imagenet("large", 16, 384, _AUGREG),
     "vit_large_patch14_224": _imagenet("large", 14, 224, None),  # timm has no weights for it
     "vit_huge_patch14_224": _imagenet(
