@@ -25,11 +25,9 @@ import vit
 from vit.explain import (
     attention_rollout,
     faithfulness,
-    fuse_heads,
     gradient_rollout,
-    patch_map,
+    last_block_attention,
     random_map,
-    record_attention,
     relevance,
 )
 
@@ -59,13 +57,9 @@ def load_test_images(
     return torch.stack(images)[order], torch.tensor(labels)[order]
 
 
-def last_block_attention(model: vit.VisionTransformer, images: torch.Tensor) -> torch.Tensor:
+def last_block_heads_mean(model: vit.VisionTransformer, images: torch.Tensor) -> torch.Tensor:
     """Raw attention of the last block (heads averaged), read like the rollout: (B, gh, gw)."""
-    record = record_attention(model, images)
-    readout = "avg" if model.global_pool == "avg" else "token"
-    return patch_map(
-        fuse_heads(record.attentions[-1]), model.grid_size, model.num_prefix_tokens, readout
-    )
+    return last_block_attention(model, images).mean(dim=1)
 
 
 def in_batches(method, model, images: torch.Tensor, batch_size: int) -> torch.Tensor:
@@ -94,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
 
     methods = {
         "random (baseline)": lambda m, x: random_map(x, m.grid_size, seed=0),
-        "last-block attention": last_block_attention,
+        "last-block attention": last_block_heads_mean,
         "attention rollout (mean)": attention_rollout,
         "attention rollout (max, discard 0.9)": lambda m, x: attention_rollout(m, x, "max", 0.9),
         "gradient rollout": gradient_rollout,

@@ -1,8 +1,10 @@
-"""Set-up shared by the notebooks' 224x224 sections: a real photograph and an ImageNet ViT.
+"""Set-up shared by the notebooks' 224x224 sections: a real photograph, an ImageNet ViT and a
+self-supervised one (DINOv2).
 
-The photograph ships with matplotlib (no download). The model gets timm's pretrained weights
-when they can be had, and otherwise random weights with a printed note saying so, so that the
-notebooks run, and every numerical check in them holds, offline (as in CI).
+The photograph ships with matplotlib (no download). The models get timm's pretrained weights
+when they can be had; DINOv2 then falls back to a local transformers folder (the project's
+../shared/data/dinov2-small); otherwise random weights come with a printed note saying so, so
+that the notebooks run, and every numerical check in them holds, offline (as in CI).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import warnings
+from pathlib import Path
 
 import matplotlib.cbook as cbook
 import torch
@@ -77,3 +80,43 @@ def pretrained_or_random(name: str, seed: int = 0) -> tuple[vit.VisionTransforme
         f"classes mean nothing."
     )
     return model, False
+
+
+DINOV2 = "vit_small_patch14_dinov2.lvd142m"  # timm's DINOv2 ViT-S/14 (Oquab et al. 2023)
+DINOV2_FOLDER = Path("..") / "shared" / "data" / "dinov2-small"  # from the repository root
+
+
+def self_supervised_vit(root: Path, seed: int = 0) -> tuple[vit.VisionTransformer, str]:
+    """A DINOv2 ViT-S/14 backbone at 224 px and where its weights came from, in that order:
+    timm's weights from the Hugging Face hub (when it answers, or from its cache with
+    HF_HUB_OFFLINE=1), else the transformers folder `root / DINOV2_FOLDER`, else random
+    weights (seeded) with a loud note. Returns (model in eval mode, a label for the figures).
+    """
+    if _hub_offline_mode() or _hub_reachable():
+        try:
+            model = vit.create_model(DINOV2, pretrained=True, img_size=224)
+            return model.eval(), f"timm {DINOV2} (Hugging Face hub)"
+        except Exception as error:  # no cache, no network, hub error: all mean "fall back"
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    else:
+        reason = "huggingface.co cannot be reached"
+    folder = root / DINOV2_FOLDER
+    if (folder / "config.json").is_file():
+        print(f"timm's {DINOV2} not loaded ({reason}); using the local folder {DINOV2_FOLDER}")
+        model = vit.load_model(os.path.relpath(folder)).eval()  # relative: no local paths shown
+        return model, f"{DINOV2_FOLDER.as_posix()} (DINOv2 ViT-S/14, see its README)"
+    torch.manual_seed(seed)
+    model = vit.VisionTransformer(
+        img_size=224, patch_size=14, embed_dim=384, depth=12, num_heads=6, init_values=1.0,
+        num_classes=0,
+    ).eval()  # fmt: skip
+    model.preprocess = vit.Preprocess(
+        input_size=(224, 224), mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
+        crop_pct=0.875,
+    )  # fmt: skip
+    print(
+        f"NOTE: RANDOM WEIGHTS. Neither timm's {DINOV2} ({reason}) nor the folder {folder} "
+        f"could be used. The DINOv2-shaped model below has random weights (seed {seed}): the "
+        "maps show nothing learned, only that the machinery runs."
+    )
+    return model, "RANDOM weights (maps meaningless)"

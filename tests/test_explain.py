@@ -13,9 +13,11 @@ from vit.explain import (
     attention_rollout,
     capture_attention,
     discard_lowest,
+    drop_tokens,
     faithfulness,
     gradient_rollout,
     gradient_rollout_matrix,
+    last_block_attention,
     mean_attention_distance,
     patch_map,
     perturbation_curve,
@@ -44,7 +46,8 @@ def tiny_model(seed: int = 0, **overrides) -> vit.VisionTransformer:
     torch.manual_seed(seed)
     kwargs = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5)
     model = vit.VisionTransformer(**{**kwargs, **overrides}).eval()
-    torch.nn.init.normal_(model.head.weight, std=0.5)
+    if isinstance(model.head, torch.nn.Linear):  # not for a headless model (num_classes=0)
+        torch.nn.init.normal_(model.head.weight, std=0.5)
     return model
 
 
@@ -53,19 +56,26 @@ def images_for(model: vit.VisionTransformer, batch: int = 3, seed: int = 1) -> t
     return torch.randn(batch, 3, *model.patch_embed.img_size)
 
 
-def force_attention(model: vit.VisionTransformer, matrices: list[torch.Tensor]):
-    """Make block i's softmax output `matrices[i]` (N, N) for every image and head.
+def force_attention(
+    model: vit.VisionTransformer, matrices: list[torch.Tensor], pool: torch.Tensor | None = None
+):
+    """Make block i's softmax output `matrices[i]` (N, N) for every image and head, and the
+    attention pool's (global_pool="map") output `pool` (N,).
 
     A forward hook that returns a value replaces the module's output, and hooks run in
     registration order, so the capture hooks registered later see the forced matrices."""
+    softmaxes = [block.attn.softmax for block in model.blocks]
+    if pool is not None:
+        softmaxes.append(model.attn_pool.softmax)
+        matrices = [*matrices, pool]
     handles = []
-    for block, matrix in zip(model.blocks, matrices, strict=True):
+    for softmax, matrix in zip(softmaxes, matrices, strict=True):
 
         def hook(_module, _inputs, out, matrix=matrix):
             # out * 0 keeps the forced matrix in the graph, so gradients can still be taken
             return out * 0 + matrix.to(out.dtype)
 
-        handles.append(block.attn.softmax.register_forward_hook(hook))
+        handles.append(softmax.register_forward_hook(hook))
     return handles
 
 
@@ -286,22 +296,43 @@ def test_gradients_are_paired_with_their_own_block():
 
 
 # -- batches, shapes, targets --------------------------------------------------------------------
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        {},
-        {"img_size": (8, 24), "patch_size": (4, 8)},  # non-square image and patches: 2x3 grid
-        {"class_token": False, "global_pool": "avg"},
-    ],
-    ids=["square", "non-square", "no-class-token"],
-)
-def test_batch_equals_single_images(overrides):
-    model = tiny_model(**overrides)
+# Every family's switches (timm's names), on the tiny model: the explanations must hold for each.
+FAMILIES = {
+    "square": {},
+    "non-square": {"img_size": (8, 24), "patch_size": (4, 8)},  # non-square patches: 2x3 grid
+    "no-class-token": {"class_token": False, "global_pool": "avg"},
+    "dinov2": {"init_values": 1e-5},  # LayerScale
+    "dinov2-registers": {"init_values": 0.1, "reg_tokens": 4, "no_embed_class": True},
+    "clip": {"pre_norm": True, "act_layer": "quick_gelu"},
+    "siglip": {"class_token": False, "global_pool": "map", "act_layer": "gelu_tanh"},
+    "deit-distilled": {"distilled": True},
+    "deit3": {"init_values": 1e-4, "no_embed_class": True},
+    "registers-avg": {"reg_tokens": 2, "class_token": False, "global_pool": "avg"},
+}
+
+
+def family_model(name: str, seed: int = 0) -> vit.VisionTransformer:
+    """The tiny model with a family's switches; LayerScale at 1 so blocks do mix the tokens,
+    and random heads (the distillation head too)."""
+    model = tiny_model(seed, **FAMILIES[name])
+    with torch.no_grad():
+        for name_, parameter in model.named_parameters():
+            if name_.endswith("gamma"):
+                parameter.fill_(1.0)
+            if name_.startswith("head_dist.weight"):
+                torch.nn.init.normal_(parameter, std=0.5)
+    return model
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_batch_equals_single_images(family):
+    model = family_model(family)
     images = images_for(model, batch=3)
     methods = {
         "rollout": lambda x: attention_rollout(model, x, "max", discard_ratio=0.5),
         "gradient rollout": lambda x: gradient_rollout(model, x, discard_ratio=0.3),
         "relevance": lambda x: relevance(model, x),
+        "last block, head 1": lambda x: last_block_attention(model, x)[:, 1],
     }
     for name, method in methods.items():
         batched = method(images)
@@ -415,3 +446,254 @@ def test_faithfulness_script_prints_a_table(tmp_path, capsys):
     for row in rows:
         positive, negative = (float(cell) for cell in row.strip("|").split("|")[1:])
         assert 0.0 <= positive <= 1.0 and 0.0 <= negative <= 1.0
+
+
+# -- readouts, registers, directions, per-head maps ----------------------------------------------
+def test_patch_map_with_readout_weights_by_hand():
+    # Weights over the 3 tokens read the matrix's rows in that mixture: 1/2 on the class and
+    # 1/2 on the second prefix token (a distilled model), or an attention pool's weights.
+    matrix = torch.tensor(ROLLOUT)[None]  # (1, 3, 3)
+    halves = torch.tensor([0.5, 0.5, 0.0])
+    expected = 0.5 * (torch.tensor(ROLLOUT[0]) + torch.tensor(ROLLOUT[1]))[1:]
+    torch.testing.assert_close(patch_map(matrix, (1, 2), 1, halves).flatten(), expected)
+    pool = torch.tensor([[0.2, 0.3, 0.5]])  # (B, N)
+    expected = (pool @ torch.tensor(ROLLOUT))[0, 1:]
+    torch.testing.assert_close(patch_map(matrix, (1, 2), 1, pool).flatten(), expected)
+    # one-hot on token 0 is the "token" readout
+    one_hot = torch.tensor([1.0, 0.0, 0.0])
+    torch.testing.assert_close(patch_map(matrix, (1, 2), 1, one_hot), patch_map(matrix, (1, 2), 1))
+
+
+def test_drop_tokens_removes_rows_and_columns_and_renormalises():
+    a = torch.tensor(A1)[None, None]  # (1, 1, 3, 3): drop token 1 (a "register")
+    got = drop_tokens(a, [1])
+    kept = torch.tensor([[0.2, 0.2], [0.4, 0.6]])  # rows 0, 2 and columns 0, 2 of A1
+    torch.testing.assert_close(got[0, 0], kept / kept.sum(dim=1, keepdim=True))
+    torch.testing.assert_close(drop_tokens(a, [1], renormalize=False)[0, 0], kept)
+    # a readout's (B, nh, L, N) attention loses the column only
+    pool = torch.tensor([[[[0.1, 0.6, 0.3]]]])
+    torch.testing.assert_close(drop_tokens(pool, [1]), torch.tensor([[[[0.25, 0.75]]]]))
+
+
+def test_dropping_registers_nobody_attends_to_changes_nothing():
+    # If no token attends to token 1, rolling out without it gives the same map: the matrix
+    # shrinks by one row and column, the map over the patches is identical.
+    attentions = random_attention(batch=2, heads=3, n=7, depth=3, seed=4)
+    for a in attentions:
+        a[..., 1] = 0.0
+        a /= a.sum(dim=-1, keepdim=True)
+    full = rollout_matrix(attentions, num_prefix_tokens=2)
+    without = rollout_matrix([drop_tokens(a, [1]) for a in attentions], num_prefix_tokens=1)
+    assert full.shape == (2, 7, 7) and without.shape == (2, 6, 6)
+    torch.testing.assert_close(without.sum(dim=-1), torch.ones(2, 6))
+    torch.testing.assert_close(patch_map(full, (1, 5), 2), patch_map(without, (1, 5), 1))
+
+
+def test_direction_along_a_head_row_explains_that_class():
+    # With the dot product, the similarity to head.weight[c] is logit c minus its bias: the
+    # same gradients, so the same maps as explaining class c.
+    model = tiny_model()
+    images = images_for(model, batch=3)
+    for c in (0, 3):
+        row = model.head.weight[c].detach()
+        for method in (gradient_rollout, relevance):
+            by_class = method(model, images, target=c)
+            by_direction = method(model, images, direction=row, similarity="dot")
+            torch.testing.assert_close(by_direction, by_class, rtol=1e-5, atol=1e-7)
+    record = record_attention(model, images, direction=model.head.weight[0], similarity="dot")
+    torch.testing.assert_close(record.scores, (record.embeddings @ model.head.weight[0].detach()))
+    assert record.logits is None and record.embeddings.shape == (3, 32)
+
+
+def test_cosine_direction_explains_a_headless_backbone():
+    model = tiny_model(num_classes=0)  # model(x) is the pooled embedding
+    images = images_for(model, batch=3)
+    embeddings = vit.explain.embed(model, images)  # (B, D)
+    with torch.no_grad():
+        torch.testing.assert_close(embeddings, model(images))
+    reference = embeddings[0]  # explain the other images' similarity to image 0
+    record = record_attention(model, images, direction=reference)
+    cosine = torch.nn.functional.cosine_similarity(embeddings, reference[None], dim=-1)
+    torch.testing.assert_close(record.scores, cosine)
+    assert record.scores[0] == pytest.approx(1.0)
+    for method in (gradient_rollout, relevance):
+        batched = method(model, images, direction=reference)
+        per_image = method(model, images, direction=reference.expand(3, -1))
+        torch.testing.assert_close(batched, per_image)
+        singles = torch.cat(
+            [method(model, images[i : i + 1], direction=reference) for i in range(3)]
+        )
+        torch.testing.assert_close(batched, singles, rtol=1e-4, atol=1e-7)
+        assert batched[1:].abs().sum() > 0
+        # cosine is scale free: the same map for a rescaled direction; the dot product is not
+        torch.testing.assert_close(method(model, images, direction=5 * reference), batched)
+        dot = method(model, images, direction=reference, similarity="dot")
+        assert not torch.allclose(dot, batched)
+    with pytest.raises(ValueError, match="no classifier head"):
+        relevance(model, images)
+    with pytest.raises(ValueError, match=r"direction has shape \(7,\)"):
+        relevance(model, images, direction=torch.ones(7))
+    with pytest.raises(ValueError, match="similarity"):
+        relevance(model, images, direction=reference, similarity="euclid")
+
+
+def test_class_target_and_direction_are_not_mixed_up():
+    model = tiny_model()
+    images = images_for(model, batch=2)
+    with pytest.raises(ValueError, match="not both"):
+        gradient_rollout(model, images, target=1, direction=torch.ones(32))
+    with pytest.raises(ValueError, match="direction="):
+        gradient_rollout(model, images, target=torch.ones(2))  # floats are not class indices
+
+
+@pytest.mark.parametrize("class_token", [True, False])
+def test_last_block_attention_is_each_heads_readout_row(class_token):
+    overrides = {} if class_token else {"class_token": False, "global_pool": "avg"}
+    model = tiny_model(num_heads=4, img_size=(8, 16), **overrides)  # a 2x4 grid
+    images = images_for(model, batch=3)
+    maps = last_block_attention(model, images)
+    assert maps.shape == (3, 4, 2, 4)
+    last = record_attention(model, images).attentions[-1]  # (B, nh, N, N)
+    if class_token:
+        # DINO's picture: attentions[:, :, 0, 1:], and with the class column the row sums to 1
+        torch.testing.assert_close(maps, last[:, :, 0, 1:].reshape(3, 4, 2, 4))
+        torch.testing.assert_close(maps.sum(dim=(-2, -1)) + last[:, :, 0, 0], torch.ones(3, 4))
+    else:
+        torch.testing.assert_close(maps, last.mean(dim=2).reshape(3, 4, 2, 4))
+        torch.testing.assert_close(maps.sum(dim=(-2, -1)), torch.ones(3, 4))
+    singles = torch.cat([last_block_attention(model, images[i : i + 1]) for i in range(3)])
+    torch.testing.assert_close(maps, singles, rtol=1e-5, atol=1e-7)
+
+
+def test_maps_follow_the_input_grid_of_a_dynamic_size_model():
+    model = tiny_model(dynamic_img_size=True)  # made for 16x16 (4x4 grid), fed 8x12 (2x3)
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 8, 12)
+    for method in (attention_rollout, gradient_rollout, relevance):
+        assert method(model, images).shape == (2, 2, 3)
+    assert last_block_attention(model, images).shape == (2, 2, 2, 3)
+
+
+# -- the families' readouts, by hand ---------------------------------------------------------------
+def run_forced(model, matrices, pool=None, method=attention_rollout, **kwargs):
+    handles = force_attention(model, matrices, pool)
+    try:
+        return method(model, images_for(model, batch=2), **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def test_distilled_maps_read_the_mean_of_class_and_distillation_rows():
+    # A 4x8 image in 4x4 patches with class + distillation token: N = 4, two forced layers.
+    model = tiny_model(img_size=(4, 8), distilled=True)
+    assert model.num_prefix_tokens == 2
+    layers = random_attention(batch=1, heads=1, n=4, depth=2, seed=5)
+    matrices = [a[0, 0] for a in layers]
+    rolled = rollout_matrix(layers, num_prefix_tokens=2)[0]  # (4, 4)
+    expected = ((rolled[0] + rolled[1]) / 2)[2:].reshape(1, 2)
+    torch.testing.assert_close(run_forced(model, matrices), expected.expand(2, 1, 2))
+    heads = run_forced(model, matrices, method=last_block_attention)  # (B, nh, 1, 2)
+    last = matrices[-1]
+    expected = ((last[0] + last[1]) / 2)[2:].reshape(1, 1, 2)
+    torch.testing.assert_close(heads, expected.expand(2, 2, 1, 2))
+
+
+def test_attention_pool_maps_weight_the_rollout_rows_by_the_pools_attention():
+    # SigLIP: no class token, an attention pool reads the tokens. With the pool's attention
+    # forced to w, the rollout map is (w @ rollout)[patches]; the last-block map per head is
+    # w @ A_last; relevance with the pool reads w-weighted rows of R.
+    model = tiny_model(img_size=(4, 8), class_token=False, global_pool="map")
+    assert model.num_prefix_tokens == 0
+    layers = random_attention(batch=1, heads=1, n=2, depth=2, seed=6)
+    matrices = [a[0, 0] for a in layers]
+    w = torch.tensor([0.25, 0.75])
+    rolled = rollout_matrix(layers, num_prefix_tokens=0)[0]
+    got = run_forced(model, matrices, pool=w)
+    torch.testing.assert_close(got, (w @ rolled).reshape(1, 1, 2).expand(2, 1, 2))
+    heads = run_forced(model, matrices, pool=w, method=last_block_attention)
+    torch.testing.assert_close(heads, (w @ matrices[-1]).reshape(1, 1, 1, 2).expand(2, 2, 1, 2))
+    # the pool's attention is captured like a block's, rows summing to one
+    record = record_attention(model, images_for(model), with_gradients=True)
+    assert record.pool_attention.shape == (3, 2, 1, 2)
+    torch.testing.assert_close(record.pool_attention.sum(-1), torch.ones(3, 2, 1))
+    assert record.pool_gradient.shape == (3, 2, 1, 2) and record.pool_gradient.abs().sum() > 0
+    assert all(block.attn.fused_attn for block in model.blocks) and model.attn_pool.fused_attn
+
+
+def test_registers_can_be_left_out_of_the_maps():
+    # class + 2 registers + a 1x2 grid: N = 5, the registers are tokens 1 and 2.
+    model = tiny_model(img_size=(4, 8), reg_tokens=2)
+    assert model.num_prefix_tokens == 3
+    layers = random_attention(batch=1, heads=1, n=5, depth=2, seed=7)
+    matrices = [a[0, 0] for a in layers]
+    kept = [drop_tokens(a, [1, 2]) for a in layers]  # (1, 1, 3, 3) each, rows renormalised
+    with_registers = rollout_matrix(layers, num_prefix_tokens=3)[0]
+    without = rollout_matrix(kept, num_prefix_tokens=1)[0]
+    assert without.shape == (3, 3)
+    torch.testing.assert_close(without.sum(-1), torch.ones(3))
+    got = run_forced(model, matrices)
+    torch.testing.assert_close(got, with_registers[0, 3:].reshape(1, 1, 2).expand(2, 1, 2))
+    got = run_forced(model, matrices, include_registers=False)
+    torch.testing.assert_close(got, without[0, 1:].reshape(1, 1, 2).expand(2, 1, 2))
+    heads = run_forced(model, matrices, method=last_block_attention, include_registers=False)
+    torch.testing.assert_close(heads, kept[-1][0, 0, 0, 1:].reshape(1, 1, 1, 2).expand(2, 2, 1, 2))
+    # with the registers left out, the class row over class + patches sums to one
+    torch.testing.assert_close(heads.sum(dim=(-2, -1)) + kept[-1][0, 0, 0, 0], torch.ones(2, 2))
+    # gradient methods too: real attention, both settings, maps of the grid's size, different
+    model = family_model("dinov2-registers")
+    images = images_for(model)
+    for method in (attention_rollout, gradient_rollout, relevance):
+        full, bare = method(model, images), method(model, images, include_registers=False)
+        assert full.shape == bare.shape == (3, 4, 4)
+        assert not torch.allclose(full, bare)
+
+
+def test_a_model_without_pooling_is_refused_with_the_reason():
+    model = tiny_model(num_classes=0, global_pool="")  # forward_head returns every token
+    with pytest.raises(ValueError, match="global_pool=''.*'token', 'avg' or 'map'"):
+        attention_rollout(model, images_for(model))
+
+
+# -- captured attention equals the source's ------------------------------------------------------
+def test_captured_pool_attention_is_the_latent_querys_softmax_by_hand():
+    # SigLIP's readout: softmax(q(latent) . k(tokens) / sqrt(hs)) per head, from the pool's own
+    # weights and the final tokens, computed here independently of the model's forward.
+    model = family_model("siglip")
+    images = images_for(model)
+    record = record_attention(model, images)
+    pool = model.attn_pool
+    with torch.no_grad():
+        tokens = model.forward_features(images)  # (B, N, D)
+        heads, size = pool.num_heads, 32 // pool.num_heads
+        q = pool.q(pool.latent).reshape(heads, size)  # (nh, hs)
+        k = pool.kv(tokens)[..., :32].reshape(3, -1, heads, size)  # (B, N, nh, hs)
+        expected = torch.einsum("hd,bnhd->bhn", q, k).mul(size**-0.5).softmax(-1)[:, :, None]
+    torch.testing.assert_close(record.pool_attention, expected, rtol=1e-5, atol=1e-6)
+
+
+DINOV2_FOLDER = Path(__file__).resolve().parents[2] / "shared" / "data" / "dinov2-small"
+
+
+@pytest.mark.slow
+def test_real_dinov2_attention_equals_transformers_own():
+    """The DINO picture on real weights: every block's captured attention, and so the per-head
+    last-block maps, equal transformers' Dinov2Model(output_attentions=True) on the same image."""
+    if not DINOV2_FOLDER.is_dir():
+        pytest.skip(f"the shared DINOv2 folder is not at {DINOV2_FOLDER}")
+    from transformers import Dinov2Model
+
+    model = vit.load_model(DINOV2_FOLDER)
+    theirs = Dinov2Model.from_pretrained(DINOV2_FOLDER, attn_implementation="eager").eval()
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 224, 224)
+    record = record_attention(model, images)
+    with torch.no_grad():
+        reference = theirs(pixel_values=images, output_attentions=True).attentions
+    assert len(record.attentions) == len(reference) == 12
+    for ours, their in zip(record.attentions, reference, strict=True):
+        torch.testing.assert_close(ours, their, rtol=1e-4, atol=2e-5)
+    heads = last_block_attention(model, images)  # (2, 6, 16, 16)
+    torch.testing.assert_close(
+        heads, reference[-1][:, :, 0, 1:].reshape(2, 6, 16, 16), rtol=1e-4, atol=2e-5
+    )

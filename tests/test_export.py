@@ -3,6 +3,7 @@ loaded back by the library it is for and compared with our logits (float32, eval
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -62,6 +63,77 @@ def test_onnx_has_a_dynamic_batch_and_our_logits(model, tmp_path, one_thread):
     assert json.loads(metadata["vit.class_names"]) == NAMES
     assert json.loads(metadata["vit.preprocess"])["mean"] == [0.4, 0.5, 0.6]
     assert leftovers(tmp_path) == []
+
+
+def test_onnx_of_a_headless_backbone_outputs_its_embeddings(tmp_path, one_thread):
+    torch.manual_seed(0)
+    headless = vit.VisionTransformer(**{**TINY, "num_classes": 0}).eval()
+    path = tmp_path / "backbone.onnx"
+    result = export_onnx(headless, path)
+    assert result.max_relative_difference <= RTOL
+    assert "onnxruntime (batch 1 and 3) embeddings vs ours" in str(result)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["embeddings"]
+    x = torch.randn(4, 3, 32, 32)
+    (out,) = session.run(["embeddings"], {"pixel_values": x.numpy()})
+    assert out.shape == (4, 32)  # the pooled embedding, as model(x)
+    assert relative_error(out, logits(headless, x)) <= RTOL
+
+
+# Every family's switches (timm's names) on the tiny model; each exports and runs in onnxruntime.
+FAMILIES = {
+    "dinov2 (LayerScale, headless)": {"init_values": 1e-5, "num_classes": 0},
+    "dinov2 with registers": {"init_values": 1e-5, "reg_tokens": 4, "no_embed_class": True},
+    "clip (pre_norm, QuickGELU)": {"pre_norm": True, "act_layer": "quick_gelu"},
+    "siglip (attention pool)": {
+        "class_token": False,
+        "global_pool": "map",
+        "act_layer": "gelu_tanh",
+    },
+    "deit distilled": {"distilled": True},
+    "deit3 (LayerScale, no_embed_class)": {"init_values": 1e-4, "no_embed_class": True},
+}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_onnx_of_every_family_matches_in_onnxruntime(family, tmp_path, one_thread):
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(**{**TINY, **FAMILIES[family]}).eval()
+    with torch.no_grad():  # random heads and LayerScale at 1: nothing that hides a difference
+        for name, parameter in model.named_parameters():
+            if name.endswith("gamma"):
+                parameter.fill_(1.0)
+            elif name.startswith(("head.weight", "head_dist.weight")):
+                torch.nn.init.normal_(parameter, std=0.5)
+    path = tmp_path / "model.onnx"
+    result = export_onnx(model, path)
+    assert result.max_relative_difference <= RTOL
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.randn(2, 3, 32, 32)
+    (out,) = session.run(None, {"pixel_values": x.numpy()})
+    assert out.shape == (2, model.num_classes or model.embed_dim)
+    assert relative_error(out, logits(model, x)) <= RTOL
+
+
+@pytest.mark.parametrize(
+    ("family", "named"),
+    [
+        ("dinov2 with registers", "reg_token"),
+        ("clip (pre_norm, QuickGELU)", "norm_pre.weight"),
+        ("siglip (attention pool)", "global_pool='map'"),
+        ("deit distilled", "dist_token"),
+        ("deit3 (LayerScale, no_embed_class)", "blocks.0.ls1.gamma"),
+    ],
+)
+def test_plain_vit_exports_refuse_family_switches_by_name(family, named, tmp_path):
+    model = vit.VisionTransformer(**{**TINY, **FAMILIES[family]})
+    for exporter, path in (
+        (export_transformers, tmp_path / "hf"),
+        (export_torchvision, tmp_path / "tv.pth"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            exporter(model, path)
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 def test_transformers_folder_loads_with_id2label_and_round_trips(model, tmp_path, one_thread):
@@ -199,3 +271,22 @@ def test_command_line_errors_are_one_line(model, tmp_path, capsys):
     assert export.main([str(path), "--torchvision", str(tmp_path / "tv.pth")]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "torchvision's VisionTransformer cannot hold" in err
+
+
+@pytest.mark.slow
+def test_onnx_families_script_prints_a_table(capsys, one_thread):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "onnx_families.py"
+    spec = importlib.util.spec_from_file_location("onnx_families", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    script.main(["--names", "deit_tiny_distilled_patch16_224", "--threads", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    expected = 2 if script.REAL_DINOV2.is_dir() else 1  # + the real DINOv2 folder when present
+    assert len(rows) == expected
+    assert rows[0].startswith("| deit_tiny_distilled_patch16_224 | DeiT: distillation")
+    assert "| logits (1000) |" in rows[0]
+    for row in rows:
+        assert 0 <= float(row.strip("| ").rsplit("|", 1)[1]) <= RTOL

@@ -16,6 +16,7 @@ NOTEBOOKS = ROOT / "notebooks"
 # The notebook reads VIT_WEIGHTS too (the kernel inherits the environment): another model.
 WEIGHTS = Path(os.environ.get("VIT_WEIGHTS", ROOT / "weights" / "cifar10_vit_cpu.safetensors"))
 TEST_DIR = ROOT.parent / "shared" / "data" / "cifar10-jpg" / "test"
+DINOV2_FOLDER = ROOT.parent / "shared" / "data" / "dinov2-small"  # real DINOv2 ViT-S/14 weights
 
 
 @pytest.fixture
@@ -62,10 +63,23 @@ def test_attention_notebook_runs(this_python_kernel):
         pytest.skip(f"CIFAR-10 test images not found at {TEST_DIR} (the shared data copy)")
     assert WEIGHTS.exists(), f"the notebook needs the trained model {WEIGHTS}"
     images, text = run_notebook(NOTEBOOKS / "attention_maps.ipynb", this_python_kernel)
-    # CIFAR: side-by-side maps, per-head grid, attention distance; then the 224x224 photo's maps
-    assert images == 4
+    # CIFAR: side-by-side maps, per-head grid, attention distance; then the 224x224 photo's
+    # maps; then DINOv2: one map per head of the last block, rollout and similarity maps
+    assert images == 6
     assert "of 10 shown images correct" in text and "uniform attention" in text
     assert "14x14 = 196 patch tokens + 1 class token; each map is (1, 14, 14)" in text
+    assert "16x16 = 256 patches + 1 class token, 6 heads; each map is (16, 16)" in text
+    assert "cosine similarity of the photograph to the face crop" in text
+    # the weights are named: timm's from the cache, else the shared DINOv2 folder (as in CI),
+    # else random ones, and never random while the folder is there
+    (source,) = [line for line in text.splitlines() if line.startswith("weights: ")]
+    sources = {
+        "weights: timm vit_small_patch14_dinov2.lvd142m (Hugging Face hub)",
+        "weights: ../shared/data/dinov2-small (DINOv2 ViT-S/14, see its README)",
+        "weights: RANDOM weights (maps meaningless)",
+    }
+    assert source in sources
+    assert not (DINOV2_FOLDER.is_dir() and "RANDOM" in source)
 
 
 def test_walkthrough_notebook_runs_and_its_hand_computations_match_the_model(this_python_kernel):
@@ -83,3 +97,26 @@ def test_walkthrough_notebook_runs_and_its_hand_computations_match_the_model(thi
         "fused vs explicit",
     ):
         assert checked in text
+
+
+def test_dinov2_section_falls_back_to_random_weights_and_says_so(tmp_path, monkeypatch, capsys):
+    """No hub (HF_HUB_OFFLINE, nothing cached) and no local folder: random DINOv2-shaped
+    weights, a loud note, and a label that every figure of the section carries."""
+    import importlib.util
+
+    import torch
+
+    from vit.explain import last_block_attention
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-cache"))
+    spec = importlib.util.spec_from_file_location("imagenet_setup", NOTEBOOKS / "imagenet_setup.py")
+    setup = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(setup)
+    model, label = setup.self_supervised_vit(tmp_path)  # tmp_path/../shared/...: not there
+    assert label == "RANDOM weights (maps meaningless)"
+    assert "NOTE: RANDOM WEIGHTS" in capsys.readouterr().out
+    assert model.num_classes == 0 and model.patch_embed.patch_size == (14, 14)
+    assert model.preprocess.input_size == (224, 224)
+    heads = last_block_attention(model, torch.zeros(1, 3, 224, 224))
+    assert heads.shape == (1, 6, 16, 16)

@@ -9,7 +9,12 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 import vit
-from vit.explain import attention_rollout, model_attention_distance, record_attention
+from vit.explain import (
+    attention_rollout,
+    last_block_attention,
+    model_attention_distance,
+    record_attention,
+)
 from vit.plots import (
     denormalize,
     heatmap_for_display,
@@ -19,6 +24,7 @@ from vit.plots import (
     plot_confusion_matrix,
     plot_curves,
     plot_explanations,
+    plot_head_attention,
     save_figure,
 )
 
@@ -82,6 +88,21 @@ def test_attention_grid_has_a_panel_per_block_and_head(model, tmp_path, with_ima
     fig = plot_attention_grid(record.attentions, model.grid_size, image=image)
     assert len(fig.axes) == 2 * 2
     assert_png(fig, tmp_path / "grid.png")
+
+
+@pytest.mark.parametrize("with_image", [False, True])
+def test_head_attention_has_a_panel_per_head_and_the_weights_label(model, tmp_path, with_image):
+    images = torch.randn(1, 3, 8, 16)
+    head_maps = last_block_attention(model, images)[0]  # (2 heads, 2, 4)
+    image = denormalize(images, MEAN, STD)[0] if with_image else None
+    fig = plot_head_attention(head_maps, image=image, title="random weights", columns=2)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_visible() and ax.axison]
+    assert titles == (["image"] if with_image else []) + ["head 0", "head 1"]
+    assert len(fig.axes) == (4 if with_image else 2)  # 3 panels wrap into 2x2, one cell off
+    assert fig._suptitle.get_text() == "random weights"
+    assert_png(fig, tmp_path / "heads.png")
+    with pytest.raises(ValueError, match="heads, grid_h, grid_w"):
+        plot_head_attention(head_maps[0])
 
 
 def test_attention_distance_plot(model, tmp_path):

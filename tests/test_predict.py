@@ -5,6 +5,7 @@ import csv
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -308,3 +309,170 @@ def test_runs_as_a_module(checkpoint, images):
     )
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == 4  # the path, then 3 classes (top-5 capped at 3)
+
+
+# -- embeddings (--features) and headless backbones -----------------------------------------------
+@pytest.fixture
+def headless_checkpoint(tmp_path):
+    """A tiny backbone without a classifier head: model(x) is its pooled embedding (B, 32)."""
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=0
+    )
+    preprocess = vit.Preprocess(input_size=(32, 32), interpolation="bicubic", crop_pct=0.875)
+    return vit.save_weights(
+        model, tmp_path / "backbone.safetensors", preprocess=preprocess.to_dict()
+    )
+
+
+def embeddings_of(checkpoint, paths) -> torch.Tensor:
+    """Each image's model(x) computed one by one, independently of vit.predict."""
+    model = vit.load_model(checkpoint).eval()
+    transform = vit.create_transform(model.preprocess)
+    with torch.no_grad():
+        return torch.cat([model(transform(open_image(p))[None]) for p in paths])
+
+
+def test_features_of_a_headless_backbone_in_npz_csv_and_json(
+    headless_checkpoint, tmp_path, one_thread, capsys
+):
+    tree = make_tree(tmp_path / "tree", sizes=((40, 56), (64, 48)))
+    args = [str(tree), "--checkpoint", str(headless_checkpoint), "--batch-size", "4"]
+    outputs = {
+        suffix: tmp_path / "out" / f"features{suffix}" for suffix in (".npz", ".csv", ".json")
+    }
+    for path in outputs.values():
+        assert main([*args, "--features", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no classes to print
+    assert "wrote 6 embeddings (32 values each, pooled pre-logits features)" in captured.err
+    with np.load(outputs[".npz"]) as saved:  # no pickle needed
+        paths, features = saved["paths"].tolist(), saved["features"]
+    assert features.dtype == np.float32 and features.shape == (6, 32)
+    expected = embeddings_of(headless_checkpoint, paths)  # model(x), image by image
+    np.testing.assert_allclose(features, expected.numpy(), rtol=1e-5, atol=1e-6)
+    assert sorted(paths) == sorted(str(p) for p in tree.rglob("*.png"))
+    rows = read_csv(outputs[".csv"])
+    assert list(rows[0]) == ["path"] + [f"f{i}" for i in range(32)]
+    records = json.loads(outputs[".json"].read_text())
+    for row, record, vector in zip(rows, records, features, strict=True):
+        assert row["path"] == record["path"]
+        # 9 significant digits: the float32 values come back exactly
+        assert np.array_equal(np.float32([row[f"f{i}"] for i in range(32)]), vector)
+        assert np.array_equal(np.float32(record["embedding"]), vector)
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]
+
+
+def test_features_of_a_classifier_are_its_pre_logits(
+    varied_checkpoint, tmp_path, one_thread, capsys
+):
+    tree = make_tree(tmp_path / "tree", sizes=((40, 56),))
+    out = tmp_path / "features.npz"
+    args = [str(tree), "--checkpoint", str(varied_checkpoint), "--top-k", "1"]
+    assert main([*args, "--features", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert main(args) == 0
+    assert capsys.readouterr().out == printed  # the classification is unchanged
+    model = vit.load_model(varied_checkpoint).eval()
+    with np.load(out) as saved:
+        features = torch.from_numpy(saved["features"])
+        paths = saved["paths"].tolist()
+    transform = vit.create_transform(model.preprocess)
+    images = torch.stack([transform(open_image(p)) for p in paths])
+    with torch.no_grad():
+        torch.testing.assert_close(features, vit.explain.embed(model, images))
+        torch.testing.assert_close(model.head(features), model(images))  # the head's input
+    # --embedding output: the model's output instead (a CLIP tower's projection, here logits)
+    assert main([*args, "--features", str(out), "--embedding", "output"]) == 0
+    assert "(3 values each, the model's output)" in capsys.readouterr().err
+    with np.load(out) as saved:
+        assert saved["paths"].tolist() == paths
+        with torch.no_grad():
+            torch.testing.assert_close(torch.from_numpy(saved["features"]), model(images))
+
+
+def test_a_headless_model_embeds_and_explains_but_does_not_classify(
+    headless_checkpoint, images, tmp_path, one_thread, capsys
+):
+    image = str(images[0])
+    base = [image, "--checkpoint", str(headless_checkpoint)]
+    assert main(base) == 2
+    assert "no classifier head" in capsys.readouterr().err
+    assert main([*base, "--output", str(tmp_path / "p.csv")]) == 2
+    assert "use --features FILE" in capsys.readouterr().err
+    maps = tmp_path / "maps"
+    assert main([*base, "--explain", str(maps), "--method", "relevance"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "use --method rollout" in err
+    assert not maps.exists() and not (tmp_path / "p.csv").exists()
+    assert main([*base, "--explain", str(maps)]) == 0  # rollout needs no class
+    assert [p.name for p in maps.iterdir()] == ["rgb.png"]
+    with pytest.raises(SystemExit):
+        main([*base, "--features", str(tmp_path / "f.txt")])
+    assert "must end in .npz, .csv or .json" in capsys.readouterr().err
+
+
+def test_features_are_not_written_when_no_image_was_read(headless_checkpoint, tmp_path, capsys):
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not an image")
+    out = tmp_path / "features.npz"
+    out.write_bytes(b"an earlier run's embeddings")
+    code = main([str(broken), "--checkpoint", str(headless_checkpoint), "--features", str(out)])
+    assert code == 1
+    assert out.read_bytes() == b"an earlier run's embeddings"  # left as it was
+    assert "wrote" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "family",
+    [
+        {"reg_tokens": 4, "init_values": 0.1, "no_embed_class": True},  # DINOv2 with registers
+        {"class_token": False, "global_pool": "map"},  # SigLIP's attention pool
+        {"distilled": True},  # DeiT distilled
+        {"pre_norm": True, "act_layer": "quick_gelu"},  # OpenAI CLIP
+    ],
+    ids=["dinov2-registers", "siglip", "deit-distilled", "clip"],
+)
+def test_explain_and_features_work_for_every_family(family, tmp_path, one_thread, capsys):
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3, **family
+    )
+    torch.nn.init.normal_(model.head.weight, std=1.0)
+    checkpoint = vit.save_weights(model, tmp_path / "family.safetensors", class_names=NAMES)
+    tree = make_tree(tmp_path / "tree", sizes=((40, 56),))
+    out, features = tmp_path / "maps", tmp_path / "features.npz"
+    for method in ("rollout", "gradient_rollout", "relevance"):
+        code = main(
+            [str(tree), "--checkpoint", str(checkpoint), "--explain", str(out), "--method", method,
+             "--features", str(features)]
+        )  # fmt: skip
+        assert code == 0
+        assert len(list(out.rglob("*.png"))) == 3
+    assert "wrote 3 attention maps" in capsys.readouterr().err
+    with np.load(features) as saved:
+        assert saved["features"].shape == (3, 32)
+
+
+def test_predict_embeds_and_explains_the_real_dinov2_folder(tmp_path, one_thread, capsys):
+    """../shared/data/dinov2-small, a transformers Dinov2Model folder: headless, so embeddings
+    and rollout maps; the embeddings are transformers' own pooled output (the class token)."""
+    folder = Path(__file__).resolve().parents[2] / "shared" / "data" / "dinov2-small"
+    if not folder.is_dir():
+        pytest.skip(f"the shared DINOv2 folder is not at {folder}")
+    from transformers import Dinov2Model
+
+    image = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (240, 300, 3), np.uint8)).save(image)
+    out, features = tmp_path / "maps", tmp_path / "features.json"
+    args = [str(image), "--checkpoint", str(folder), "--features", str(features)]
+    assert main([*args, "--explain", str(out)]) == 0
+    assert (out / "photo.png").is_file()
+    (record,) = json.loads(features.read_text())
+    model = vit.load_model(folder)
+    pixels = vit.create_transform(model.preprocess)(open_image(image))[None]
+    with torch.no_grad():
+        theirs = Dinov2Model.from_pretrained(folder).eval()(pixel_values=pixels).pooler_output
+    np.testing.assert_allclose(record["embedding"], theirs[0].numpy(), rtol=1e-4, atol=1e-4)
+    assert main([*args, "--explain", str(out), "--method", "relevance"]) == 2
+    assert "use --method rollout" in capsys.readouterr().err

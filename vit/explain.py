@@ -1,6 +1,8 @@
 """What a ViT looks at: attention capture, rollout, gradient rollout, relevance, faithfulness.
 
-Three maps of "which patches mattered", all of shape (B, gh, gw) and all batched:
+Three maps of "which patches mattered", all of shape (B, gh, gw) and all batched, for every
+family the model expresses (class token or none, registers, a distillation token, average or
+attention-pool readout), plus the DINO picture, `last_block_attention`, one map per head:
 
 * `attention_rollout` (Abnar & Zuidema 2020): add the identity for the residual connection,
   renormalise the rows, multiply the layers together, read the classifier token's row.
@@ -8,6 +10,13 @@ Three maps of "which patches mattered", all of shape (B, gh, gw) and all batched
   gradient of a class logit, negative contributions clamped away, so the map is class-specific.
 * `relevance` (Chefer, Gur & Wolf 2021, "Generic Attention-model Explainability"):
   R = I, then R += mean_h((grad * A)^+) @ R block by block; the map is R's readout row.
+
+The map is read where the head reads: the class token's row (with a distillation token, the
+mean of both rows), the mean of the patch rows for global_pool="avg", or the attention pool's
+weights over the tokens for global_pool="map". Register tokens can be left out
+(`include_registers=False`). A headless backbone has no class to explain: the gradient methods
+then take a `direction` in embedding space (another image's or a text's embedding) and explain
+the cosine (or dot-product) similarity of each image's pooled embedding to it.
 
 The model-level functions run one forward pass (plus one backward for the gradient methods)
 in eval mode with the explicit attention path switched on, whatever the model was using
@@ -19,7 +28,8 @@ any number of prefix tokens and any grid, which is what the tests exercise direc
 ranks highest (positive perturbation, accuracy should collapse fast, lower area is better) or
 lowest (negative perturbation, accuracy should hold, higher area is better).
 
-Shape legend: B batch, nh heads, N tokens (prefix + gh*gw), P prefix tokens, gh/gw grid.
+Shape legend: B batch, nh heads, N tokens (prefix + gh*gw), P prefix tokens (class,
+distillation, registers), gh/gw grid, L the attention pool's latent queries, D embedding width.
 """
 
 from __future__ import annotations
@@ -30,21 +40,94 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 HeadFusion = Literal["mean", "max", "min"]
 Target = int | Sequence[int] | torch.Tensor | None
+Similarity = Literal["cosine", "dot"]
+
+
+# -- what the model reads out ------------------------------------------------------------------
+def num_registers(model: nn.Module) -> int:
+    """How many register tokens (DINOv2 with registers) the model has: the last prefix tokens."""
+    count = getattr(model, "num_reg_tokens", None)  # timm's attribute name
+    if count is None:
+        count = getattr(getattr(model, "config", None), "reg_tokens", 0)
+    return int(count or 0)
+
+
+def readout_tokens(model: nn.Module) -> list[int]:
+    """The token rows a class-token head reads: the class token (0), and for a distilled model
+    (DeiT) the distillation token (1) too, because its two heads' outputs are averaged."""
+    distilled = getattr(model, "dist_token", None) is not None or bool(
+        getattr(getattr(model, "config", None), "distilled", False)
+    )
+    return [0, 1] if distilled else [0]
+
+
+def grid_of(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
+    """The patch grid (gh, gw) of `images` (B, C, H, W): the model's own, or another size's
+    when the model resamples its position embeddings (dynamic_img_size)."""
+    ph, pw = model.patch_embed.patch_size
+    return images.shape[-2] // ph, images.shape[-1] // pw
 
 
 # -- capture -----------------------------------------------------------------------------------
+def _pool_module(model: nn.Module) -> nn.Module | None:
+    """The attention-pool readout (global_pool="map", SigLIP), or None."""
+    return getattr(model, "attn_pool", None)
+
+
 def _attention_modules(model: nn.Module) -> list[nn.Module]:
-    """Every self-attention module of the model, in forward (depth) order."""
+    """Every self-attention module of the model, in forward (depth) order (not the pool's)."""
     from .model import Attention
 
-    modules = [m for m in model.modules() if isinstance(m, Attention)]
+    pool = _pool_module(model)
+    in_pool = {id(m) for m in pool.modules()} if pool is not None else set()
+    modules = [m for m in model.modules() if isinstance(m, Attention) and id(m) not in in_pool]
     if not modules:
         raise ValueError(f"{type(model).__name__} has no vit.model.Attention modules to capture")
     return modules
+
+
+@dataclass
+class _Captured:
+    blocks: list[torch.Tensor]  # depth tensors (B, nh, N, N)
+    pool: list[torch.Tensor]  # the attention pool's (B, nh, L, N), L latent queries
+
+
+@contextmanager
+def _capture(model: nn.Module) -> Iterator[_Captured]:
+    """Hooks on every softmax (blocks and attention pool), explicit paths switched on."""
+    blocks = _attention_modules(model)
+    pool = _pool_module(model)
+    if pool is not None and not isinstance(getattr(pool, "softmax", None), nn.Module):
+        raise ValueError(
+            f"{type(pool).__name__} (the attention pool) has no `softmax` module to observe"
+        )
+    switched = blocks + ([pool] if pool is not None else [])
+    previous = [m.fused_attn for m in switched]
+    captured = _Captured([], [])
+    # Hook the softmax module itself, not attn_drop: the probabilities always pass through it on
+    # the explicit path, and dropout is not where the attention is defined.
+    hooks = [
+        m.softmax.register_forward_hook(lambda _mod, _inp, out: captured.blocks.append(out))
+        for m in blocks
+    ]
+    if pool is not None:
+        hooks.append(
+            pool.softmax.register_forward_hook(lambda _mod, _inp, out: captured.pool.append(out))
+        )
+    try:
+        for m in switched:
+            m.fused_attn = False
+        yield captured
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for m, fused in zip(switched, previous, strict=True):
+            m.fused_attn = fused
 
 
 @contextmanager
@@ -53,33 +136,18 @@ def capture_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
 
     Yields a list that each forward appends to, block by block in depth order: tensors of shape
     (B, nh, N, N) whose rows sum to one, still in the autograd graph (so gradients with respect
-    to them can be taken). For the duration every attention module takes its explicit softmax
-    path, because the fused kernel never materialises the probabilities; the logits are the
-    same either way. The previous fused settings are restored and the hooks removed on exit,
-    also when the body raises.
+    to them can be taken). For the duration every attention module (an attention-pool readout
+    included) takes its explicit softmax path, because the fused kernel never materialises the
+    probabilities; the logits are the same either way. The previous fused settings are restored
+    and the hooks removed on exit, also when the body raises. `record_attention` also returns
+    the attention pool's probabilities.
 
         with capture_attention(model) as attentions:
             logits = model(images)
         # attentions: list of depth tensors (B, nh, N, N)
     """
-    modules = _attention_modules(model)
-    previous = [m.fused_attn for m in modules]
-    attentions: list[torch.Tensor] = []
-    # Hook the softmax module itself, not attn_drop: the probabilities always pass through it on
-    # the explicit path, and dropout is not where the attention is defined.
-    hooks = [
-        m.softmax.register_forward_hook(lambda _mod, _inp, out: attentions.append(out))
-        for m in modules
-    ]
-    try:
-        for m in modules:
-            m.fused_attn = False
-        yield attentions
-    finally:
-        for hook in hooks:
-            hook.remove()
-        for m, fused in zip(modules, previous, strict=True):
-            m.fused_attn = fused
+    with _capture(model) as captured:
+        yield captured.blocks
 
 
 @contextmanager
@@ -97,47 +165,126 @@ def _eval_mode(model: nn.Module) -> Iterator[None]:
 class AttentionRecord:
     """One explained forward pass.
 
-    logits: (B, num_classes). attentions: depth tensors (B, nh, N, N), detached.
-    gradients: depth tensors (B, nh, N, N), d(target logit)/d(attention), or None when no
-    backward was run. targets: (B,) class indices the gradients are for, or None.
+    logits: (B, num_classes), the model's output (for a headless model its pooled embedding);
+    None when a direction was explained. attentions: depth tensors (B, nh, N, N), detached.
+    gradients: depth tensors (B, nh, N, N), d(score)/d(attention), or None when no backward was
+    run. targets: (B,) class indices the gradients are for, or None. pool_attention /
+    pool_gradient: the attention-pool readout's (B, nh, L, N) probabilities and their gradient
+    (global_pool="map"), else None. embeddings: (B, D) pooled features when a direction was
+    explained. scores: (B,) the explained quantity (target logit or similarity).
     """
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     attentions: list[torch.Tensor]
     gradients: list[torch.Tensor] | None = None
     targets: torch.Tensor | None = None
+    pool_attention: torch.Tensor | None = None
+    pool_gradient: torch.Tensor | None = None
+    embeddings: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+
+
+def similarity_scores(
+    embeddings: torch.Tensor, direction: torch.Tensor, similarity: Similarity = "cosine"
+) -> torch.Tensor:
+    """Each embedding's similarity to `direction`: (B, D) and (D,) or (B, D) -> (B,).
+
+    "cosine": cos(embedding, direction), what retrieval with DINOv2 or CLIP ranks by (scale
+    free: the map shows what makes the two point the same way). "dot": embedding . direction;
+    with a classifier's weight row as the direction this is that class's logit minus its bias,
+    so the explanation equals the class explanation.
+    """
+    # detached: a text tower's graph behind the direction is not part of the explanation
+    direction = torch.as_tensor(direction, dtype=embeddings.dtype, device=embeddings.device)
+    direction = direction.detach()
+    if direction.ndim == 1 and direction.shape == embeddings.shape[1:]:
+        direction = direction.expand_as(embeddings)  # one direction for every image
+    if direction.shape != embeddings.shape:
+        raise ValueError(
+            f"direction has shape {tuple(direction.shape)}; the model's embeddings are "
+            f"{tuple(embeddings.shape)}: pass one ({embeddings.shape[-1]},) vector or one per image"
+        )
+    if similarity == "cosine":
+        return F.cosine_similarity(embeddings, direction, dim=-1)
+    if similarity == "dot":
+        return (embeddings * direction).sum(dim=-1)
+    raise ValueError(f"similarity must be 'cosine' or 'dot', got {similarity!r}")
+
+
+@torch.no_grad()
+def embed(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """Pooled pre-logits features (B, D) of `images` in eval mode: the embedding a headless
+    backbone (DINOv2, CLIP's image tower) returns, and the space `direction` lives in."""
+    with _eval_mode(model):
+        return model.forward_head(model.forward_features(images), pre_logits=True)
 
 
 def record_attention(
-    model: nn.Module, images: torch.Tensor, with_gradients: bool = False, target: Target = None
+    model: nn.Module,
+    images: torch.Tensor,
+    with_gradients: bool = False,
+    target: Target = None,
+    *,
+    direction: torch.Tensor | None = None,
+    similarity: Similarity = "cosine",
 ) -> AttentionRecord:
     """Run `model` on `images` (B, C, H, W) in eval mode and capture its attention.
 
     With `with_gradients`, also backpropagate each image's `target` logit (None: the predicted
     class; an int: that class for every image; a sequence/tensor of B ints: one per image) and
     return the gradients with respect to each block's attention, paired with that same block.
-    Summing the selected logits over the batch gives per-image gradients, because images do
-    not interact in a ViT in eval mode. Parameter `.grad`s are left untouched.
+    With `direction` ((D,) or (B, D), e.g. another image's or a text's embedding) the gradients
+    are of the similarity between each image's pooled embedding and the direction instead
+    (see `similarity_scores`): the way to explain a headless backbone. Summing the scores over
+    the batch gives per-image gradients, because images do not interact in a ViT in eval mode.
+    Parameter `.grad`s are left untouched.
     """
-    with _eval_mode(model), capture_attention(model) as attentions:
+    if direction is not None and target is not None:
+        raise ValueError("pass either a class target or a direction, not both")
+    with_gradients = with_gradients or direction is not None
+    with _eval_mode(model), _capture(model) as captured:
         if not with_gradients:
             with torch.no_grad():
                 logits = model(images)
-            return AttentionRecord(logits, [a.detach() for a in attentions])
+            return AttentionRecord(
+                logits, [a.detach() for a in captured.blocks], pool_attention=_pool(captured)
+            )
         # The input requires grad so the attention is in the graph even for frozen weights.
         with torch.enable_grad():
-            logits = model(images.detach().requires_grad_(True))
-            targets = _resolve_target(target, logits)
-            selected = logits.gather(1, targets[:, None]).sum()
+            x = images.detach().requires_grad_(True)
+            logits = targets = embeddings = None
+            if direction is None:
+                if getattr(model, "num_classes", 1) == 0:
+                    raise ValueError(
+                        "the model has no classifier head (num_classes=0): there is no class to "
+                        "explain; pass direction= (an embedding to explain the similarity to)"
+                    )
+                logits = model(x)
+                targets = _resolve_target(target, logits)
+                scores = logits.gather(1, targets[:, None])[:, 0]
+            else:
+                embeddings = model.forward_head(model.forward_features(x), pre_logits=True)
+                scores = similarity_scores(embeddings, direction, similarity)
             # autograd.grad with the captured tensors as inputs: gradient i belongs to block i by
             # construction (backward hooks fire in reverse order, a classic source of mix-ups).
-            gradients = torch.autograd.grad(selected, attentions)
+            gradients = torch.autograd.grad(scores.sum(), captured.blocks + captured.pool)
+    depth = len(captured.blocks)
     return AttentionRecord(
-        logits.detach(),
-        [a.detach() for a in attentions],
-        [g.detach() for g in gradients],
+        None if logits is None else logits.detach(),
+        [a.detach() for a in captured.blocks],
+        [g.detach() for g in gradients[:depth]],
         targets,
+        pool_attention=_pool(captured),
+        pool_gradient=gradients[depth].detach() if captured.pool else None,
+        embeddings=None if embeddings is None else embeddings.detach(),
+        scores=scores.detach(),
     )
+
+
+def _pool(captured: _Captured) -> torch.Tensor | None:
+    if len(captured.pool) > 1:
+        raise RuntimeError(f"the attention pool ran {len(captured.pool)} times in one forward")
+    return captured.pool[0].detach() if captured.pool else None
 
 
 def _resolve_target(target: Target, logits: torch.Tensor) -> torch.Tensor:
@@ -148,7 +295,10 @@ def _resolve_target(target: Target, logits: torch.Tensor) -> torch.Tensor:
     elif isinstance(target, int):
         targets = torch.full((batch,), target, dtype=torch.long, device=logits.device)
     else:
-        targets = torch.as_tensor(target, dtype=torch.long, device=logits.device).reshape(-1)
+        targets = torch.as_tensor(target, device=logits.device)
+        if targets.is_floating_point():
+            raise ValueError("target must be class indices (ints); an embedding goes in direction=")
+        targets = targets.long().reshape(-1)
         if targets.numel() != batch:
             raise ValueError(f"target has {targets.numel()} entries for a batch of {batch} images")
     if ((targets < 0) | (targets >= num_classes)).any():
@@ -190,6 +340,28 @@ def discard_lowest(
     out = attention.reshape(batch, -1).clone()
     out.scatter_(1, lowest, 0.0)
     return out.reshape(batch, n, n)
+
+
+def drop_tokens(
+    attention: torch.Tensor, tokens: Sequence[int], renormalize: bool = True
+) -> torch.Tensor:
+    """Leave `tokens` out of an attention tensor (..., Nq, N): their key columns, and their
+    query rows too when it is square self-attention (Nq == N).
+
+    With `renormalize` each remaining row is divided by its new sum, so the attention once
+    paid to the dropped tokens is shared out in proportion among the others (use it on
+    probabilities, not on gradients). Used to leave register tokens out of a map: they hold
+    global information, not image regions.
+    """
+    n = attention.shape[-1]
+    drop = set(tokens)
+    keep = torch.tensor([i for i in range(n) if i not in drop], device=attention.device)
+    out = attention.index_select(-1, keep)  # (..., Nq, N - len(tokens))
+    if attention.shape[-2] == n:
+        out = out.index_select(-2, keep)  # (..., N', N')
+    if renormalize:
+        out = out / out.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(out.dtype).tiny)
+    return out
 
 
 def _roll_out(per_layer: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -279,14 +451,16 @@ def patch_map(
     matrix: torch.Tensor,
     grid_size: tuple[int, int],
     num_prefix_tokens: int = 1,
-    readout: Literal["token", "avg"] = "token",
+    readout: Literal["token", "avg"] | torch.Tensor = "token",
 ) -> torch.Tensor:
     """The classifier's view of a (B, N, N) token-to-token matrix, as a (B, gh, gw) map.
 
     readout "token": the row of token 0 (the class token the head reads). "avg": the mean of
     the patch tokens' rows, because a global-average-pooled head reads all patch tokens
-    equally (models without a class token). Prefix-token columns are dropped; the remaining
-    gh*gw columns are the patches in row-major order. No rescaling: these are raw values.
+    equally (models without a class token). A tensor of weights (N,) or (B, N): that weighted
+    sum of rows (an attention pool's attention over the tokens, or 1/2 on the class and the
+    distillation token). Prefix-token columns are dropped; the remaining gh*gw columns are the
+    patches in row-major order. No rescaling: these are raw values.
     """
     gh, gw = grid_size
     batch, n, _ = matrix.shape
@@ -294,21 +468,96 @@ def patch_map(
         raise ValueError(
             f"{n} tokens do not match {num_prefix_tokens} prefix tokens + a {gh}x{gw} grid"
         )
-    if readout == "token":
+    if isinstance(readout, torch.Tensor):
+        weights = readout.to(matrix.dtype).expand(batch, n)  # (B, N)
+        row = (weights[:, None, :] @ matrix)[:, 0]  # (B, N)
+    elif readout == "token":
         if num_prefix_tokens == 0:
             raise ValueError("readout='token' needs a prefix (class) token; use readout='avg'")
         row = matrix[:, 0]  # (B, N)
     elif readout == "avg":
         row = matrix[:, num_prefix_tokens:].mean(dim=1)  # (B, N)
     else:
-        raise ValueError(f"readout must be 'token' or 'avg', got {readout!r}")
+        raise ValueError(f"readout must be 'token', 'avg' or a weight tensor, got {readout!r}")
     return row[:, num_prefix_tokens:].reshape(batch, gh, gw)
 
 
 # -- model-level maps --------------------------------------------------------------------------
-def _to_map(model: nn.Module, matrix: torch.Tensor) -> torch.Tensor:
-    readout = "avg" if getattr(model, "global_pool", "token") == "avg" else "token"
-    return patch_map(matrix, model.grid_size, model.num_prefix_tokens, readout)
+@dataclass
+class _Prepared:
+    """A record made ready for a map: registers dropped if asked, and how the head reads."""
+
+    attentions: list[torch.Tensor]  # depth (B, nh, N, N)
+    gradients: list[torch.Tensor] | None  # depth (B, nh, N, N)
+    pool_attention: torch.Tensor | None  # (B, nh, L, N)
+    pool_gradient: torch.Tensor | None  # (B, nh, L, N)
+    num_prefix_tokens: int
+    grid_size: tuple[int, int]
+    global_pool: str
+    readout_tokens: list[int]
+
+
+def _prepare(
+    model: nn.Module, images: torch.Tensor, record: AttentionRecord, include_registers: bool
+) -> _Prepared:
+    prefix = model.num_prefix_tokens
+    attentions, gradients = record.attentions, record.gradients
+    pool_attention, pool_gradient = record.pool_attention, record.pool_gradient
+    n = attentions[0].shape[-1]
+    if pool_attention is not None and pool_attention.shape[-1] == n - prefix != n:
+        # a pool over the patch tokens only: the prefix tokens get no weight
+        pool_attention = F.pad(pool_attention, (prefix, 0))
+        pool_gradient = None if pool_gradient is None else F.pad(pool_gradient, (prefix, 0))
+    registers = num_registers(model)
+    if not include_registers and registers:
+        dropped = range(prefix - registers, prefix)  # registers are the last prefix tokens
+        attentions = [drop_tokens(a, dropped) for a in attentions]
+        if gradients is not None:
+            gradients = [drop_tokens(g, dropped, renormalize=False) for g in gradients]
+        if pool_attention is not None:
+            pool_attention = drop_tokens(pool_attention, dropped)
+        if pool_gradient is not None:
+            pool_gradient = drop_tokens(pool_gradient, dropped, renormalize=False)
+        prefix -= registers
+    global_pool = getattr(model, "global_pool", "token")
+    if global_pool not in ("token", "avg", "map"):
+        raise ValueError(
+            f"global_pool={global_pool!r}: the model does not pool its tokens into one readout "
+            "to explain; explanations need global_pool 'token', 'avg' or 'map'"
+        )
+    if global_pool == "map" and pool_attention is None:
+        raise ValueError("global_pool='map' but no attention-pool probabilities were captured")
+    return _Prepared(
+        attentions,
+        gradients,
+        pool_attention,
+        pool_gradient,
+        prefix,
+        grid_of(model, images),
+        global_pool,
+        readout_tokens(model),
+    )
+
+
+def _normalized(row: torch.Tensor) -> torch.Tensor:
+    """Rows (B, N) divided by their sums; an all-zero row stays zero."""
+    return row / row.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(row.dtype).tiny)
+
+
+def _readout(prep: _Prepared, pool_row: torch.Tensor | None) -> str | torch.Tensor:
+    """How the head reads the final tokens, for `patch_map`: "avg", or weights (B or 1, N).
+
+    pool_row (B, N): the attention pool's weights over the tokens, as the method sees them."""
+    if prep.global_pool == "avg":
+        return "avg"
+    if prep.global_pool == "map":
+        return pool_row
+    if prep.num_prefix_tokens == 0:
+        raise ValueError("global_pool='token' needs a class token; this model has none")
+    n = prep.attentions[0].shape[-1]
+    weights = torch.zeros(1, n, dtype=prep.attentions[0].dtype, device=prep.attentions[0].device)
+    weights[:, prep.readout_tokens] = 1 / len(prep.readout_tokens)
+    return weights  # (1, N)
 
 
 def attention_rollout(
@@ -316,18 +565,27 @@ def attention_rollout(
     images: torch.Tensor,
     head_fusion: HeadFusion = "mean",
     discard_ratio: float = 0.0,
+    *,
+    include_registers: bool = True,
 ) -> torch.Tensor:
-    """Raw attention rollout of the classifier token to every patch: (B, gh, gw).
+    """Raw attention rollout of the classifier's readout to every patch: (B, gh, gw).
 
     images: (B, C, H, W), normalised as the model expects. head_fusion: how each layer's heads
     are combined. discard_ratio: per image, zero this fraction of the lowest fused attention
     entries (never a prefix token's column) before rolling out. Values are not rescaled for
-    display. For a model without a class token (global_pool="avg") the map is the mean of the
-    patch tokens' rows, the tokens its head averages.
+    display. The readout row is the one the head reads: the class token's (with a distillation
+    token, the mean of both rows); for global_pool="avg" the mean of the patch tokens' rows;
+    for global_pool="map" the attention pool's (heads fused the same way) times the rollout.
+    include_registers=False leaves register tokens out of every block's attention (rows
+    renormalised), as if the model had none.
     """
-    record = record_attention(model, images)
-    matrix = rollout_matrix(record.attentions, head_fusion, discard_ratio, model.num_prefix_tokens)
-    return _to_map(model, matrix)
+    prep = _prepare(model, images, record_attention(model, images), include_registers)
+    matrix = rollout_matrix(prep.attentions, head_fusion, discard_ratio, prep.num_prefix_tokens)
+    pool_row = None
+    if prep.pool_attention is not None:
+        # (B, nh, L, N) -> (B, N): heads fused, latents averaged (SigLIP has one), sum one
+        pool_row = _normalized(fuse_heads(prep.pool_attention, head_fusion).mean(dim=1))
+    return patch_map(matrix, prep.grid_size, prep.num_prefix_tokens, _readout(prep, pool_row))
 
 
 def gradient_rollout(
@@ -336,26 +594,84 @@ def gradient_rollout(
     target: Target = None,
     head_fusion: HeadFusion = "mean",
     discard_ratio: float = 0.0,
+    *,
+    direction: torch.Tensor | None = None,
+    similarity: Similarity = "cosine",
+    include_registers: bool = True,
 ) -> torch.Tensor:
-    """Gradient-weighted attention rollout for a class: (B, gh, gw).
+    """Gradient-weighted attention rollout for a class or a direction: (B, gh, gw).
 
     target: None for each image's predicted class, an int for one class for all, or B ints.
-    Other arguments as in `attention_rollout`.
+    direction: instead of a class, an embedding ((D,) or (B, D)) whose `similarity` ("cosine"
+    or "dot") to each image's pooled embedding is explained (headless backbones). Other
+    arguments as in `attention_rollout`; the attention pool's row is grad * attention fused,
+    clamped at zero and normalised like a rollout row.
     """
-    record = record_attention(model, images, with_gradients=True, target=target)
-    matrix = gradient_rollout_matrix(
-        record.attentions, record.gradients, head_fusion, discard_ratio, model.num_prefix_tokens
+    record = record_attention(
+        model, images, True, target, direction=direction, similarity=similarity
     )
-    return _to_map(model, matrix)
+    prep = _prepare(model, images, record, include_registers)
+    matrix = gradient_rollout_matrix(
+        prep.attentions, prep.gradients, head_fusion, discard_ratio, prep.num_prefix_tokens
+    )
+    pool_row = None
+    if prep.pool_attention is not None:
+        weighted = fuse_heads(prep.pool_attention * prep.pool_gradient, head_fusion).clamp(min=0)
+        pool_row = _normalized(weighted.mean(dim=1))  # (B, N)
+    return patch_map(matrix, prep.grid_size, prep.num_prefix_tokens, _readout(prep, pool_row))
 
 
-def relevance(model: nn.Module, images: torch.Tensor, target: Target = None) -> torch.Tensor:
+def relevance(
+    model: nn.Module,
+    images: torch.Tensor,
+    target: Target = None,
+    *,
+    direction: torch.Tensor | None = None,
+    similarity: Similarity = "cosine",
+    include_registers: bool = True,
+) -> torch.Tensor:
     """Chefer et al. 2021 gradient-times-attention relevance for a class: (B, gh, gw).
 
-    target: None for each image's predicted class, an int for one class for all, or B ints.
+    target, direction, similarity, include_registers: as in `gradient_rollout`. With an
+    attention pool its mean_h((grad * A)^+) row reads the relevance matrix (the pool's latent
+    query is not a token, so it has no identity term).
     """
-    record = record_attention(model, images, with_gradients=True, target=target)
-    return _to_map(model, relevance_matrix(record.attentions, record.gradients))
+    record = record_attention(
+        model, images, True, target, direction=direction, similarity=similarity
+    )
+    prep = _prepare(model, images, record, include_registers)
+    matrix = relevance_matrix(prep.attentions, prep.gradients)
+    pool_row = None
+    if prep.pool_attention is not None:
+        pool_row = (prep.pool_attention * prep.pool_gradient).clamp(min=0).mean(dim=(1, 2))
+    return patch_map(matrix, prep.grid_size, prep.num_prefix_tokens, _readout(prep, pool_row))
+
+
+def last_block_attention(
+    model: nn.Module, images: torch.Tensor, *, include_registers: bool = True
+) -> torch.Tensor:
+    """The DINO picture: the last block's attention from the readout to the patches, one map
+    per head, raw probabilities: (B, nh, gh, gw).
+
+    For a class-token model this is each head's class-token row over the patches (Caron et al.
+    2021, Fig. 1); with a distillation token the mean of both rows; for global_pool="avg" the
+    mean of the patch tokens' rows; for global_pool="map" the attention pool's weights (heads
+    averaged) times each head's rows. include_registers=False renormalises each row over the
+    tokens that are not registers first.
+    """
+    prep = _prepare(model, images, record_attention(model, images), include_registers)
+    last = prep.attentions[-1]  # (B, nh, N, N)
+    pool_row = None
+    if prep.pool_attention is not None:
+        pool_row = _normalized(prep.pool_attention.mean(dim=(1, 2)))  # (B, N)
+    readout = _readout(prep, pool_row)
+    if isinstance(readout, str):  # "avg": every patch token's row, equally
+        batch, n = last.shape[0], last.shape[-1]
+        readout = torch.zeros(batch, n, dtype=last.dtype, device=last.device)
+        readout[:, prep.num_prefix_tokens :] = 1 / (n - prep.num_prefix_tokens)
+    rows = torch.einsum("bn,bhnm->bhm", readout.expand(last.shape[0], -1), last)  # (B, nh, N)
+    gh, gw = prep.grid_size
+    return rows[:, :, prep.num_prefix_tokens :].reshape(*rows.shape[:2], gh, gw)
 
 
 # -- attention distance ------------------------------------------------------------------------
@@ -391,7 +707,10 @@ def model_attention_distance(model: nn.Module, images: torch.Tensor) -> torch.Te
     """`mean_attention_distance` of `model` on `images` (B, C, H, W): (depth, nh) pixels."""
     record = record_attention(model, images)
     return mean_attention_distance(
-        record.attentions, model.grid_size, model.patch_embed.patch_size, model.num_prefix_tokens
+        record.attentions,
+        grid_of(model, images),
+        model.patch_embed.patch_size,
+        model.num_prefix_tokens,
     )
 
 

@@ -52,10 +52,11 @@ class ExportCheck:
     path: Path
     target: str  # what ran the export, e.g. "onnxruntime", "torchvision.models.vit_b_16(...)"
     max_relative_difference: float
+    compared: str = "logits"  # what was compared: "embeddings" for a headless ONNX export
 
     def __str__(self) -> str:
         return (
-            f"wrote {self.path}; {self.target} logits vs ours: max relative difference "
+            f"wrote {self.path}; {self.target} {self.compared} vs ours: max relative difference "
             f"{self.max_relative_difference:.1e}"
         )
 
@@ -113,8 +114,9 @@ def export_onnx(
     model: VisionTransformer, path: str | Path, tolerance: float = 1e-5, opset: int = ONNX_OPSET
 ) -> ExportCheck:
     """Export to ONNX with a dynamic batch size, then run it in onnxruntime at batch sizes 1 and
-    3 and compare with our logits. Input `pixel_values` (B, C, H, W) normalised as
-    `model.preprocess` says; output `logits` (B, num_classes). Class names and preprocessing
+    3 and compare with our `model(x)`. Input `pixel_values` (B, C, H, W) normalised as
+    `model.preprocess` says; output `logits` (B, num_classes), or for a headless model
+    (num_classes=0) `embeddings` (B, D), its pooled features. Class names and preprocessing
     are stored in the model's metadata (`vit.class_names`, `vit.preprocess`)."""
     for module in ("onnx", "onnxscript"):
         require(module, "--onnx (torch.onnx's exporter)")
@@ -126,7 +128,7 @@ def export_onnx(
         (sample_images(model, 2),),
         dynamo=True,
         input_names=["pixel_values"],
-        output_names=["logits"],
+        output_names=[onnx_output_name(model)],
         dynamic_shapes={"x": {0: torch.export.Dim("batch", min=1)}},
         opset_version=opset,
         verbose=False,
@@ -151,7 +153,14 @@ def export_onnx(
         result.append(_verify_onnx(onnxruntime, tmp, model, tolerance))
 
     atomic_write(path, write)
-    return ExportCheck(path, result[0].target, result[0].max_relative_difference)
+    return ExportCheck(
+        path, result[0].target, result[0].max_relative_difference, result[0].compared
+    )
+
+
+def onnx_output_name(model: VisionTransformer) -> str:
+    """ "logits" for a classifier, "embeddings" for a headless model (its pooled features)."""
+    return "logits" if model.num_classes else "embeddings"
 
 
 def _verify_onnx(onnxruntime, path: Path, model: VisionTransformer, tolerance: float):
@@ -159,12 +168,12 @@ def _verify_onnx(onnxruntime, path: Path, model: VisionTransformer, tolerance: f
     worst = 0.0
     for batch in (1, 3):  # two batch sizes: the batch axis really is dynamic
         images = sample_images(model, batch, seed=batch)
-        (logits,) = session.run(["logits"], {"pixel_values": images.numpy()})
-        worst = max(
-            worst, relative_difference(torch.from_numpy(logits), our_outputs(model, images))
-        )
+        (theirs,) = session.run([onnx_output_name(model)], {"pixel_values": images.numpy()})
+        with torch.no_grad():
+            ours = model(images)  # logits, or a headless model's pooled embedding
+        worst = max(worst, relative_difference(torch.from_numpy(theirs), ours))
     check(worst, tolerance, "onnxruntime")
-    return ExportCheck(path, "onnxruntime (batch 1 and 3)", worst)
+    return ExportCheck(path, "onnxruntime (batch 1 and 3)", worst, onnx_output_name(model))
 
 
 # -- transformers --------------------------------------------------------------------------------

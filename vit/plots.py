@@ -207,6 +207,44 @@ def plot_attention_grid(
     return fig
 
 
+def plot_head_attention(
+    head_maps: torch.Tensor,
+    image: np.ndarray | None = None,
+    title: str | None = None,
+    columns: int = 7,
+    alpha: float = 0.6,
+) -> Figure:
+    """The DINO picture: one map per head of the last block, for one image.
+
+    head_maps: (nh, gh, gw), e.g. `vit.explain.last_block_attention(model, images)[i]`. With
+    `image` (H, W, C) in [0, 1] the image comes first and each head is overlaid on it,
+    otherwise the raw grids are drawn. `title` goes above all panels: say there where the
+    weights came from. Panels wrap after `columns`; each is rescaled on its own.
+    """
+    maps = torch.as_tensor(head_maps).detach().cpu()
+    if maps.ndim != 3:
+        raise ValueError(f"head_maps must be (heads, grid_h, grid_w), got {tuple(maps.shape)}")
+    panels = len(maps) + (image is not None)
+    cols = min(columns, panels)
+    rows = -(-panels // cols)  # ceiling division
+    fig, axes = _new_figure(rows, cols, cell=1.6)
+    flat = list(axes.flat)
+    if image is not None:
+        flat.pop(0).imshow(image, interpolation="nearest")
+        axes.flat[0].set_title("image", fontsize=8)
+    for head, (ax, grid) in enumerate(zip(flat, maps, strict=False)):
+        if image is None:
+            ax.imshow(heatmap_for_display(grid, tuple(grid.shape)), cmap="viridis")
+        else:
+            draw_overlay(ax, image, grid, alpha=alpha, cmap="inferno")
+        ax.set_title(f"head {head}", fontsize=8)
+    for ax in flat[len(maps) :]:
+        ax.set_axis_off()  # the unused cells of the last row
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
 def plot_attention_distance(distances: torch.Tensor, patch_size: int | None = None) -> Figure:
     """Mean attention distance (pixels) of every head against block depth, as in the ViT paper.
 

@@ -3,6 +3,7 @@
     python -m vit.predict IMAGE|FOLDER|GLOB ... --model NAME [--checkpoint PATH] [--top-k 5]
         [--batch-size 32] [--device auto] [--output preds.csv|preds.json]
         [--explain DIR [--method rollout|gradient_rollout|relevance]]
+        [--features FILE.npz|.csv|.json [--embedding pooled|output]]
 
 With only --model, timm's pretrained weights for that name are used (downloaded once). With
 --checkpoint, the weights come from that file or folder: our own `.safetensors` files and
@@ -14,6 +15,15 @@ normalisation), so the top-1 class here is evaluate's. Without --output the top-
 printed per image; with it, one record per image is written (CSV or JSON: path, label,
 probability, label_2, probability_2, ...). A file that cannot be read is named on stderr, the
 other images are still classified, and the exit status is 1 at the end.
+
+--features FILE writes one pooled embedding per image with its path: the model's pre-logits
+features (`forward_head(x, pre_logits=True)`, what a headless backbone such as DINOv2 returns
+as `model(x)`), or with --embedding output the model's output itself (for a CLIP image tower
+whose head is the projection into the text space, `image_embeds`). FILE.npz holds two arrays,
+`paths` (N,) and `features` (N, D) float32 (`np.load(FILE)`, no pickle); FILE.csv one row per
+image, `path, f0, ..., f{D-1}`; FILE.json a list of {"path", "embedding"}. A model without a
+classifier head (num_classes=0) classifies nothing: it takes --features and --explain (rollout)
+only. Nothing is written when no image could be read.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ from .configs import list_models
 from .distributed import DistInfo, resolve_device
 from .factory import create_model, create_transform, load_model
 from .images import CorruptImageError, expand_image_paths, open_image
-from .io import atomic_write_text
+from .io import atomic_write, atomic_write_text
 from .model import VisionTransformer
 from .plots import denormalize, draw_overlay, save_figure
 from .weights import read_metadata
@@ -51,6 +61,8 @@ METHODS = {
     "relevance": explain.relevance,
 }
 OUTPUT_SUFFIXES = (".csv", ".json")
+FEATURE_SUFFIXES = (".npz", ".csv", ".json")
+EMBEDDINGS = {"pooled": "pooled pre-logits features", "output": "the model's output"}
 
 
 class InputError(Exception):
@@ -104,8 +116,56 @@ def predict(model: VisionTransformer, images: list[Image.Image], top_k: int) -> 
 @torch.inference_mode()
 def top_classes(model: VisionTransformer, batch: torch.Tensor, top_k: int) -> tuple:
     """A prepared batch (B, 3, H, W) -> (probabilities, class indices), each (B, k), best first."""
-    probs = model.eval()(batch).float().softmax(dim=-1)  # (B, num_classes)
+    return best_of(model.eval()(batch), top_k)
+
+
+def best_of(logits: torch.Tensor, top_k: int) -> tuple:
+    """Logits (B, num_classes) -> (probabilities, class indices), each (B, k), best first."""
+    probs = logits.float().softmax(dim=-1)  # (B, num_classes)
     return probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+
+
+@torch.inference_mode()
+def logits_and_features(
+    model: VisionTransformer, batch: torch.Tensor, embedding: str | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One pass over a prepared batch (B, 3, H, W): logits (B, num_classes), None for a headless
+    model; and the embeddings (B, D) when `embedding` is "pooled" (pre-logits features) or
+    "output" (the model's output), None when it is None."""
+    tokens = model.eval().forward_features(batch)  # (B, N, D)
+    output = model.forward_head(tokens)  # logits, or a headless model's pooled features
+    features = None
+    if embedding == "pooled":
+        features = model.forward_head(tokens, pre_logits=True).float()
+    elif embedding == "output":
+        features = output.float()
+    return (output if model.num_classes > 0 else None), features
+
+
+def write_features(path: Path, paths: Sequence[str], features: torch.Tensor) -> None:
+    """One embedding per image, with its path, as .npz, .csv or .json (see the module
+    docstring), written atomically."""
+    values = features.cpu().numpy().astype(np.float32)  # (N, D)
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
+
+        def save(tmp: Path) -> None:
+            with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a name
+                np.savez(f, paths=np.array(paths, dtype=str), features=values)
+
+        atomic_write(path, save)
+        return
+    # 9 significant digits: every float32 reads back exactly
+    rows = [[float(f"{v:.9g}") for v in row] for row in values.tolist()]
+    if suffix == ".json":
+        records = [{"path": p, "embedding": row} for p, row in zip(paths, rows, strict=True)]
+        atomic_write_text(path, json.dumps(records) + "\n")
+        return
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["path", *(f"f{i}" for i in range(values.shape[1]))])
+    writer.writerows([p, *row] for p, row in zip(paths, rows, strict=True))
+    atomic_write_text(path, buffer.getvalue())
 
 
 def prepared_batches(
@@ -207,11 +267,15 @@ def save_explanations(
     paths: Sequence[Path],
     method: str,
 ) -> None:
-    """Explain the batch's predicted classes with `method` and write one PNG per image."""
+    """Explain the batch's predicted classes with `method` and write one PNG per image (a
+    headless model's records have no label: the title is the file name)."""
     maps = METHODS[method](model, batch).detach().cpu()  # (B, gh, gw)
     pixels = denormalize(batch.cpu(), model.preprocess.mean, model.preprocess.std)  # (B, H, W, 3)
     for path, record, image, heatmap in zip(paths, records, pixels, maps, strict=True):
-        title = f"{record['label']} ({record['probability']:.1%})"
+        if "label" in record:
+            title = f"{record['label']} ({record['probability']:.1%})"
+        else:
+            title = Path(path).name
         fig = explanation_figure(image, heatmap, title, method)
         save_figure(fig, targets[path], dpi=100)
 
@@ -241,6 +305,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--method", choices=sorted(METHODS), default="rollout", help="map for --explain"
     )
+    parser.add_argument(
+        "--features",
+        type=Path,
+        metavar="FILE",
+        help="write one pooled embedding per image with its path: FILE.npz (arrays paths, "
+        "features), .csv (path, f0, f1, ...) or .json",
+    )
+    parser.add_argument(
+        "--embedding",
+        choices=("pooled", "output"),
+        default="pooled",
+        help="for --features: the pooled pre-logits features (default) or the model's output "
+        "(a CLIP tower's projection into the text space)",
+    )
     return parser
 
 
@@ -259,6 +337,28 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         writable_location("--output", args.output, folder=False)
     if args.explain is not None:
         writable_location("--explain", args.explain, folder=True)
+    if args.features is not None:
+        if args.features.suffix.lower() not in FEATURE_SUFFIXES:
+            parser.error(
+                f"--features {args.features}: the file name must end in .npz, .csv or .json"
+            )
+        writable_location("--features", args.features, folder=False)
+
+
+def check_headless(args: argparse.Namespace, model: VisionTransformer) -> None:
+    """A model without a classifier head embeds and explains (rollout) but classifies nothing."""
+    if model.num_classes > 0:
+        return
+    what = "the model has no classifier head (num_classes=0, a feature extractor)"
+    if args.features is None and args.explain is None:
+        raise InputError(f"{what}: nothing to classify; use --features FILE or --explain DIR")
+    if args.output is not None:
+        raise InputError(f"--output {args.output}: {what}; use --features FILE for embeddings")
+    if args.explain is not None and args.method != "rollout":
+        raise InputError(
+            f"--method {args.method} explains a class and {what}: use --method rollout "
+            "(or vit.explain with direction= to explain a similarity)"
+        )
 
 
 def writable_location(flag: str, path: Path, folder: bool) -> None:
@@ -275,14 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         check_args(parser, args)
         device = resolve_device(args.device, DistInfo())
         model = build_model(args.model, args.checkpoint).to(device).eval()
+        check_headless(args, model)
     except (InputError, ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    if model.num_classes < 1:
-        print(
-            "error: the model has no classifier head (a feature extractor): nothing to predict",
-            file=sys.stderr,
-        )
         return 2
     top_k = min(args.top_k, model.num_classes)
     paths, problems = expand_image_paths(args.images)
@@ -290,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     transform = create_transform(model.preprocess)
     targets = explanation_paths(paths, args.explain) if args.explain else {}
     records: list[dict] = []
+    features: list[torch.Tensor] = []  # (B, D) per batch, with --features
     progress = tqdm(
         total=len(paths),
         unit="img",
@@ -302,30 +398,59 @@ def main(argv: list[str] | None = None) -> int:
         problems += errors
         if batch is not None:
             batch = batch.to(device)
-            probs, indices = top_classes(model, batch, top_k)
-            batch_records = records_for(batch_paths, probs, indices, names)
+            embedding = args.embedding if args.features is not None else None
+            logits, batch_features = logits_and_features(model, batch, embedding)
+            if logits is None:  # a headless model: paths only
+                batch_records = [{"path": str(path)} for path in batch_paths]
+            else:
+                probs, indices = best_of(logits, top_k)
+                batch_records = records_for(batch_paths, probs, indices, names)
             records += batch_records
+            if batch_features is not None:
+                features.append(batch_features.cpu())
             if args.explain:
                 save_explanations(model, batch, batch_records, targets, batch_paths, args.method)
         progress.update(len(batch_paths) + len(errors))
     progress.close()
-    return finish(args, records, problems, top_k)
+    return finish(args, records, problems, top_k, features)
 
 
-def finish(args: argparse.Namespace, records: list[dict], problems: list[str], top_k: int) -> int:
-    """Print or write the records, then the problems; the exit status. With nothing
-    classified nothing is written: an earlier --output file stays as it was."""
-    if args.output is not None and not records:
-        problems.append(f"no image was classified; --output {args.output} was not written")
-    elif args.output is None:
-        print_records(records, top_k)
-    else:
+def finish(
+    args: argparse.Namespace,
+    records: list[dict],
+    problems: list[str],
+    top_k: int,
+    features: list[torch.Tensor] | None = None,
+) -> int:
+    """Print or write the records and features, then the problems; the exit status. With
+    nothing classified nothing is written: earlier --output/--features files stay as they were."""
+    if not records:
+        for flag in ("output", "features"):
+            if getattr(args, flag) is not None:
+                problems.append(
+                    f"no image was read; --{flag} {getattr(args, flag)} was not written"
+                )
+    if args.features is not None and records:
+        embeddings = torch.cat(features)  # (N, D)
+        try:
+            write_features(args.features, [r["path"] for r in records], embeddings)
+        except OSError as e:
+            print(f"error: --features {args.features}: cannot write it ({e})", file=sys.stderr)
+            return 2
+        print(
+            f"wrote {len(records)} embeddings ({embeddings.shape[1]} values each, "
+            f"{EMBEDDINGS[args.embedding]}) to {args.features}",
+            file=sys.stderr,
+        )
+    if args.output is not None and records:
         try:
             write_records(args.output, records, top_k)
         except OSError as e:
             print(f"error: --output {args.output}: cannot write it ({e})", file=sys.stderr)
             return 2
         print(f"wrote {len(records)} predictions to {args.output}", file=sys.stderr)
+    elif top_k > 0:  # a headless model (top_k 0) classifies nothing: nothing to print
+        print_records(records, top_k)
     if args.explain and records:
         print(f"wrote {len(records)} attention maps to {args.explain}", file=sys.stderr)
     for message in problems:
