@@ -236,6 +236,32 @@ def test_csv_and_json_records_hold_the_model_probabilities(
     assert len({r["label"] for r in records}) > 1  # the predictions do depend on the image
 
 
+def test_flip_tta_scores_an_image_and_its_mirror_image_alike(
+    varied_checkpoint, tmp_path, one_thread
+):
+    """--tta flip: the mean probability of an image and its mirror, so an image and its mirror
+    image get the same probabilities (plain predictions differ)."""
+    rng = np.random.default_rng(1)
+    pixels = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "a.png")
+    Image.fromarray(pixels[:, ::-1]).save(tmp_path / "b.png")
+    args = [str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--checkpoint"]
+    args += [str(varied_checkpoint), "--top-k", "3"]
+    probabilities = {}
+    for tta in ("none", "flip"):
+        out = tmp_path / f"{tta}.json"
+        assert main([*args, "--tta", tta, "--output", str(out)]) == 0
+        a, b = ({r[k]: r[p] for k, p in LABELS} for r in json.loads(out.read_text()))
+        probabilities[tta] = (a, b)
+    a, b = probabilities["flip"]
+    assert a == pytest.approx(b, abs=1e-6)
+    a, b = probabilities["none"]
+    assert max(abs(a[name] - b[name]) for name in a) > 1e-3
+
+
+LABELS = [("label", "probability"), ("label_2", "probability_2"), ("label_3", "probability_3")]
+
+
 def test_top1_equals_evaluate_on_the_same_images(
     varied_checkpoint, tmp_path, one_thread, evaluate_script
 ):

@@ -12,7 +12,7 @@ from vit.batch_loader import InMemoryBatches
 from vit.engine import evaluate
 from vit.init import mimetic_init_, sincos_2d, sincos_pos_embed_
 from vit.optim import Muon, build_optimizer, muon_param_groups, orthogonalize
-from vit.train_config import TrainConfig, patch_drop_for_epoch
+from vit.train_config import TrainConfig, patch_drop_for_epoch, resolve_optimizer
 
 SMALL = {"embed_dim": 64, "depth": 2, "num_heads": 4, "num_classes": 10}
 
@@ -227,7 +227,7 @@ def test_flip_tta_scores_the_mean_probability_of_image_and_mirror_beside_the_pla
 HEAVY_RECIPE = {
     "epochs": 200, "batch_size": 128, "lr": 1e-3, "label_smoothing": 0.1, "mixup": 0.8,
     "cutmix": 1.0, "drop_path": 0.1, "aa": "randaug", "aa_n": 2, "reprob": 0.25, "hflip": 0.5,
-    "crop": "pad", "model_ema": True, "weight_decay": 0.05, "clip_grad": 1.0,
+    "crop": "pad", "model_ema": True, "weight_decay": 0.05, "clip_grad": 1.0, "opt": "adamw",
 }  # fmt: skip
 
 
@@ -237,6 +237,9 @@ def test_defaults_are_light_and_the_200_epoch_recipes_keep_every_heavy_setting(t
     defaults = train_script.parse_config([])
     assert (defaults.aa, defaults.mixup, defaults.cutmix) == ("none", 0.0, 0.0)
     assert (defaults.reprob, defaults.drop_path) == (0.0, 0.0)
+    assert resolve_optimizer(defaults) == "muon"  # from scratch
+    assert resolve_optimizer(train_script.parse_config(["--pretrained", "w.pth"])) == "adamw"
+    assert resolve_optimizer(train_script.parse_config(["--opt", "adamw"])) == "adamw"
     for name in ("cifar10", "cifar100"):
         recipe = train_script.parse_config(["--config", f"configs/{name}.yaml"])
         assert {key: getattr(recipe, key) for key in HEAVY_RECIPE} == HEAVY_RECIPE, name

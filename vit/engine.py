@@ -65,9 +65,11 @@ from .train_config import (
     image_size_for_epoch,
     patch_drop_for_epoch,
     resolve_ema_decay,
+    resolve_optimizer,
     resolve_warmup_epochs,
 )
 from .transforms import EvalTransform, train_transform
+from .tta import TTA_CHOICES, flip_tta
 
 __all__ = [
     "CONFIG_FILE",
@@ -224,7 +226,7 @@ def build_training_state(
     step, a gradient scaler for float16 autocast, and the EMA, around `model`; nothing trained
     yet."""
     optimizer = build_optimizer(
-        model, cfg.opt, lr=cfg.lr, weight_decay=cfg.weight_decay, muon_lr=cfg.muon_lr
+        model, resolve_optimizer(cfg), lr=cfg.lr, weight_decay=cfg.weight_decay, muon_lr=cfg.muon_lr
     )
     total_steps = cfg.epochs * steps_per_epoch
     schedule = warmup_cosine(
@@ -316,9 +318,6 @@ class _Tally:
         }
 
 
-TTA_CHOICES = ("none", "flip")
-
-
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -345,13 +344,12 @@ def evaluate(
     for images, labels in bar:  # disable=None: a bar on a terminal only
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         with autocast(device, amp, amp_dtype):
-            logits = model(images).float()  # (B, K)
             if tta == "flip":
-                mirrored = model(images.flip(-1)).float()  # (B, K)
+                logits, mean_log_probs = flip_tta(model, images)  # each (B, K)
+                flipped.add(mean_log_probs, labels)
+            else:
+                logits = model(images).float()  # (B, K)
         plain.add(logits, labels)
-        if tta == "flip":
-            log_probs = torch.stack([logits.log_softmax(-1), mirrored.log_softmax(-1)])  # (2,B,K)
-            flipped.add(log_probs.logsumexp(0) - math.log(2), labels)  # log mean probability
     result = plain.result()
     if tta == "flip":
         result["tta"] = flipped.result()

@@ -53,6 +53,7 @@ from .images import CorruptImageError, expand_image_paths, open_image
 from .io import atomic_write, atomic_write_text
 from .model import VisionTransformer
 from .plots import denormalize, draw_overlay, save_figure
+from .tta import TTA_CHOICES, flip_tta
 from .weights import read_metadata
 
 METHODS = {
@@ -306,6 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--method", choices=sorted(METHODS), default="rollout", help="map for --explain"
     )
     parser.add_argument(
+        "--tta",
+        choices=TTA_CHOICES,
+        default="none",
+        help="test-time augmentation: flip classifies by the mean probability of each image and "
+        "its mirror image (twice the compute)",
+    )
+    parser.add_argument(
         "--features",
         type=Path,
         metavar="FILE",
@@ -400,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
             batch = batch.to(device)
             embedding = args.embedding if args.features is not None else None
             logits, batch_features = logits_and_features(model, batch, embedding)
+            if args.tta == "flip" and logits is not None:
+                logits = flip_tta(model, batch)[1]  # log of the mean probability: (B, K)
             if logits is None:  # a headless model: paths only
                 batch_records = [{"path": str(path)} for path in batch_paths]
             else:
