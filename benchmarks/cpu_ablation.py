@@ -30,13 +30,13 @@ PROCESSES = 2
 
 # name -> (flags after BASE, what changes against the recipe)
 ROWS = {
-    "baseline": ([], "configs/cifar10_cpu.yaml as it is"),
-    "mimetic": (["--mimetic-init"], "mimetic initialisation of attention"),
-    "muon": (["--opt", "muon"], "Muon for the blocks' matrices (lr 2e-3), AdamW for the rest"),
-    "sincos": (["--pos-embed", "sincos"], "fixed 2-D sin-cos position embeddings"),
-    "anneal": (["--patch-drop-anneal", "4"], "patch dropout falls to 0 over the last 4 epochs"),
-    "alt-flip": (["--hflip-alternate"], "alternating instead of random flips"),
-    "mimetic+muon": (["--mimetic-init", "--opt", "muon"], "both"),
+    "adamw": (["--opt", "adamw"], "the previous recipe: AdamW for every parameter"),
+    "recipe": ([], "configs/cifar10_cpu.yaml as it is: Muon for the blocks' matrices"),
+    "mimetic": (["--mimetic-init"], "+ mimetic initialisation of attention"),
+    "sincos": (["--pos-embed", "sincos"], "+ fixed 2-D sin-cos position embeddings"),
+    "anneal": (["--patch-drop-anneal", "4"], "+ patch dropout falling to 0 over the last 4 epochs"),
+    "alt-flip": (["--hflip-alternate"], "+ alternating instead of random flips"),
+    "muon-lr4e-3": (["--muon-lr", "4e-3"], "Muon's learning rate 4e-3 instead of 2e-3"),
 }
 
 
