@@ -237,7 +237,7 @@ def test_defaults_are_light_and_the_200_epoch_recipes_keep_every_heavy_setting(t
     defaults = train_script.parse_config([])
     assert (defaults.aa, defaults.mixup, defaults.cutmix) == ("none", 0.0, 0.0)
     assert (defaults.reprob, defaults.drop_path) == (0.0, 0.0)
-    assert resolve_optimizer(defaults) == "muon"  # from scratch
+    assert resolve_optimizer(defaults) == "muon" and defaults.batch_size == 64  # from scratch
     assert resolve_optimizer(train_script.parse_config(["--pretrained", "w.pth"])) == "adamw"
     assert resolve_optimizer(train_script.parse_config(["--opt", "adamw"])) == "adamw"
     for name in ("cifar10", "cifar100"):

@@ -78,7 +78,7 @@ class TrainConfig:
     pos_embed: str = setting("learn", "model", "learned position embeddings, or fixed 2-D sin-cos ones (saved as pos_embed all the same)", choices=("learn", "sincos"))
 
     epochs: int = setting(200, "optimisation", "training epochs")
-    batch_size: int = setting(128, "optimisation", "images per step, per process")
+    batch_size: int = setting(64, "optimisation", "images per step, per process (the 200-epoch recipes use 128)")
     opt: str | None = setting(None, "optimisation", "adamw, or muon: Muon for the blocks' weight matrices, AdamW for the rest (default: muon from scratch, adamw when fine-tuning --pretrained weights)", choices=("adamw", "muon"))
     lr: float = setting(1e-3, "optimisation", "peak learning rate (AdamW's)")
     muon_lr: float | None = setting(None, "optimisation", "peak Muon learning rate with --opt muon (default: --lr)")
