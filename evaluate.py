@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # Only light modules here: --help and flag errors must not wait for torch.
-from vit.cli import AT_LEAST_0, AT_LEAST_1, ArgumentParser, default_workers, number_in, unwritable
+from vit.cli import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    TTA_CHOICES,
+    ArgumentParser,
+    default_workers,
+    number_in,
+    unwritable,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -72,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tta",
         default="none",
-        choices=("none", "flip"),
+        choices=TTA_CHOICES,
         help="test-time augmentation: flip also scores the mean of each image's and its mirror "
         "image's probabilities, reported beside the plain figures",
     )

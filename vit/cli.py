@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+TTA_CHOICES = ("none", "flip")  # --tta of evaluate.py and predict (vit.tta does the work)
+
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr (exit status 2) instead of the whole

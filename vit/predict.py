@@ -53,7 +53,7 @@ from .images import CorruptImageError, expand_image_paths, open_image
 from .io import atomic_write, atomic_write_text
 from .model import VisionTransformer
 from .plots import denormalize, draw_overlay, save_figure
-from .tta import TTA_CHOICES, flip_tta
+from .tta import TTA_CHOICES, mean_probability
 from .weights import read_metadata
 
 METHODS = {
@@ -408,8 +408,10 @@ def main(argv: list[str] | None = None) -> int:
             batch = batch.to(device)
             embedding = args.embedding if args.features is not None else None
             logits, batch_features = logits_and_features(model, batch, embedding)
-            if args.tta == "flip" and logits is not None:
-                logits = flip_tta(model, batch)[1]  # log of the mean probability: (B, K)
+            if args.tta == "flip" and logits is not None:  # add the mirror images' view
+                with torch.inference_mode():
+                    mirrored = model(batch.flip(-1)).float()  # (B, K)
+                    logits = mean_probability(logits.float(), mirrored)
             if logits is None:  # a headless model: paths only
                 batch_records = [{"path": str(path)} for path in batch_paths]
             else:

@@ -12,17 +12,21 @@ import math
 import torch
 from torch import nn
 
-TTA_CHOICES = ("none", "flip")
+from .cli import TTA_CHOICES  # noqa: F401  (re-exported: the choices of --tta)
 
 
 @torch.no_grad()
 def flip_tta(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images (B, C, H, W) -> (plain logits (B, K), flip-TTA log-probabilities (B, K)).
-
-    The second is log((softmax(f(x)) + softmax(f(flip(x)))) / 2): usable as logits (its
-    softmax is the mean probability, its argmax the TTA prediction, its NLL the TTA loss).
-    """
+    """Images (B, C, H, W) -> (plain logits (B, K), flip-TTA log-probabilities (B, K))."""
     logits = model(images).float()  # (B, K)
-    mirrored = model(images.flip(-1)).float()  # (B, K)
-    log_probs = torch.stack([logits.log_softmax(-1), mirrored.log_softmax(-1)])  # (2, B, K)
-    return logits, log_probs.logsumexp(0) - math.log(2)
+    return logits, mean_probability(logits, model(images.flip(-1)).float())
+
+
+def mean_probability(*logits: torch.Tensor) -> torch.Tensor:
+    """Logits of the same images, each (B, K) -> log of their mean softmax probability (B, K).
+
+    Usable as logits: its softmax is the mean probability, its argmax the TTA prediction,
+    its NLL the TTA loss.
+    """
+    log_probs = torch.stack([x.log_softmax(-1) for x in logits])  # (T, B, K)
+    return log_probs.logsumexp(0) - math.log(len(logits))
