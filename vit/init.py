@@ -23,6 +23,8 @@ import math
 import torch
 from torch import nn
 
+from .model import Attention
+
 # The paper's values for ViTs trained from scratch on CIFAR-10 (their Section 4).
 MIMETIC_QK = (0.7, 0.7)  # W_q W_k^T ~ alpha * Z + beta * I
 MIMETIC_VPROJ = (0.4, 0.4)  # W_v W_proj ~ alpha * Z - beta * I
@@ -53,9 +55,9 @@ def mimetic_init_(
     Biases are left as they are (zero after the default initialisation).
     """
     for module in model.modules():
-        qkv, proj = getattr(module, "qkv", None), getattr(module, "proj", None)
-        if not isinstance(qkv, nn.Linear) or not isinstance(proj, nn.Linear):
+        if not isinstance(module, Attention):  # the attention pool has no fused qkv: skipped
             continue
+        qkv, proj = module.qkv, module.proj
         dim, heads = proj.in_features, module.num_heads
         head_dim = dim // heads
         eye = torch.eye(dim)
