@@ -380,16 +380,7 @@ class VisionTransformer(nn.Module):
                 f"accepted: {sorted(ViTConfig.__dataclass_fields__)}"
             )
         cfg = ViTConfig(**kwargs)
-        _check_pool(cfg.global_pool, cfg.class_token)
-        if cfg.act_layer not in ACT_LAYERS:
-            raise ValueError(
-                f"act_layer must be one of {sorted(ACT_LAYERS)}, got {cfg.act_layer!r}"
-            )
-        if cfg.distilled and (cfg.global_pool != "token" or cfg.reg_tokens):
-            raise ValueError(
-                "distilled=True reads the class and distillation tokens: it needs "
-                "global_pool='token' and no register tokens"
-            )
+        _check_config(cfg)
         self.config = cfg
         self.num_classes = cfg.num_classes
         self.global_pool = cfg.global_pool
@@ -424,25 +415,7 @@ class VisionTransformer(nn.Module):
         self.norm_pre = (
             nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
         )
-        # stochastic depth rises linearly from 0 at the first block to drop_path_rate at the last
-        drop_path_rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
-        self.blocks = nn.Sequential(
-            *[
-                Block(
-                    cfg.embed_dim,
-                    cfg.num_heads,
-                    mlp_ratio=cfg.mlp_ratio,
-                    qkv_bias=cfg.qkv_bias,
-                    proj_drop=cfg.proj_drop_rate,
-                    attn_drop=cfg.attn_drop_rate,
-                    drop_path=rate,
-                    norm_eps=cfg.norm_eps,
-                    init_values=cfg.init_values,
-                    act_layer=cfg.act_layer,
-                )
-                for rate in drop_path_rates
-            ]
-        )
+        self.blocks = _make_blocks(cfg)
         # timm's layout: the final norm sits before pooling, or after it (fc_norm) for "avg"
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
         self.attn_pool = (  # SigLIP's readout
@@ -678,6 +651,41 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
+
+
+def _check_config(cfg: ViTConfig) -> None:
+    """Refuse switch combinations the model cannot build, naming them."""
+    _check_pool(cfg.global_pool, cfg.class_token)
+    if cfg.act_layer not in ACT_LAYERS:
+        raise ValueError(f"act_layer must be one of {sorted(ACT_LAYERS)}, got {cfg.act_layer!r}")
+    if cfg.distilled and (cfg.global_pool != "token" or cfg.reg_tokens):
+        raise ValueError(
+            "distilled=True reads the class and distillation tokens: it needs "
+            "global_pool='token' and no register tokens"
+        )
+
+
+def _make_blocks(cfg: ViTConfig) -> nn.Sequential:
+    """The `depth` transformer blocks; stochastic depth rises linearly from 0 at the first
+    block to drop_path_rate at the last."""
+    rates = [cfg.drop_path_rate * i / max(cfg.depth - 1, 1) for i in range(cfg.depth)]
+    return nn.Sequential(
+        *[
+            Block(
+                cfg.embed_dim,
+                cfg.num_heads,
+                mlp_ratio=cfg.mlp_ratio,
+                qkv_bias=cfg.qkv_bias,
+                proj_drop=cfg.proj_drop_rate,
+                attn_drop=cfg.attn_drop_rate,
+                drop_path=rate,
+                norm_eps=cfg.norm_eps,
+                init_values=cfg.init_values,
+                act_layer=cfg.act_layer,
+            )
+            for rate in rates
+        ]
+    )
 
 
 def _check_pool(global_pool: str, class_token: bool) -> None:
