@@ -8,10 +8,11 @@ import timm
 import torch
 
 import vit
+import vit.optim
 from vit.batch_loader import InMemoryBatches
 from vit.engine import evaluate
 from vit.init import mimetic_init_, sincos_2d, sincos_pos_embed_
-from vit.optim import Muon, build_optimizer, muon_param_groups, orthogonalize
+from vit.optim import Muon, build_optimizer, muon_param_groups, orthogonalize, share_work
 from vit.train_config import TrainConfig, patch_drop_for_epoch, resolve_optimizer
 
 SMALL = {"embed_dim": 64, "depth": 2, "num_heads": 4, "num_classes": 10}
@@ -176,6 +177,62 @@ def test_muon_trains_a_small_vit_and_its_state_round_trips():
     again.load_state_dict(optimizer.state_dict())
     assert again.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
 
+
+
+def _muon_steps(rank: int, world: int, init_file: str, out_file: str) -> None:
+    """Three Muon steps on a small ViT with fixed gradients, in one of `world` processes."""
+    if world > 1:
+        torch.distributed.init_process_group(
+            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
+        )
+    calls = []
+    real = vit.optim.orthogonalize
+
+    def counted(matrix, steps):
+        calls.append(matrix.shape)
+        return real(matrix, steps)
+
+    vit.optim.orthogonalize = counted
+    torch.manual_seed(0)
+    model = small_model()
+    optimizer = build_optimizer(model, "muon", lr=2e-3, weight_decay=0.05)
+    for step in range(3):
+        generator = torch.Generator().manual_seed(step)  # the same gradients in every process
+        for param in model.parameters():
+            param.grad = torch.randn(param.shape, generator=generator)
+        optimizer.step()
+    torch.save({"state": model.state_dict(), "calls": calls}, f"{out_file}.{rank}")
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+def test_muon_under_ddp_shares_the_orthogonalisation_and_gives_bit_identical_weights(tmp_path):
+    """Two processes each orthogonalise about half of the blocks; after the all-reduce both
+    hold exactly the weights one process computes alone."""
+    out = str(tmp_path / "weights")
+    _muon_steps(0, 1, "", out + "-alone")
+    torch.multiprocessing.spawn(
+        _muon_steps, args=(2, str(tmp_path / "init"), out), nprocs=2, join=True
+    )
+    alone = torch.load(out + "-alone.0")
+    shared = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
+    for name, weight in alone["state"].items():
+        for result in shared:
+            assert torch.equal(result["state"][name], weight), name
+    per_step = len(alone["calls"]) // 3  # 2 blocks x (3 qkv + proj + fc1 + fc2) = 12
+    assert per_step == 12
+    counts = [len(result["calls"]) // 3 for result in shared]
+    assert sum(counts) == per_step and min(counts) >= 4, counts
+
+
+def test_share_work_balances_newton_schulz_flops_over_processes():
+    shapes = [torch.Size((128, 128))] * 16 + [torch.Size((512, 128)), torch.Size((128, 512))] * 4
+    owners = share_work(shapes, world=2)
+    cost = [0, 0]
+    for shape, owner in zip(shapes, owners, strict=True):
+        cost[owner] += shape[0] * shape[1] * min(shape)
+    assert abs(cost[0] - cost[1]) <= 128**3  # within one small block
+    assert share_work(shapes, world=1) == [0] * len(shapes)
 
 # -- schedules and augmentation ---------------------------------------------------------------
 def test_patch_dropout_anneals_to_zero_over_the_last_epochs():

@@ -13,6 +13,12 @@ PyTorch ships `torch.optim.Muon` (>= 2.9); this one differs where it matters her
     which are three different linear maps that happen to share one matmul.
 Only the transformer blocks' 2-D weights use Muon; the patch embedding, position embeddings,
 class token, norms, biases and the head stay with AdamW (Muon is for hidden layers).
+
+Under DistributedDataParallel every process holds the same averaged gradients, so every process
+would compute the same Newton-Schulz iterations. Instead each process orthogonalises its share
+of the matrices and one all-reduce hands every process all of them (as Jordan et al.'s
+distributed Muon does): the result is bit-identical, the work per process divided by the
+number of processes.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .model import Attention
@@ -84,29 +91,52 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        orthogonal = self._orthogonal_updates()
         for group in self.param_groups:
             for param in group["params"]:
                 if param.grad is None:
                     continue
                 param.mul_(1 - group["lr"] * group["weight_decay"])  # decoupled decay
                 if group["use_muon"]:
-                    self._muon_update(param, group)
+                    update = orthogonal[param]  # (splits, m, n)
+                    scale = 0.2 * math.sqrt(max(update.shape[1], update.shape[2]))
+                    param.add_(update.reshape(param.shape), alpha=-group["lr"] * scale)
                 else:
                     self._adamw_update(param, group)
         return loss
 
-    def _muon_update(self, param: torch.Tensor, group: dict) -> None:
-        state = self.state[param]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(param)
-        buf = state["momentum_buffer"]
-        buf.lerp_(param.grad, 1 - group["momentum"])
-        update = param.grad.lerp(buf, group["momentum"])  # Nesterov momentum
-        # (splits * m, n) -> splits blocks of (m, n), each orthogonalised on its own
-        blocks = update.reshape(group["splits"], -1, update.shape[-1])
-        update = torch.stack([orthogonalize(block, self.ns_steps) for block in blocks])
-        scale = 0.2 * math.sqrt(max(blocks.shape[1], blocks.shape[2]))
-        param.add_(update.reshape(param.shape), alpha=-group["lr"] * scale)
+    def _orthogonal_updates(self) -> dict[torch.Tensor, torch.Tensor]:
+        """Momentum for every Muon parameter, then its orthogonalised update (splits, m, n),
+        each block computed by one process and shared with the others."""
+        updates = {}
+        for group in self.param_groups:
+            if not group["use_muon"]:
+                continue
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(param)
+                buf = state["momentum_buffer"]
+                buf.lerp_(param.grad, 1 - group["momentum"])
+                update = param.grad.lerp(buf, group["momentum"])  # Nesterov momentum
+                # (splits * m, n) -> splits blocks of (m, n), each orthogonalised on its own
+                updates[param] = update.reshape(group["splits"], -1, update.shape[-1])
+        blocks = [(param, i) for param, update in updates.items() for i in range(len(update))]
+        rank, world = _rank_and_world()
+        owners = share_work([updates[param][i].shape for param, i in blocks], world)
+        for (param, i), owner in zip(blocks, owners, strict=True):
+            if owner == rank:
+                updates[param][i] = orthogonalize(updates[param][i], self.ns_steps)
+            else:  # another process computes it; adding zeros in the all-reduce is exact
+                updates[param][i] = 0
+        if world > 1 and updates:
+            flat = torch.cat([update.flatten() for update in updates.values()])
+            dist.all_reduce(flat)  # each block: its owner's result + zeros from the others
+            pieces = flat.split([update.numel() for update in updates.values()])
+            updates = {p: piece.view_as(u) for (p, u), piece in zip(updates.items(), pieces, strict=True)}
+        return updates
 
     def _adamw_update(self, param: torch.Tensor, group: dict) -> None:
         state = self.state[param]
@@ -121,6 +151,24 @@ class Muon(torch.optim.Optimizer):
         state["exp_avg_sq"].mul_(beta2).addcmul_(param.grad, param.grad, value=1 - beta2)
         denom = (state["exp_avg_sq"] / (1 - beta2**step)).sqrt_().add_(group["eps"])
         param.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1 - beta1**step))
+
+
+def share_work(shapes: list[torch.Size], world: int) -> list[int]:
+    """The process (0 .. world-1) that orthogonalises each (m, n) block: largest first, each to
+    the least loaded process, the cost of a block being its Newton-Schulz flops, ~ m n min(m, n)."""
+    load = [0] * world
+    owners = [0] * len(shapes)
+    for index in sorted(range(len(shapes)), key=lambda i: -math.prod(shapes[i]) * min(shapes[i])):
+        owner = load.index(min(load))
+        owners[index] = owner
+        load[owner] += math.prod(shapes[index]) * min(shapes[index])
+    return owners
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
