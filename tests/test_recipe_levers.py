@@ -178,7 +178,6 @@ def test_muon_trains_a_small_vit_and_its_state_round_trips():
     assert again.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
 
 
-
 def _muon_steps(rank: int, world: int, init_file: str, out_file: str) -> None:
     """Three Muon steps on a small ViT with fixed gradients, in one of `world` processes."""
     if world > 1:
@@ -233,6 +232,7 @@ def test_share_work_balances_newton_schulz_flops_over_processes():
         cost[owner] += shape[0] * shape[1] * min(shape)
     assert abs(cost[0] - cost[1]) <= 128**3  # within one small block
     assert share_work(shapes, world=1) == [0] * len(shapes)
+
 
 # -- schedules and augmentation ---------------------------------------------------------------
 def test_patch_dropout_anneals_to_zero_over_the_last_epochs():

@@ -135,7 +135,8 @@ class Muon(torch.optim.Optimizer):
             flat = torch.cat([update.flatten() for update in updates.values()])
             dist.all_reduce(flat)  # each block: its owner's result + zeros from the others
             pieces = flat.split([update.numel() for update in updates.values()])
-            updates = {p: piece.view_as(u) for (p, u), piece in zip(updates.items(), pieces, strict=True)}
+            shaped = zip(updates.items(), pieces, strict=True)
+            updates = {param: piece.view_as(update) for (param, update), piece in shaped}
         return updates
 
     def _adamw_update(self, param: torch.Tensor, group: dict) -> None:
