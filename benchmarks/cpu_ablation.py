@@ -28,15 +28,23 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE = ["--config", "configs/cifar10_cpu.yaml"]
 PROCESSES = 2
 
-# name -> (flags after BASE, what changes against the recipe)
+# name -> (flags after BASE, what the row is). The rows measured before a lever joined the recipe
+# turn it off, so each row's command reproduces what was measured (--eval-interval 2 included).
+EARLIER = ["--no-hflip-alternate", "--patch-drop-anneal", "0"]  # the last round's recipe
 ROWS = {
-    "adamw": (["--opt", "adamw"], "the previous recipe: AdamW for every parameter"),
-    "recipe": ([], "configs/cifar10_cpu.yaml as it is: Muon for the blocks' matrices"),
-    "mimetic": (["--mimetic-init"], "+ mimetic initialisation of attention"),
-    "sincos": (["--pos-embed", "sincos"], "+ fixed 2-D sin-cos position embeddings"),
-    "anneal": (["--patch-drop-anneal", "4"], "+ patch dropout falling to 0 over the last 4 epochs"),
-    "alt-flip": (["--hflip-alternate"], "+ alternating instead of random flips"),
-    "muon-lr4e-3": (["--muon-lr", "4e-3"], "Muon's learning rate 4e-3 instead of 2e-3"),
+    "adamw": (
+        ["--opt", "adamw", *EARLIER, "--eval-interval", "2"],
+        "AdamW for every parameter, random flips (the first round's recipe)",
+    ),
+    "muon": ([*EARLIER, "--eval-interval", "2"], "Muon, random flips (the last round's recipe)"),
+    "muon-lr4e-3": ([*EARLIER, "--muon-lr", "4e-3"], "Muon at lr 4e-3, random flips"),
+    "mimetic": (
+        [*EARLIER, "--eval-interval", "2", "--mimetic-init"],
+        "Muon, random flips, mimetic initialisation of attention",
+    ),
+    "alt-flip": (["--patch-drop-anneal", "0"], "Muon, alternating flips"),
+    "recipe": ([], "configs/cifar10_cpu.yaml: + patch dropout annealed over the last 2 epochs"),
+    "sincos": (["--pos-embed", "sincos"], "the recipe + fixed 2-D sin-cos position embeddings"),
 }
 
 

@@ -2,19 +2,27 @@
 and both against a whole training step of the same model.
 
     python benchmarks/muon_step.py --threads 1
+    python benchmarks/muon_step.py --threads 1 --processes 2   # under torch.distributed (gloo)
 
 The two optimizers update the blocks' weight matrices of the CPU recipe's model (a fused qkv
 counted as one matrix for PyTorch's, three for ours), with the same random gradients; rounds
 alternate between them so that a change in machine load hits both alike.
+
+With --processes N, N processes (as torchrun + DDP would run them) time our Muon with the
+Newton-Schulz work shared across the processes (one all-reduce per step) against every process
+doing all of it, beside forward + backward; PyTorch's Muon is left out of that table.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 import vit
@@ -33,33 +41,36 @@ def recipe_model() -> vit.VisionTransformer:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=64)
-    args = parser.parse_args()
+def muon(model: vit.VisionTransformer, share: bool = True) -> Muon:
+    hidden = [p for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("blocks.")]
+    qkv = [p for n, p in model.named_parameters() if n.endswith("attn.qkv.weight")]
+    others = [p for p in hidden if all(p is not q for q in qkv)]
+    groups = [
+        {"params": others, "use_muon": True},
+        {"params": qkv, "use_muon": True, "splits": 3},
+    ]
+    return Muon(groups, lr=1e-3, share_across_processes=share)
+
+
+def measure(args: argparse.Namespace, rank: int = 0, world: int = 1) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = recipe_model().train()
     hidden = [p for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("blocks.")]
     for p in hidden:
         p.grad = torch.randn_like(p)
-    qkv = [p for n, p in model.named_parameters() if n.endswith("attn.qkv.weight")]
-    others = [p for p in hidden if all(p is not q for q in qkv)]
-    optimizers = {
-        "torch.optim.Muon (bfloat16 Newton-Schulz)": torch.optim.Muon(
-            hidden, lr=1e-3, adjust_lr_fn="match_rms_adamw"
-        ),
-        "vit.optim.Muon (float32, qkv split in 3)": Muon(
-            [
-                {"params": others, "use_muon": True},
-                {"params": qkv, "use_muon": True, "splits": 3},
-            ],
-            lr=1e-3,
-        ),
-    }
+    if world == 1:
+        optimizers = {
+            "torch.optim.Muon (bfloat16 Newton-Schulz)": torch.optim.Muon(
+                hidden, lr=1e-3, adjust_lr_fn="match_rms_adamw"
+            ),
+            "vit.optim.Muon (float32, qkv split in 3)": muon(model),
+        }
+    else:
+        optimizers = {
+            "vit.optim.Muon, every process orthogonalises every matrix": muon(model, share=False),
+            f"vit.optim.Muon, the work shared by {world} processes": muon(model, share=True),
+        }
     images = torch.randn(args.batch_size, 3, 32, 32)
     labels = torch.randint(0, 10, (args.batch_size,))
 
@@ -74,14 +85,44 @@ def main() -> None:
         job()  # warm-up
     for _ in range(args.rounds):
         for name, job in jobs.items():
+            if world > 1:
+                dist.barrier()  # every process starts each measurement together
             started = time.perf_counter()
             for _ in range(args.steps):
                 job()
             times[name].append((time.perf_counter() - started) / args.steps)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), median of {args.rounds} rounds")
-    print("| what | ms per step |\n|---|---:|")
-    for name, values in times.items():
-        print(f"| {name} | {1000 * statistics.median(values):.2f} |")
+    if rank == 0:
+        print(
+            f"torch {torch.__version__}, {world} process(es) x {args.threads} thread(s), "
+            f"median of {args.rounds} rounds (process 0's times)"
+        )
+        print("| what | ms per step |\n|---|---:|")
+        for name, values in times.items():
+            print(f"| {name} | {1000 * statistics.median(values):.2f} |")
+
+
+def _process(rank: int, args: argparse.Namespace, init_file: str) -> None:
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=args.processes
+    )
+    measure(args, rank, args.processes)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args()
+    if args.processes == 1:
+        measure(args)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = str(Path(tmp) / "init")
+        torch.multiprocessing.spawn(_process, args=(args, init_file), nprocs=args.processes)
 
 
 if __name__ == "__main__":

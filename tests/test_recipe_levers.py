@@ -179,7 +179,9 @@ def test_muon_trains_a_small_vit_and_its_state_round_trips():
 
 
 def _muon_steps(rank: int, world: int, init_file: str, out_file: str) -> None:
-    """Three Muon steps on a small ViT with fixed gradients, in one of `world` processes."""
+    """Three Muon steps on a small ViT with fixed gradients, in one of `world` processes, then
+    one step of an optimizer told not to share; saves the weights and the matrices each
+    orthogonalised."""
     if world > 1:
         torch.distributed.init_process_group(
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
@@ -192,15 +194,22 @@ def _muon_steps(rank: int, world: int, init_file: str, out_file: str) -> None:
         return real(matrix, steps)
 
     vit.optim.orthogonalize = counted
-    torch.manual_seed(0)
-    model = small_model()
-    optimizer = build_optimizer(model, "muon", lr=2e-3, weight_decay=0.05)
-    for step in range(3):
-        generator = torch.Generator().manual_seed(step)  # the same gradients in every process
-        for param in model.parameters():
-            param.grad = torch.randn(param.shape, generator=generator)
-        optimizer.step()
-    torch.save({"state": model.state_dict(), "calls": calls}, f"{out_file}.{rank}")
+    try:
+        torch.manual_seed(0)
+        model = small_model()
+        optimizer = build_optimizer(model, "muon", lr=2e-3, weight_decay=0.05)
+        for step in range(3):
+            generator = torch.Generator().manual_seed(step)  # the same gradients everywhere
+            for param in model.parameters():
+                param.grad = torch.randn(param.shape, generator=generator)
+            optimizer.step()
+        shared_calls = len(calls)
+        Muon(optimizer.param_groups, share_across_processes=False).step()
+        alone_calls = len(calls) - shared_calls
+    finally:
+        vit.optim.orthogonalize = real
+    result = {"state": model.state_dict(), "calls": shared_calls, "unshared": alone_calls}
+    torch.save(result, f"{out_file}.{rank}")
     if world > 1:
         torch.distributed.destroy_process_group()
 
@@ -218,10 +227,12 @@ def test_muon_under_ddp_shares_the_orthogonalisation_and_gives_bit_identical_wei
     for name, weight in alone["state"].items():
         for result in shared:
             assert torch.equal(result["state"][name], weight), name
-    per_step = len(alone["calls"]) // 3  # 2 blocks x (3 qkv + proj + fc1 + fc2) = 12
+    per_step = alone["calls"] // 3  # 2 blocks x (3 qkv + proj + fc1 + fc2) = 12
     assert per_step == 12
-    counts = [len(result["calls"]) // 3 for result in shared]
+    counts = [result["calls"] // 3 for result in shared]
     assert sum(counts) == per_step and min(counts) >= 4, counts
+    # share_across_processes=False: every process orthogonalises every matrix again
+    assert [result["unshared"] for result in shared] == [12, 12]
 
 
 def test_share_work_balances_newton_schulz_flops_over_processes():

@@ -61,6 +61,11 @@ class Muon(torch.optim.Optimizer):
     al. 2025): the orthogonal update is scaled by 0.2 * sqrt(max(m, n)), which gives it AdamW's
     typical RMS of ~0.2, so a learning rate tuned for AdamW is a sensible start. Weight decay is
     decoupled, as AdamW's.
+
+    `share_across_processes` (when torch.distributed is initialised): every process
+    orthogonalises only its share of the matrices, and one all-reduce per step gives every
+    process all of them. This assumes what DistributedDataParallel guarantees, the same
+    gradients in every process; pass False when the processes train different parameters.
     """
 
     def __init__(
@@ -72,6 +77,7 @@ class Muon(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         ns_steps: int = 5,
+        share_across_processes: bool = True,
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -84,6 +90,7 @@ class Muon(torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
         self.ns_steps = ns_steps
+        self.share_across_processes = share_across_processes
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -124,7 +131,7 @@ class Muon(torch.optim.Optimizer):
                 # (splits * m, n) -> splits blocks of (m, n), each orthogonalised on its own
                 updates[param] = update.reshape(group["splits"], -1, update.shape[-1])
         blocks = [(param, i) for param, update in updates.items() for i in range(len(update))]
-        rank, world = _rank_and_world()
+        rank, world = _rank_and_world() if self.share_across_processes else (0, 1)
         owners = share_work([updates[param][i].shape for param, i in blocks], world)
         for (param, i), owner in zip(blocks, owners, strict=True):
             if owner == rank:
