@@ -51,6 +51,7 @@ from .checkpoint import (
     seed_everything,
     write_metrics_csv,
 )
+from .cli import TTA_CHOICES
 from .data import ImageDataset, MixupCutmix, load_split, soft_target_cross_entropy
 from .distributed import DistInfo
 from .factory import create_model
@@ -69,7 +70,7 @@ from .train_config import (
     resolve_warmup_epochs,
 )
 from .transforms import EvalTransform, train_transform
-from .tta import TTA_CHOICES, flip_tta
+from .tta import flip_tta
 
 __all__ = [
     "CONFIG_FILE",

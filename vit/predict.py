@@ -45,7 +45,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from . import explain
-from .cli import ArgumentParser, unwritable
+from .cli import TTA_CHOICES, ArgumentParser, unwritable
 from .configs import list_models
 from .distributed import DistInfo, resolve_device
 from .factory import create_model, create_transform, load_model
@@ -53,7 +53,7 @@ from .images import CorruptImageError, expand_image_paths, open_image
 from .io import atomic_write, atomic_write_text
 from .model import VisionTransformer
 from .plots import denormalize, draw_overlay, save_figure
-from .tta import TTA_CHOICES, mean_probability
+from .tta import mean_probability
 from .weights import read_metadata
 
 METHODS = {

@@ -12,8 +12,6 @@ import math
 import torch
 from torch import nn
 
-from .cli import TTA_CHOICES  # noqa: F401  (re-exported: the choices of --tta)
-
 
 @torch.no_grad()
 def flip_tta(model: nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
