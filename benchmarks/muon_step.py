@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import vit
-from vit.optim import Muon
+from vit.optim import Muon, muon_param_groups
 
 
 def recipe_model() -> vit.VisionTransformer:
@@ -42,14 +42,9 @@ def recipe_model() -> vit.VisionTransformer:
 
 
 def muon(model: vit.VisionTransformer, share: bool = True) -> Muon:
-    hidden = [p for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("blocks.")]
-    qkv = [p for n, p in model.named_parameters() if n.endswith("attn.qkv.weight")]
-    others = [p for p in hidden if all(p is not q for q in qkv)]
-    groups = [
-        {"params": others, "use_muon": True},
-        {"params": qkv, "use_muon": True, "splits": 3},
-    ]
-    return Muon(groups, lr=1e-3, share_across_processes=share)
+    """Our Muon on the blocks' weight matrices only (the recipe's Muon groups, no AdamW ones)."""
+    groups = muon_param_groups(model, weight_decay=0.0, muon_lr=1e-3)
+    return Muon([g for g in groups if g.get("use_muon")], share_across_processes=share)
 
 
 def measure(args: argparse.Namespace, rank: int = 0, world: int = 1) -> None:
