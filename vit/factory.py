@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 from collections.abc import Callable
@@ -245,29 +244,14 @@ def create_transform(
     """
     preprocess = _as_preprocess(preprocess)
     if is_training:
-        # Imported here: vit.transforms builds its eval transform with this module's.
+        # Imported here: albumentations and OpenCV, which the training pipeline needs, are
+        # not needed to build or run a model.
         from .transforms import AugmentConfig, TrainTransform
 
         return TrainTransform(preprocess, aug or AugmentConfig())
+    from .eval_transform import eval_transform
 
-    # Imported here: torchvision's import costs ~1.4 s (it loads torchvision.models and
-    # torch._dynamo), which `import vit` and create_model should not pay.
-    from torchvision import transforms as T
-
-    height, width = preprocess.input_size
-    interpolation = T.InterpolationMode(preprocess.interpolation)
-    if height == width:
-        resize = math.floor(height / preprocess.crop_pct)
-    else:
-        resize = (math.floor(height / preprocess.crop_pct), math.floor(width / preprocess.crop_pct))
-    return T.Compose(
-        [
-            T.Resize(resize, interpolation=interpolation),
-            T.CenterCrop((height, width)),
-            T.ToTensor(),
-            T.Normalize(preprocess.mean, preprocess.std),
-        ]
-    )
+    return eval_transform(preprocess)
 
 
 def _as_preprocess(source) -> Preprocess:

@@ -2,8 +2,9 @@
 
 `train_transform`: the albumentations training pipeline (crop, flip, RandAugment, erasing,
 normalise), built from the model's `Preprocess` and the run's `AugmentConfig`.
-`EvalTransform`: the model's evaluation preprocessing (resize, centre crop, normalise), the
-torchvision pipeline of `vit.create_transform`, so that evaluate.py, predict and timm agree.
+`EvalTransform`: the model's evaluation preprocessing (resize, centre crop, normalise) on numpy
+images: `vit.eval_transform`'s pipeline, the one `vit.create_transform` returns, so that
+evaluate.py, predict and timm agree.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from PIL import Image
 
 from .configs import Preprocess
 from .data import CACHE_MAX_SIDE
-from .factory import create_transform
+from .eval_transform import eval_transform
 
 
 def randaugment_ops() -> list[A.BasicTransform]:
@@ -113,7 +114,7 @@ class EvalTransform:
 
     def __init__(self, preprocess: Preprocess) -> None:
         self.preprocess = preprocess
-        self.transform = create_transform(preprocess)
+        self.transform = eval_transform(preprocess)
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         return self.transform(Image.fromarray(image))  # (3, H, W)
