@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny, learnable image folder made on the fly (no downloads)."""
+"""Shared fixtures and helpers: a tiny, learnable image folder made on the fly (no downloads),
+and the relative error every equivalence test bounds (`from conftest import relative_error`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,20 @@ import torch
 from PIL import Image
 
 CLASSES = ("blue", "green", "red")
+
+RTOL = 1e-5  # the bound on relative_error for outputs that are "numerically identical" (float32)
+
+
+def relative_error(output, reference) -> float:
+    """max |output - reference| / max |reference|: how far `output` (ours, or an export's) is
+    from `reference` (the library compared with, or the model exported), relative to the
+    reference's largest value. Tensors or numpy arrays of the same shape."""
+    output, reference = torch.as_tensor(output), torch.as_tensor(reference)
+    assert output.shape == reference.shape, (
+        f"output {tuple(output.shape)} and reference {tuple(reference.shape)} differ in shape"
+    )
+    assert reference.abs().max() > 0, "the reference is all zeros: the comparison proves nothing"
+    return ((output - reference).abs().max() / reference.abs().max()).item()
 
 
 def make_image_folder(

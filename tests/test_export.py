@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import RTOL, relative_error
 
 import vit
 from vit import export
@@ -19,14 +20,8 @@ onnxruntime = pytest.importorskip("onnxruntime")
 transformers = pytest.importorskip("transformers")
 torchvision = pytest.importorskip("torchvision")
 
-RTOL = 1e-5
 NAMES = ["cat", "dog", "ship"]
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3)
-
-
-def relative_error(theirs, ours) -> float:
-    assert ours.abs().max() > 0
-    return ((torch.as_tensor(theirs) - ours).abs().max() / ours.abs().max()).item()
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import time
 import pytest
 import timm
 import torch
+from conftest import RTOL, relative_error
 
 import vit
 from vit.configs import MODELS
@@ -27,14 +28,6 @@ FAST = {
 # at full depth, the others with their first MAX_DEPTH blocks (full width, heads, switches,
 # image size and position embeddings), which keeps the slow set to a few minutes on a CPU.
 MAX_DEPTH = 2
-RTOL = 1e-5  # max |ours - timm| / max |timm|
-
-
-def relative_error(ours: torch.Tensor, reference: torch.Tensor) -> float:
-    assert reference.abs().max() > 0, (
-        "reference outputs are all zero: the comparison proves nothing"
-    )
-    return ((ours - reference).abs().max() / reference.abs().max()).item()
 
 
 def timm_and_ours(name: str, **kwargs) -> tuple[torch.nn.Module, vit.VisionTransformer]:

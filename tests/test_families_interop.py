@@ -17,6 +17,7 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import RTOL, relative_error
 from safetensors.torch import load_file
 
 import vit
@@ -25,15 +26,8 @@ from vit.weights import read_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
-RTOL = 1e-5
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
 DINOV2_REAL = "../shared/data/dinov2-small"
-
-
-def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
-    assert theirs.abs().max() > 0, "reference is all zeros: the comparison proves nothing"
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
 
 
 def images(size: int, batch: int = 2, seed: int = 1) -> torch.Tensor:

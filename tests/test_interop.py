@@ -10,6 +10,7 @@ import logging
 
 import pytest
 import torch
+from conftest import RTOL, relative_error
 from safetensors.torch import load_file
 
 import vit
@@ -18,7 +19,6 @@ from vit.layouts import torchvision as torchvision_layout
 transformers = pytest.importorskip("transformers")
 torchvision = pytest.importorskip("torchvision")
 
-RTOL = 1e-5
 SMALL_HF = dict(
     hidden_size=64,
     num_hidden_layers=2,
@@ -28,11 +28,6 @@ SMALL_HF = dict(
     patch_size=8,
 )
 NAMES = ["cat", "dog", "ship"]
-
-
-def relative_error(ours: torch.Tensor, theirs: torch.Tensor) -> float:
-    assert theirs.abs().max() > 0, "reference is all zeros: the comparison proves nothing"
-    return ((ours - theirs).abs().max() / theirs.abs().max()).item()
 
 
 def images(size: int = 32, batch: int = 3, seed: int = 1) -> torch.Tensor:
