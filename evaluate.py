@@ -228,6 +228,13 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
         pretrained=pretrained_weights(args.pretrained),
         names=command_arguments(),
     ).to(device)
+    if model.num_classes == 0:
+        flag = "--checkpoint" if args.checkpoint is not None else "--model"
+        raise ValueError(
+            f"{flag} {model_argument(args)}: the model has no classifier head (num_classes=0, a "
+            f"feature extractor): nothing to evaluate; python -m vit.predict --features FILE "
+            f"embeds images with it"
+        )
     data = load_split(
         args.data,
         args.split,

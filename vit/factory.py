@@ -320,7 +320,7 @@ def resolve_model(
             )
         # NAME alone: that architecture with timm's published weights, unless pretrained says
         source, model, role = model, None, "model"
-        pretrained = True if pretrained is None else pretrained
+        pretrained = pretrained or True
     path = Path(source)
     if path.exists():
         return _model_from_path(path, model, pretrained, names).eval()
