@@ -38,7 +38,6 @@ from vit.cli import (
     default_workers,
     missing_model_argument,
     number_in,
-    pretrained_weights,
     unwritable,
 )
 
@@ -101,22 +100,26 @@ def model_argument(args: argparse.Namespace) -> str:
 
 def default_output_dir(checkpoint: str, data: str, split: str = "test") -> Path:
     """RUN/eval-DATA for a run folder or its model.safetensors (RUN/eval-best-DATA for its
-    best.safetensors, and so on); ./eval-NAME-DATA for any other file (a folder of downloaded
-    weights is not the place) or a model name. `-train` is appended for the training split,
-    so that no evaluation replaces another's report."""
+    best.safetensors, and so on); ./eval-NAME-DATA for any other file or folder (a folder of
+    downloaded weights, such as a transformers folder, is not the place) or a model name.
+    `-train` is appended for the training split, so that no evaluation replaces another's
+    report."""
     from vit.checkpoint import CONFIG_FILE, STATE_FILE
 
     data_name = (Path(data.rstrip("/")).name or data) + ("" if split == "test" else f"-{split}")
     path = Path(checkpoint)
-    if path.is_dir():
+    folder = path if path.is_dir() else path.parent
+    downloaded = (folder / "config.json").is_file()  # a transformers folder
+    if path.is_dir() and not downloaded:
         return path / f"eval-{data_name}"
     in_run = path.name in RUN_WEIGHTS or any(
-        (path.parent / name).is_file() for name in (CONFIG_FILE, STATE_FILE)
+        (folder / name).is_file() for name in (CONFIG_FILE, STATE_FILE)
     )
-    if path.is_file() and in_run:
+    if path.is_file() and in_run and not downloaded:
         weights = "" if path.name == RUN_WEIGHTS[0] else f"{path.stem}-"
-        return path.parent / f"eval-{weights}{data_name}"
-    return Path(f"eval-{path.stem if path.is_file() else checkpoint}-{data_name}")
+        return folder / f"eval-{weights}{data_name}"
+    name = path.name if path.is_dir() else path.stem if path.is_file() else checkpoint
+    return Path(f"eval-{name}-{data_name}")
 
 
 def data_problem(data: str, split: str) -> str | None:
@@ -212,7 +215,7 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     from vit.data import load_split
     from vit.distributed import DistInfo, resolve_device
     from vit.engine import evaluate
-    from vit.factory import class_names_for, command_arguments, resolve_model
+    from vit.factory import class_names_for, model_from_flags
     from vit.io import atomic_write
     from vit.loaders import eval_loader
     from vit.plots import plot_confusion_matrix, save_figure
@@ -222,12 +225,7 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     if problem:  # before the model: loading one can take a while
         raise FileNotFoundError(problem)
     device = resolve_device(args.device, DistInfo())
-    model = resolve_model(
-        args.checkpoint,
-        model=args.model,
-        pretrained=pretrained_weights(args.pretrained),
-        names=command_arguments(),
-    ).to(device)
+    model = model_from_flags(args).to(device)
     if model.num_classes == 0:
         flag = "--checkpoint" if args.checkpoint is not None else "--model"
         raise ValueError(

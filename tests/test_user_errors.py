@@ -438,6 +438,12 @@ def test_evaluate_outputs_of_different_evaluations_do_not_share_a_folder(
     shutil.copy(best, bare)
     assert where(str(bare), "cifar10") == Path("eval-vit-cifar10")  # not weights/
     assert where("vit_tiny_patch16_224", "imagenet") == Path("eval-vit_tiny_patch16_224-imagenet")
+    downloaded = tmp_path / "vit-base-hf"  # a transformers folder is not written into
+    downloaded.mkdir()
+    (downloaded / "config.json").write_text("{}")
+    (downloaded / "model.safetensors").write_bytes(b"")
+    assert where(str(downloaded), "cifar10") == Path("eval-vit-base-hf-cifar10")
+    assert where(str(downloaded / "model.safetensors"), "cifar10") == Path("eval-model-cifar10")
 
 
 def test_evaluate_pretrained_with_a_run_folder_is_refused(

@@ -60,8 +60,8 @@ from types import ModuleType
 import torch
 from safetensors.torch import save_file
 
-from .cli import pretrained_weights, unwritable
-from .factory import class_names_for, command_arguments, resolve_model
+from .cli import unwritable
+from .factory import class_names_for, model_from_flags
 from .io import atomic_write, atomic_write_dir
 from .layouts import huggingface
 from .layouts import torchvision as torchvision_layout
@@ -299,16 +299,6 @@ def _call_args(kwargs: dict) -> str:
 
 
 # -- command line --------------------------------------------------------------------------------
-def load_checkpoint(
-    checkpoint: str, name: str | None = None, pretrained: bool | str | None = None
-) -> VisionTransformer:
-    """The model the CHECKPOINT argument (with --model and --pretrained) means, read as every
-    command reads its model argument (`vit.factory.resolve_model`)."""
-    return resolve_model(
-        checkpoint, model=name, pretrained=pretrained, names=command_arguments("CHECKPOINT")
-    )
-
-
 def location_problems(targets: list[tuple[str, Path]]) -> list[str]:
     """Why an output could not be written at the end (a folder where a file goes, no write
     permission, one path named twice), found before anything is loaded or written."""
@@ -348,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     for problem in location_problems(targets):
         parser.error(problem)
     try:
-        model = load_checkpoint(args.checkpoint, args.model, pretrained_weights(args.pretrained))
+        model = model_from_flags(args, source="CHECKPOINT")
     except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

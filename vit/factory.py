@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
@@ -12,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from . import layouts
+from .cli import pretrained_weights
 from .configs import MODELS, Preprocess, close_model_names, get_spec, split_tag
 from .layouts import huggingface
 from .layouts import torchvision as torchvision_layout
@@ -280,6 +282,18 @@ def command_arguments(source: str = "--checkpoint") -> ArgumentNames:
     """The flags of evaluate.py, `vit.predict` and `vit.export` (`source`: how the command
     names its weights argument, e.g. export's positional "CHECKPOINT")."""
     return ArgumentNames(source=source, model="--model", pretrained="--pretrained", keywords=False)
+
+
+def model_from_flags(args: argparse.Namespace, source: str = "--checkpoint") -> VisionTransformer:
+    """`resolve_model` of a command's --checkpoint (`source`: how the command names it, e.g.
+    export's positional "CHECKPOINT"), --model and --pretrained (`vit.cli.add_model_arguments`),
+    its messages spelt with those flags."""
+    return resolve_model(
+        args.checkpoint,
+        model=args.model,
+        pretrained=pretrained_weights(args.pretrained),
+        names=command_arguments(source),
+    )
 
 
 def resolve_model(

@@ -106,9 +106,9 @@ from PIL import Image
 from tqdm import tqdm
 
 from . import explain
-from .cli import missing_model_argument, pretrained_weights, unwritable
+from .cli import missing_model_argument, unwritable
 from .distributed import DistInfo, resolve_device
-from .factory import class_names_for, command_arguments, create_transform, resolve_model
+from .factory import class_names_for, create_transform, model_from_flags
 from .images import CorruptImageError, expand_image_paths, open_image
 from .io import atomic_write, atomic_write_text
 from .model import VisionTransformer
@@ -356,12 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(parser, args)
         device = resolve_device(args.device, DistInfo())
-        model = resolve_model(
-            args.checkpoint,
-            model=args.model,
-            pretrained=pretrained_weights(args.pretrained),
-            names=command_arguments(),
-        ).to(device)
+        model = model_from_flags(args).to(device)
         check_headless(args, model)
     except (InputError, ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
