@@ -287,3 +287,15 @@ def test_model_alone_means_timms_weights_in_every_command(
     assert line.startswith(f"--model {TINY}: cannot download the pretrained weights of {TINY}.")
     with pytest.raises(ModelArgumentError, match=r"pass pretrained=PATH to a local weights file"):
         resolve_model(model=TINY)
+
+
+def test_python_api_spells_the_keywords_and_allows_random_weights_when_asked():
+    with pytest.raises(ModelArgumentError) as refused:
+        resolve_model("vit_cifar_patch4_32")
+    assert str(refused.value) == (
+        "source='vit_cifar_patch4_32' is a model name: pass pretrained=True (timm's weights) or "
+        "pretrained=PATH (a weights file); random weights classify nothing"
+    )
+    model = resolve_model("vit_cifar_patch4_32", random_init=True)
+    assert not model.training and model.num_classes == 10
+    assert class_names_for(model) == [f"class {i}" for i in range(10)]
