@@ -3,10 +3,16 @@
     python evaluate.py --checkpoint runs/RUN --data cifar10
     python evaluate.py --checkpoint runs/RUN/best.safetensors --data path/to/folder --json r.json
     python evaluate.py --checkpoint vit_base_patch16_224 --pretrained --data path/to/imagenet
+    python evaluate.py --checkpoint path/to/hf-folder --data path/to/imagenet
+    python evaluate.py --checkpoint timm_weights.pth --model vit_small_patch16_224 --data ...
 
-A run folder means its model.safetensors. A model name (with --pretrained, or --pretrained PATH)
-is evaluated on an ImageNet-style folder: class folders named by WordNet ids (n01440764, ...)
-are matched to the model's 1000 ImageNet classes, whichever subset of them is present.
+The model argument is read as by `python -m vit.predict` and `vit.export`: a run folder (its
+model.safetensors) or a weights file in it, our .safetensors, a transformers folder, a weights
+file of another layout with --model NAME, or a model name with --pretrained (timm's weights) or
+--pretrained PATH (--model NAME alone: timm's weights). Class folders are matched to the
+model's classes by name; on a 1000-class ImageNet head without stored names, by WordNet id
+(folders n01440764, ...: whichever subset of the 1000 is present), reported under the labels
+predict prints ("tench, Tinca tinca").
 
 Outputs (confusion_matrix.png, report.json) go to --output-dir, by default RUN/eval-DATA/ for a
 run folder or a run's weights file, and ./eval-NAME-DATA/ for any other file or a model name
@@ -28,13 +34,15 @@ from vit.cli import (
     AT_LEAST_1,
     TTA_CHOICES,
     ArgumentParser,
+    add_model_arguments,
     default_workers,
+    missing_model_argument,
     number_in,
     unwritable,
 )
 
 if TYPE_CHECKING:
-    import torch
+    from vit.model import VisionTransformer
 
 RUN_WEIGHTS = ("model.safetensors", "best.safetensors")  # the names a run folder's weights have
 
@@ -45,18 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--checkpoint",
-        required=True,
-        help="a run folder, a .safetensors file, or a model name (with --pretrained)",
-    )
-    p.add_argument(
-        "--pretrained",
-        nargs="?",
-        const="timm",
-        metavar="PATH",
-        help="with a model name: timm's default weights, or a weights file",
-    )
+    add_model_arguments(p)
     p.add_argument(
         "--data",
         required=True,
@@ -96,56 +93,54 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def model_argument(args: argparse.Namespace) -> str:
+    """What names the evaluated model: --checkpoint, else --model."""
+    return str(args.checkpoint if args.checkpoint is not None else args.model)
+
+
 def default_output_dir(checkpoint: str, data: str, split: str = "test") -> Path:
     """RUN/eval-DATA for a run folder or its model.safetensors (RUN/eval-best-DATA for its
-    best.safetensors, and so on); ./eval-NAME-DATA for any other file (a folder of downloaded
-    weights is not the place) or a model name. `-train` is appended for the training split,
-    so that no evaluation replaces another's report."""
+    best.safetensors, and so on); ./eval-NAME-DATA for any other file or folder (a folder of
+    downloaded weights, such as a transformers folder, is not the place) or a model name.
+    `-train` is appended for the training split, so that no evaluation replaces another's
+    report."""
     from vit.checkpoint import CONFIG_FILE, STATE_FILE
 
     data_name = (Path(data.rstrip("/")).name or data) + ("" if split == "test" else f"-{split}")
     path = Path(checkpoint)
-    if path.is_dir():
+    folder = path if path.is_dir() else path.parent
+    downloaded = (folder / "config.json").is_file()  # a transformers folder
+    if path.is_dir() and not downloaded:
         return path / f"eval-{data_name}"
     in_run = path.name in RUN_WEIGHTS or any(
-        (path.parent / name).is_file() for name in (CONFIG_FILE, STATE_FILE)
+        (folder / name).is_file() for name in (CONFIG_FILE, STATE_FILE)
     )
-    if path.is_file() and in_run:
+    if path.is_file() and in_run and not downloaded:
         weights = "" if path.name == RUN_WEIGHTS[0] else f"{path.stem}-"
-        return path.parent / f"eval-{weights}{data_name}"
-    return Path(f"eval-{path.stem if path.is_file() else checkpoint}-{data_name}")
+        return folder / f"eval-{weights}{data_name}"
+    name = path.name if path.is_dir() else path.stem if path.is_file() else checkpoint
+    return Path(f"eval-{name}-{data_name}")
 
 
-def load_for_eval(checkpoint: str, pretrained: str | None) -> torch.nn.Module:
-    """The model (with .class_names and .preprocess) the --checkpoint argument names."""
-    import vit
-    from vit.train_config import pretrained_weights
+def data_problem(data: str, split: str) -> str | None:
+    """Why --data cannot be read (None if it may be), found before the model is loaded: not
+    a known data set name nor a folder, or a folder without the split's subfolder."""
+    from vit.data import TORCHVISION_DATASETS, find_split_dir
 
-    path = Path(checkpoint)
-    if path.is_dir():
-        path = path / "model.safetensors"
-        if not path.is_file():
-            raise FileNotFoundError(f"{checkpoint} has no model.safetensors: is it a run folder?")
-    if path.suffix == ".safetensors" and path.is_file():
-        if pretrained:  # it would be ignored: say so rather than evaluate other weights
-            raise ValueError(
-                f"--pretrained {pretrained} goes with a model name; --checkpoint {checkpoint} "
-                f"holds its own weights: leave out --pretrained, or name a model"
-            )
-        return vit.load_model(path)
-    if checkpoint in vit.list_models():
-        if not pretrained:
-            raise ValueError(
-                f"{checkpoint} is a model name: pass --pretrained (timm's weights) or "
-                f"--pretrained PATH, or evaluating random weights would mean nothing"
-            )
-        model = vit.create_model(checkpoint, pretrained=pretrained_weights(pretrained))
-        model.class_names = imagenet_class_ids() if model.num_classes == 1000 else None
-        return model
-    raise FileNotFoundError(
-        f"--checkpoint {checkpoint}: not a run folder, an existing .safetensors file or a model "
-        f"name (see vit.list_models())"
-    )
+    if data.lower() in TORCHVISION_DATASETS:
+        return None
+    root = Path(data)
+    if not root.is_dir():
+        subfolder = "a train/" if split == "train" else "a test/ (or val/)"
+        return (
+            f"--data {data}: neither one of {', '.join(TORCHVISION_DATASETS)} nor an existing "
+            f"folder with {subfolder} subfolder of class folders"
+        )
+    try:
+        find_split_dir(root, split)
+    except FileNotFoundError as e:
+        return f"--data {data}: {e}"
+    return None
 
 
 def imagenet_class_ids() -> list[str]:
@@ -155,30 +150,38 @@ def imagenet_class_ids() -> list[str]:
     return list(ImageNetInfo().label_names())
 
 
-def label_mapping(data_classes: list[str], model_classes: list[str] | None, num_outputs: int):
-    """Index map from the dataset's class order to the model's output order, by name.
-
-    Without model class names the folder order must be the model's order (same count)."""
-    if model_classes is None:
-        if len(data_classes) != num_outputs:
+def label_mapping(data_classes: list[str], model: VisionTransformer) -> list[int]:
+    """Index map from the dataset's class order to the model's output order: by the model's
+    stored class names; on a 1000-class head without them, by ImageNet WordNet id; otherwise
+    the folder order must be the model's (same count)."""
+    stored = model.class_names
+    if not stored and model.num_classes == 1000:
+        stored, what = imagenet_class_ids(), "ImageNet WordNet ids (n01440764, ...)"
+    else:
+        what = "the model's class names"
+    if not stored:
+        if len(data_classes) != model.num_classes:
             raise ValueError(
-                f"the data has {len(data_classes)} classes and the model {num_outputs} outputs, "
-                f"and the model has no class names to match them by"
+                f"the data has {len(data_classes)} classes and the model {model.num_classes} "
+                f"outputs, and the model has no class names to match them by"
             )
         return list(range(len(data_classes)))
-    missing = [c for c in data_classes if c not in model_classes]
+    missing = [c for c in data_classes if c not in stored]
     if missing:
         raise ValueError(
-            f"data classes {missing[:10]} are not among the model's classes "
-            f"(first ones: {model_classes[:10]}); the class folder names must match them"
+            f"data classes {missing[:10]} are not among {what} (first ones: {stored[:10]}); "
+            f"the class folder names must match them"
         )
-    return [model_classes.index(c) for c in data_classes]
+    return [stored.index(c) for c in data_classes]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    out_dir = args.output_dir or default_output_dir(args.checkpoint, args.data, args.split)
+    problem = missing_model_argument(args)
+    if problem:
+        parser.error(problem)
+    out_dir = args.output_dir or default_output_dir(model_argument(args), args.data, args.split)
     json_path = args.json or out_dir / "report.json"
     for flag, path, folder in (("--output-dir", out_dir, True), ("--json", json_path, False)):
         problem = unwritable(flag, path, folder)
@@ -212,13 +215,24 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     from vit.data import load_split
     from vit.distributed import DistInfo, resolve_device
     from vit.engine import evaluate
+    from vit.factory import class_names_for, model_from_flags
     from vit.io import atomic_write
     from vit.loaders import eval_loader
     from vit.plots import plot_confusion_matrix, save_figure
     from vit.transforms import EvalTransform
 
+    problem = data_problem(args.data, args.split)
+    if problem:  # before the model: loading one can take a while
+        raise FileNotFoundError(problem)
     device = resolve_device(args.device, DistInfo())
-    model = load_for_eval(args.checkpoint, args.pretrained).to(device).eval()
+    model = model_from_flags(args).to(device)
+    if model.num_classes == 0:
+        flag = "--checkpoint" if args.checkpoint is not None else "--model"
+        raise ValueError(
+            f"{flag} {model_argument(args)}: the model has no classifier head (num_classes=0, a "
+            f"feature extractor): nothing to evaluate; python -m vit.predict --features FILE "
+            f"embeds images with it"
+        )
     data = load_split(
         args.data,
         args.split,
@@ -226,8 +240,8 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
         subset=args.subset,
         transform=EvalTransform(model.preprocess),
     )
-    mapping = label_mapping(data.class_names, model.class_names, model.num_classes)
-    class_names = model.class_names or [str(i) for i in range(model.num_classes)]
+    mapping = label_mapping(data.class_names, model)
+    class_names = class_names_for(model)  # the names predict prints
     # Labels in the model's index space; the confusion matrix is over the model's classes.
     dataset = data.relabel(mapping, class_names)
     loader = eval_loader(
@@ -253,7 +267,8 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     names = [class_names[i] for i in present]
     data_name = Path(args.data.rstrip("/")).name
     out_dir.mkdir(parents=True, exist_ok=True)
-    title = f"{args.checkpoint} on {data_name} ({args.split}): top-1 {100 * result['top1']:.1f}%"
+    top1 = f"top-1 {100 * result['top1']:.1f}%"
+    title = f"{model_argument(args)} on {data_name} ({args.split}): {top1}"
     figure = plot_confusion_matrix(confusion, names, title=title)
     png = save_figure(figure, out_dir / "confusion_matrix.png")
     report = {
@@ -262,7 +277,7 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
         "per_class": {class_names[i]: result["per_class"][i] for i in present},
         "num_images": result["num_images"],
         "loss": result["loss"],
-        "checkpoint": str(args.checkpoint),
+        "checkpoint": model_argument(args),
         "data": args.data,
         "split": args.split,
         "confusion_matrix": confusion.tolist(),

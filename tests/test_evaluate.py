@@ -11,6 +11,7 @@ import torch
 import vit
 from vit.data import load_split
 from vit.engine import evaluate
+from vit.factory import class_names_for
 from vit.transforms import EvalTransform
 
 
@@ -102,7 +103,8 @@ def test_model_name_with_weights_file(checkpoint, image_folder, tmp_path, evalua
 
 def test_imagenet_style_folder_with_a_model_name(make_images, tmp_path, evaluate_script):
     """A timm name + weights on an ImageNet-style folder holding two WordNet-id classes:
-    labels map to ImageNet indices 0 and 1 (tench, goldfish), 40x40 images resized to 224."""
+    labels map to ImageNet indices 0 and 1, reported as predict names them (tench, goldfish),
+    40x40 images resized to 224."""
     torch.manual_seed(0)
     model = vit.create_model("vit_tiny_patch16_224")
     with torch.no_grad():
@@ -116,6 +118,33 @@ def test_imagenet_style_folder_with_a_model_name(make_images, tmp_path, evaluate
             "--output-dir", str(tmp_path / "out")]  # fmt: skip
     assert evaluate_script.main(args) == 0
     result = json.loads(report.read_text())
-    assert result["per_class"] == {"n01440764": 0.0, "n01443537": 1.0}
+    names = class_names_for(vit.create_model("vit_tiny_patch16_224"))  # what predict prints
+    assert result["per_class"] == {names[0]: 0.0, names[1]: 1.0}
+    assert names[:2] == ["tench, Tinca tinca", "goldfish, Carassius auratus"]
     assert result["top1"] == 0.5 and result["num_images"] == 6
     assert (tmp_path / "out" / "confusion_matrix.png").is_file()
+
+
+def test_data_is_checked_before_the_model_is_loaded(
+    checkpoint, make_images, tmp_path, evaluate_script, capsys, monkeypatch
+):
+    """A missing folder, one without the split, or no such data set: one line naming --data,
+    and the model is not even loaded."""
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded before --data was checked")
+
+    monkeypatch.setattr(vit.factory, "resolve_model", never)
+    no_test = make_images(tmp_path / "no-test", test_name="elsewhere", train_per_class=1)
+    for data, split, message in (
+        (tmp_path / "nowhere", "test", "neither one of cifar10, cifar100 nor an existing folder"),
+        (no_test, "test", "has no test or val/ subfolder"),
+        (tmp_path / "nowhere", "train", "with a train/ subfolder"),
+    ):
+        argv = ["--checkpoint", str(checkpoint), "--data", str(data), "--split", split,
+                "--output-dir", str(tmp_path / "out")]  # fmt: skip
+        assert evaluate_script.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"evaluate.py: error: --data {data}: ") and message in err
+        assert err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

@@ -259,13 +259,37 @@ def test_command_line_errors_are_one_line(model, tmp_path, capsys):
     with pytest.raises(SystemExit):
         export.main([str(tmp_path / "x.safetensors")])
     assert "nothing to do" in capsys.readouterr().err
-    assert export.main([str(tmp_path / "missing.safetensors"), "--hf", str(tmp_path / "h")]) == 2
-    assert capsys.readouterr().err.startswith("error: --checkpoint")
+    missing = tmp_path / "missing.safetensors"
+    assert export.main([str(missing), "--hf", str(tmp_path / "h")]) == 2
+    assert capsys.readouterr().err == f"error: CHECKPOINT {missing}: no such file or folder\n"
     avg = vit.VisionTransformer(**{**TINY, "global_pool": "avg"})
     path = vit.save_weights(avg, tmp_path / "avg.safetensors")
-    assert export.main([str(path), "--torchvision", str(tmp_path / "tv.pth")]) == 1
+    assert export.main([str(path), "--torchvision", str(tmp_path / "tv.pth")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "torchvision's VisionTransformer cannot hold" in err
+
+
+def test_every_output_is_checked_before_any_is_written(tmp_path, capsys):
+    """--onnx and --hf of a model transformers cannot hold: the ONNX file, which could be
+    made, is not written either; a path named twice or a file where a folder goes is refused
+    before the model is loaded."""
+    avg = vit.VisionTransformer(**{**TINY, "global_pool": "avg"})
+    path = vit.save_weights(avg, tmp_path / "avg.safetensors")
+    out = tmp_path / "out"
+    assert export.main([str(path), "--onnx", str(out / "m.onnx"), "--hf", str(out / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --hf {out / 'hf'}: ")
+    assert "global_pool='avg'" in err and err.endswith("; nothing was written\n")
+    assert not out.exists()
+    (tmp_path / "file").write_text("")
+    for argv, message in (
+        (["--onnx", str(out / "x"), "--torchvision", str(out / "x")], "--onnx writes there too"),
+        (["--hf", str(tmp_path / "file")], "exists and is not a folder"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            export.main([str(tmp_path / "not-loaded.safetensors"), *argv])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
 
 
 @pytest.mark.slow

@@ -240,6 +240,27 @@ def test_settings_found_wrong_at_start_leave_no_run_folder(
     assert not run.exists()
 
 
+def test_offline_pretrained_is_one_line_naming_the_flag(
+    image_folder, tmp_path, train_script, tiny_args, capsys, monkeypatch
+):
+    """train.py --pretrained without network or cached weights: one line advising the flag
+    spelling (--pretrained PATH, not Python's pretrained=PATH), no traceback, no run folder."""
+    import vit.factory
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(vit.factory, "_cached_timm_weights", lambda full_name: None)
+    run = tmp_path / "run"
+    flags = ("--model", "vit_tiny_patch16_224", "--pretrained", "--img-size", "32")
+    assert train_script.main(tiny_args(image_folder, run, 1, *flags)) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "train.py: error: --pretrained: cannot download the pretrained weights of "
+        "vit_tiny_patch16_224.augreg_in21k_ft_in1k: HF_HUB_OFFLINE is set, and they are not in "
+        "the Hugging Face cache; pass --pretrained PATH to a local weights file instead\n"
+    )
+    assert not run.exists()
+
+
 def test_cache_dir_that_is_a_file_is_refused(image_folder, tmp_path, train_script, tiny_args,
                                              capsys):  # fmt: skip
     file = tmp_path / "cache"
@@ -417,6 +438,12 @@ def test_evaluate_outputs_of_different_evaluations_do_not_share_a_folder(
     shutil.copy(best, bare)
     assert where(str(bare), "cifar10") == Path("eval-vit-cifar10")  # not weights/
     assert where("vit_tiny_patch16_224", "imagenet") == Path("eval-vit_tiny_patch16_224-imagenet")
+    downloaded = tmp_path / "vit-base-hf"  # a transformers folder is not written into
+    downloaded.mkdir()
+    (downloaded / "config.json").write_text("{}")
+    (downloaded / "model.safetensors").write_bytes(b"")
+    assert where(str(downloaded), "cifar10") == Path("eval-vit-base-hf-cifar10")
+    assert where(str(downloaded / "model.safetensors"), "cifar10") == Path("eval-model-cifar10")
 
 
 def test_evaluate_pretrained_with_a_run_folder_is_refused(
@@ -533,3 +560,40 @@ def test_import_vit_and_train_help_do_not_import_torch():
         "print(type(m).__name__, 'torchvision' in sys.modules, vit.io.atomic_write.__name__)\n"
     )
     assert run_python(code) == "VisionTransformer False atomic_write"
+
+
+@pytest.mark.parametrize(
+    "command, run, answered",
+    [
+        ("train.py", "runpy.run_path('train.py', run_name='__main__')", ["--help"]),
+        *[
+            (command, run, ["--help", "--no-such-flag"])
+            for command, run in (
+                ("evaluate.py", "runpy.run_path('evaluate.py', run_name='__main__')"),
+                ("python -m vit.predict", "runpy.run_module('vit.predict', run_name='__main__')"),
+                ("python -m vit.export", "runpy.run_module('vit.export', run_name='__main__')"),
+            )
+        ],
+    ],
+)
+def test_every_command_answers_help_before_importing_torch(command, run, answered):
+    """--help (and, but for train.py, which reads a resumed run's settings first, a flag
+    argparse refuses) is answered before torch is imported (torch alone takes seconds): what
+    `python -m vit.predict --help` & co run, as a script or module."""
+    for flag in answered:
+        code = (
+            "import runpy, sys\n"
+            f"sys.argv = ['{command.split()[-1]}', '{flag}']\n"
+            "try:\n"
+            f"    {run}\n"
+            "except SystemExit:\n"
+            "    pass\n"
+            "print('torch' in sys.modules)\n"
+        )
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        result = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert ("usage:" if flag == "--help" else "error:") in result.stdout + result.stderr
+        assert result.stdout.strip().splitlines()[-1] == "False", (command, flag)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 TTA_CHOICES = ("none", "flip")  # --tta of evaluate.py and predict (vit.tta does the work)
+TIMM_WEIGHTS = "timm"  # --pretrained with no value: timm's published weights for the model name
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -107,3 +108,51 @@ def unwritable(flag: str, path: Path, folder: bool) -> str | None:
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         return f"{flag} {path}: cannot write there ({existing} is not a writable folder)"
     return None
+
+
+# -- the model arguments of evaluate.py, predict and export ---------------------------------------
+CHECKPOINT_HELP = (
+    "a train.py run folder (or a weights file in it), one of our .safetensors files, a "
+    "transformers folder, a weights file of another layout (with --model), or a model name "
+    "(with --pretrained)"
+)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, positional: bool = False) -> None:
+    """The model arguments every command takes, resolved by `vit.factory.resolve_model`:
+    --checkpoint (or a positional CHECKPOINT), --model NAME and --pretrained [PATH]."""
+    if positional:
+        parser.add_argument("checkpoint", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
+    else:
+        parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
+    alone = "" if positional else "; alone: that model with timm's pretrained weights"
+    parser.add_argument(
+        "--model",
+        metavar="NAME",
+        help=f"the architecture of a weights file that does not record it (a name of "
+        f"vit.list_models()){alone}",
+    )
+    parser.add_argument(
+        "--pretrained",
+        nargs="?",
+        const=TIMM_WEIGHTS,
+        metavar="PATH",
+        help="with a model name: timm's pretrained weights, or those of the weights file PATH",
+    )
+
+
+def missing_model_argument(args: argparse.Namespace) -> str | None:
+    """The one-line complaint when neither --checkpoint nor --model names a model."""
+    if args.checkpoint is None and args.model is None:
+        return (
+            "no model given: pass --checkpoint (a model name, a weights file or folder) or "
+            "--model NAME"
+        )
+    return None
+
+
+def pretrained_weights(value: str | None) -> bool | str:
+    """A --pretrained value -> create_model's `pretrained`: no value means timm's weights."""
+    if not value:
+        return False
+    return True if value in (TIMM_WEIGHTS, "true", "True") else value

@@ -413,12 +413,17 @@ def split_tag(name: str) -> tuple[str, str | None]:
     return base, tag or None
 
 
+def close_model_names(name: str) -> list[str]:
+    """Up to three known model names close to a misspelt one (tag left out), best first."""
+    return difflib.get_close_matches(split_tag(name)[0], MODELS, n=3, cutoff=0.6)
+
+
 def get_spec(name: str) -> ModelSpec:
     """The spec for a model name, with an optional ".tag" (timm's pretrained tags) selecting
     that tag's preprocessing and head size; a ValueError names close matches or the tags."""
     base, tag = split_tag(name)
     if base not in MODELS:
-        close = difflib.get_close_matches(base, MODELS, n=3, cutoff=0.6)
+        close = close_model_names(base)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(
             f"unknown model name {base!r}.{hint} Known names: {', '.join(list_models())}"

@@ -10,12 +10,12 @@
     model.safetensors      the latest weights (the final ones once done), loadable alone
     best.safetensors       the weights with the best test top-1 so far
 
-The pieces, in the order `train` runs them: `load_data` (both splits, raw), `build_model`,
-`make_loaders` (each dataset made with its transform), `build_training_state` (optimizer,
-schedule, scaler, EMA), `resume`, `wrap_model` (DDP, compile), then `run_epochs`, whose loop
-trains (`train_one_epoch`), evaluates (`evaluate`), logs (`RunLog`) and saves
-(`vit.checkpoint.CheckpointSaver`). On CPU with the same seed, a resumed run ends with exactly
-the weights of an uninterrupted one.
+The pieces, in the order `train` runs them: `load_data` (both splits, raw),
+`build_training_model`, `make_loaders` (each dataset made with its transform),
+`build_training_state` (optimizer, schedule, scaler, EMA), `resume`, `wrap_model` (DDP,
+compile), then `run_epochs`, whose loop trains (`train_one_epoch`), evaluates (`evaluate`),
+logs (`RunLog`) and saves (`vit.checkpoint.CheckpointSaver`). On CPU with the same seed, a
+resumed run ends with exactly the weights of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from .checkpoint import (
 from .cli import TTA_CHOICES
 from .data import ImageDataset, MixupCutmix, load_split, soft_target_cross_entropy
 from .distributed import DistInfo
-from .factory import create_model
+from .factory import ModelArgumentError, PretrainedUnavailableError, create_model
 from .init import mimetic_init_, sincos_pos_embed_
 from .loaders import EpochDataLoader, build_train_loader, eval_loader
 from .model import VisionTransformer
@@ -122,8 +122,10 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
     return train_set, test_set
 
 
-def build_model(cfg: TrainConfig, class_names: list[str]) -> VisionTransformer:
-    """The named model with the run's classes, input size, stochastic depth and dropout."""
+def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTransformer:
+    """The model to train: --model with the run's classes, input size, stochastic depth and
+    dropout, from --pretrained weights or freshly initialised (then --mimetic-init and
+    --pos-embed apply)."""
     overrides = {
         "drop_path_rate": cfg.drop_path,
         "drop_rate": cfg.drop,
@@ -142,6 +144,8 @@ def build_model(cfg: TrainConfig, class_names: list[str]) -> VisionTransformer:
         )
     except TypeError as e:  # create_model's word for a --model-kwargs key it does not know
         raise ValueError(f"--model-kwargs: {e}") from e
+    except PretrainedUnavailableError as e:  # offline: one line, advising the flag to use
+        raise ModelArgumentError(f"--pretrained: {e.advising('--pretrained PATH')}") from None
     except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
         raise ValueError(f"--model {cfg.model}: {e}") from e
     model.class_names = list(class_names)
@@ -419,7 +423,7 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
     # single-process run. DDP copies rank 0's initial weights to every process.
     seed_everything(cfg.seed + info.rank)
     train_set, test_set = load_data(cfg, info)
-    model = build_model(cfg, train_set.class_names).to(device)
+    model = build_training_model(cfg, train_set.class_names).to(device)
     train_loader, test_loader = make_loaders(
         cfg, train_set=train_set, test_set=test_set, model=model, info=info, device=device
     )

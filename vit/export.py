@@ -1,14 +1,18 @@
 """Hand a model on, verified: ONNX, a transformers folder, a torchvision state dict.
 
-    python -m vit.export CHECKPOINT [--model NAME] [--onnx FILE] [--hf DIR] [--torchvision FILE]
+    python -m vit.export CHECKPOINT [--model NAME] [--pretrained [PATH]] [--onnx FILE] [--hf DIR]
+        [--torchvision FILE]
 
-CHECKPOINT is a model name (timm's pretrained weights), one of our `.safetensors` files, a
-transformers ViT folder, or (with --model NAME) any weights file `vit.load_weights` reads.
-Every export is checked before it is put in place: the written file is loaded by the library
-it is meant for (onnxruntime, `transformers.ViTForImageClassification.from_pretrained`,
-`torchvision.models.vit_*`), run on the same random images as our model, and its logits must
-agree with ours to `--tolerance` (max |theirs - ours| / max |ours|). A failed export leaves no
-file behind.
+CHECKPOINT is read as evaluate.py and `python -m vit.predict` read their --checkpoint
+(`vit.factory.resolve_model`): a train.py run folder or a weights file in it, one of our
+`.safetensors` files, a transformers folder, a weights file of another layout with --model
+NAME, or a model name with --pretrained (timm's weights) or --pretrained PATH.
+Every requested output is checked as possible before any is written (its location, the
+optional package it needs, whether the format can hold this model); then each export is checked
+before it is put in place: the written file is loaded by the library it is meant for
+(onnxruntime, transformers `from_pretrained`, `torchvision.models.vit_*`), run on the same
+random images as our model, and its logits must agree with ours to `--tolerance`
+(max |theirs - ours| / max |ours|). A failed export leaves no file behind.
 
 onnx, onnxruntime, onnxscript and transformers are optional: `pip install -e '.[interop]'`.
 """
@@ -16,25 +20,52 @@ onnx, onnxruntime, onnxscript and transformers are optional: `pip install -e '.[
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+from .cli import NON_NEGATIVE, ArgumentParser, add_model_arguments, number_in
+
+FORMATS = ("onnx", "hf", "torchvision")  # the export flags, in the order they are written
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(  # a bad flag: one line, not the usage text
+        prog="python -m vit.export",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_arguments(parser, positional=True)
+    parser.add_argument("--onnx", type=Path, metavar="FILE", help="ONNX model, dynamic batch")
+    parser.add_argument("--hf", type=Path, metavar="DIR", help="transformers folder")
+    parser.add_argument("--torchvision", type=Path, metavar="FILE", help="torchvision state dict")
+    parser.add_argument(
+        "--tolerance", type=number_in(NON_NEGATIVE), default=1e-5, help="max relative logit diff"
+    )
+    return parser
+
+
+if __name__ == "__main__":
+    # `python -m vit.export`: --help and flag mistakes are answered before the imports below
+    # load torch (seconds); main() reads the flags again, at no cost.
+    build_parser().parse_args()
+
+# ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
 import copy
 import importlib
 import json
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import torch
 from safetensors.torch import save_file
 
-from .cli import NON_NEGATIVE, ArgumentParser, number_in
-from .configs import list_models
-from .factory import create_model
+from .cli import unwritable
+from .factory import class_names_for, model_from_flags
 from .io import atomic_write, atomic_write_dir
 from .layouts import huggingface
 from .layouts import torchvision as torchvision_layout
 from .model import VisionTransformer
-from .predict import InputError, build_model, class_names_for
 
 INSTALL_HINT = "pip install -e '.[interop]'"
 ONNX_OPSET = 18
@@ -268,37 +299,55 @@ def _call_args(kwargs: dict) -> str:
 
 
 # -- command line --------------------------------------------------------------------------------
-def load_checkpoint(checkpoint: str, name: str | None) -> VisionTransformer:
-    """A model name (timm's pretrained weights) or a path, as `python -m vit.predict` reads it."""
-    if checkpoint in list_models() and not Path(checkpoint).exists():
-        return create_model(checkpoint, pretrained=True)
-    return build_model(name, Path(checkpoint))
+def location_problems(targets: list[tuple[str, Path]]) -> list[str]:
+    """Why an output could not be written at the end (a folder where a file goes, no write
+    permission, one path named twice), found before anything is loaded or written."""
+    problems = [unwritable(f"--{flag}", path, flag == "hf") for flag, path in targets]
+    seen: dict[Path, str] = {}
+    for flag, path in targets:
+        key = path.resolve()
+        if key in seen:
+            problems.append(f"--{flag} {path}: --{seen[key]} writes there too; give two paths")
+        seen[key] = flag
+    return [problem for problem in problems if problem]
+
+
+def format_problem(flag: str, model: VisionTransformer) -> str | None:
+    """Why the format of --`flag` cannot be made for this model (the optional package it needs
+    is missing, or the format cannot hold the model), None if it can."""
+    try:
+        if flag == "onnx":
+            for module in ("onnx", "onnxscript", "onnxruntime"):
+                require(module, "--onnx (export and verification)")
+        elif flag == "hf":
+            require("transformers", "--hf (verifying the export)")
+            huggingface.config_to_hf(model.config, class_names_for(model))
+        else:
+            torchvision_layout.constructor_args(model.config)
+    except (MissingExtraError, ValueError) as e:
+        return str(e)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(  # a bad flag: one line, not the usage text
-        prog="python -m vit.export",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 2)[2],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("checkpoint", help="model name, .safetensors file or transformers folder")
-    parser.add_argument("--model", help="architecture name, for weights files that lack one")
-    parser.add_argument("--onnx", type=Path, metavar="FILE", help="ONNX model, dynamic batch")
-    parser.add_argument("--hf", type=Path, metavar="DIR", help="transformers ViT folder")
-    parser.add_argument("--torchvision", type=Path, metavar="FILE", help="torchvision state dict")
-    parser.add_argument(
-        "--tolerance", type=number_in(NON_NEGATIVE), default=1e-5, help="max relative logit diff"
-    )
+    parser = build_parser()
     args = parser.parse_args(argv)
-    targets = [(flag, getattr(args, flag)) for flag in ("onnx", "hf", "torchvision")]
-    targets = [(flag, path) for flag, path in targets if path is not None]
+    targets = [(flag, getattr(args, flag)) for flag in FORMATS if getattr(args, flag) is not None]
     if not targets:
         parser.error("nothing to do: pass --onnx FILE, --hf DIR and/or --torchvision FILE")
+    for problem in location_problems(targets):
+        parser.error(problem)
     try:
-        model = load_checkpoint(args.checkpoint, args.model)
-    except (InputError, ValueError, KeyError, FileNotFoundError) as e:
+        model = model_from_flags(args, source="CHECKPOINT")
+    except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    # Every output is checked as possible before the first is written: no half-done export.
+    refused = [(flag, path, format_problem(flag, model)) for flag, path in targets]
+    refused = [(flag, path, problem) for flag, path, problem in refused if problem]
+    for flag, path, problem in refused:
+        print(f"error: --{flag} {path}: {problem}; nothing was written", file=sys.stderr)
+    if refused:
         return 2
     exporters = {"onnx": export_onnx, "hf": export_transformers, "torchvision": export_torchvision}
     failed = 0

@@ -1,19 +1,23 @@
 """Classify images from the command line: files, folders and glob patterns, in batches.
 
-    python -m vit.predict IMAGE|FOLDER|GLOB ... --model NAME [--checkpoint PATH] [--top-k 5]
-        [--batch-size 32] [--device auto] [--output preds.csv|preds.json]
+    python -m vit.predict IMAGE|FOLDER|GLOB ... (--checkpoint SRC [--model NAME] | --model NAME)
+        [--pretrained [PATH]] [--top-k 5] [--batch-size 32] [--device auto]
+        [--output preds.csv|preds.json]
         [--explain DIR [--method rollout|gradient_rollout|relevance]]
         [--features FILE.npz|.csv|.json [--embedding pooled|output]]
 
-With only --model, timm's pretrained weights for that name are used (downloaded once). With
---checkpoint, the weights come from that file or folder: our own `.safetensors` files and
-transformers folders know their architecture and class names, so --model may be left out for
-them; other files (timm, torchvision, transformers state dicts, Google .npz) need --model.
+The model argument is read as by evaluate.py and `vit.export` (`vit.factory.resolve_model`):
+--checkpoint is a train.py run folder (its model.safetensors) or a weights file in it, one of
+our `.safetensors` files, a transformers folder (their architecture and class names are
+stored), a weights file of another layout (timm, torchvision, transformers state dicts, Google
+.npz) with --model NAME, or a model name with --pretrained (timm's weights) or --pretrained
+PATH. --model NAME alone means timm's pretrained weights for that name (downloaded once).
 
 Images are prepared exactly as `evaluate.py` prepares them (the model's resize, centre crop and
-normalisation), so the top-1 class here is evaluate's. Without --output the top-k classes are
-printed per image; with it, one record per image is written (CSV or JSON: path, label,
-probability, label_2, probability_2, ...). A file that cannot be read is named on stderr, the
+normalisation), so the top-1 class here is evaluate's, under the class names evaluate
+reports (`vit.factory.class_names_for`). Without --output the top-k classes are printed per
+image; with it, one record per image is written (CSV or JSON: path, label, probability,
+label_2, probability_2, ...). A file that cannot be read is named on stderr, the
 other images are still classified, and the exit status is 1 at the end.
 
 --features FILE writes one pooled embedding per image with its path: the model's pre-logits
@@ -29,14 +33,71 @@ only. Nothing is written when no image could be read.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+from .cli import TTA_CHOICES, ArgumentParser, add_model_arguments
+
+METHOD_NAMES = ("gradient_rollout", "relevance", "rollout")  # --method: maps of vit.explain
+OUTPUT_SUFFIXES = (".csv", ".json")
+FEATURE_SUFFIXES = (".npz", ".csv", ".json")
+EMBEDDINGS = {"pooled": "pooled pre-logits features", "output": "the model's output"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(  # a bad flag: one line, not the usage text
+        prog="python -m vit.predict",
+        description="Top-k classes for each image.",
+    )
+    parser.add_argument(
+        "images", nargs="+", help="image files, folders (searched recursively) or glob patterns"
+    )
+    add_model_arguments(parser)
+    parser.add_argument("--top-k", type=int, default=5, help="classes per image (default 5)")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
+    parser.add_argument("--workers", type=int, default=4, help="threads decoding images")
+    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0")
+    parser.add_argument("--output", type=Path, help="write the predictions to FILE.csv or .json")
+    parser.add_argument("--explain", type=Path, metavar="DIR", help="one attention PNG per image")
+    parser.add_argument(
+        "--method", choices=sorted(METHOD_NAMES), default="rollout", help="map for --explain"
+    )
+    parser.add_argument(
+        "--tta",
+        choices=TTA_CHOICES,
+        default="none",
+        help="test-time augmentation: flip classifies by the mean probability of each image and "
+        "its mirror image (twice the compute)",
+    )
+    parser.add_argument(
+        "--features",
+        type=Path,
+        metavar="FILE",
+        help="write one pooled embedding per image with its path: FILE.npz (arrays paths, "
+        "features), .csv (path, f0, f1, ...) or .json",
+    )
+    parser.add_argument(
+        "--embedding",
+        choices=("pooled", "output"),
+        default="pooled",
+        help="for --features: the pooled pre-logits features (default) or the model's output "
+        "(a CLIP tower's projection into the text space)",
+    )
+    return parser
+
+
+if __name__ == "__main__":
+    # `python -m vit.predict`: --help and flag mistakes are answered before the imports below
+    # load torch and matplotlib (seconds); main() reads the flags again, at no cost.
+    build_parser().parse_args()
+
+# ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
 import csv
 import io
 import json
 import os
-import sys
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -45,64 +106,24 @@ from PIL import Image
 from tqdm import tqdm
 
 from . import explain
-from .cli import TTA_CHOICES, ArgumentParser, unwritable
-from .configs import list_models
+from .cli import missing_model_argument, unwritable
 from .distributed import DistInfo, resolve_device
-from .factory import create_model, create_transform, load_model
+from .factory import class_names_for, create_transform, model_from_flags
 from .images import CorruptImageError, expand_image_paths, open_image
 from .io import atomic_write, atomic_write_text
 from .model import VisionTransformer
 from .plots import denormalize, draw_overlay, save_figure
 from .tta import mean_probability
-from .weights import read_metadata
 
 METHODS = {
     "rollout": explain.attention_rollout,
     "gradient_rollout": explain.gradient_rollout,
     "relevance": explain.relevance,
 }
-OUTPUT_SUFFIXES = (".csv", ".json")
-FEATURE_SUFFIXES = (".npz", ".csv", ".json")
-EMBEDDINGS = {"pooled": "pooled pre-logits features", "output": "the model's output"}
 
 
 class InputError(Exception):
     """A problem with what the user passed, reported as one line without a traceback."""
-
-
-def class_names_for(model: VisionTransformer) -> list[str]:
-    """Stored names for our checkpoints, ImageNet's for 1000-class heads, else indices."""
-    names = getattr(model, "class_names", None)
-    if names:
-        return list(names)
-    if model.num_classes == 1000:
-        from timm.data import ImageNetInfo  # ships with timm: no download
-
-        info = ImageNetInfo()
-        return [info.index_to_description(i) for i in range(1000)]
-    return [f"class {i}" for i in range(model.num_classes)]
-
-
-def build_model(name: str | None, checkpoint: Path | None) -> VisionTransformer:
-    """The model from --model and/or --checkpoint (see the module docstring)."""
-    if checkpoint is not None:
-        run_weights = checkpoint / "model.safetensors"  # a train.py run folder, as evaluate.py
-        if run_weights.is_file() and not (checkpoint / "config.json").exists():
-            checkpoint = run_weights
-        if checkpoint.is_dir():
-            return load_model(checkpoint)  # a transformers folder
-        if not checkpoint.is_file():
-            raise InputError(f"--checkpoint {checkpoint}: no such file or folder")
-        if checkpoint.suffix == ".safetensors" and "vit.config" in read_metadata(checkpoint):
-            return load_model(checkpoint)
-        if name is None:
-            raise InputError(
-                f"--checkpoint {checkpoint} does not record its architecture: pass --model NAME"
-            )
-        return create_model(name, pretrained=checkpoint)
-    if name is None:
-        raise InputError("pass --model NAME (timm's pretrained weights) or --checkpoint PATH")
-    return create_model(name, pretrained=True)
 
 
 @torch.inference_mode()
@@ -281,55 +302,7 @@ def save_explanations(
         save_figure(fig, targets[path], dpi=100)
 
 
-# -- command line --------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(  # a bad flag: one line, not the usage text
-        prog="python -m vit.predict",
-        description="Top-k classes for each image.",
-    )
-    parser.add_argument(
-        "images", nargs="+", help="image files, folders (searched recursively) or glob patterns"
-    )
-    parser.add_argument("--model", help=f"model name, one of: {', '.join(list_models())}")
-    parser.add_argument(
-        "--checkpoint",
-        type=Path,
-        help="weights file (.safetensors/.pth/.npz, any layout), a train.py run folder or a "
-        "transformers ViT folder",
-    )
-    parser.add_argument("--top-k", type=int, default=5, help="classes per image (default 5)")
-    parser.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
-    parser.add_argument("--workers", type=int, default=4, help="threads decoding images")
-    parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0")
-    parser.add_argument("--output", type=Path, help="write the predictions to FILE.csv or .json")
-    parser.add_argument("--explain", type=Path, metavar="DIR", help="one attention PNG per image")
-    parser.add_argument(
-        "--method", choices=sorted(METHODS), default="rollout", help="map for --explain"
-    )
-    parser.add_argument(
-        "--tta",
-        choices=TTA_CHOICES,
-        default="none",
-        help="test-time augmentation: flip classifies by the mean probability of each image and "
-        "its mirror image (twice the compute)",
-    )
-    parser.add_argument(
-        "--features",
-        type=Path,
-        metavar="FILE",
-        help="write one pooled embedding per image with its path: FILE.npz (arrays paths, "
-        "features), .csv (path, f0, f1, ...) or .json",
-    )
-    parser.add_argument(
-        "--embedding",
-        choices=("pooled", "output"),
-        default="pooled",
-        help="for --features: the pooled pre-logits features (default) or the model's output "
-        "(a CLIP tower's projection into the text space)",
-    )
-    return parser
-
-
+# -- command line ----------------------------------------------------------------------------------
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse bad flags before any work is done (output locations: InputError, one line)."""
     for flag in ("top_k", "batch_size"):
@@ -337,8 +310,9 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(
                 f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}"
             )
-    if args.model is not None and args.model not in list_models():
-        parser.error(f"unknown --model {args.model!r}; known: {', '.join(list_models())}")
+    problem = missing_model_argument(args)
+    if problem:
+        parser.error(problem)
     if args.output is not None:
         if args.output.suffix.lower() not in OUTPUT_SUFFIXES:
             parser.error(f"--output {args.output}: the file name must end in .csv or .json")
@@ -382,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(parser, args)
         device = resolve_device(args.device, DistInfo())
-        model = build_model(args.model, args.checkpoint).to(device).eval()
+        model = model_from_flags(args).to(device)
         check_headless(args, model)
     except (InputError, ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -25,16 +25,17 @@ from .cli import (
     NON_NEGATIVE,
     POSITIVE,
     PROBABILITY,
+    TIMM_WEIGHTS,
     Range,
     default_workers,
     out_of_range,
+    pretrained_weights,
 )
 
 if TYPE_CHECKING:
     from .transforms import AugmentConfig
 
 DEFAULT_MODEL = "vit_cifar_patch4_32"
-TIMM_WEIGHTS = "timm"  # --pretrained with no value: timm's default weights for --model
 
 
 def setting(default: Any, group: str, help: str, factory=None, **flag) -> Any:
@@ -142,13 +143,6 @@ class TrainConfig:
     @property
     def cache_path(self) -> Path | None:
         return Path(self.cache_dir).expanduser() if self.cache_dir else None
-
-
-def pretrained_weights(value: str | None) -> bool | str:
-    """A --pretrained value -> create_model's `pretrained`: no value means timm's weights."""
-    if not value:
-        return False
-    return True if value in (TIMM_WEIGHTS, "true", "True") else value
 
 
 # -- accepted values, checked when the flags are read ------------------------------------------
