@@ -125,7 +125,7 @@ DINOV2 = Family(
     hf_layout="hf_dinov2",
     hf_model_types=("dinov2",),
     hf_headless=HFClass("Dinov2Model", "last_hidden_state"),
-    hf_refusal="Dinov2ForImageClassification reads the class token and the mean patch token",
+    hf_refusal="transformers' DINOv2 classifiers read the class token and the mean patch token",
 )
 DINOV2_REG = Family(
     name="dinov2_reg",
