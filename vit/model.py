@@ -441,7 +441,7 @@ class VisionTransformer(nn.Module):
             nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         )
         self.head_drop = nn.Dropout(cfg.drop_rate)
-        self.head = self._make_head(cfg.num_classes)
+        self._make_heads(cfg)
         self.init_weights()
         # Set by vit.create_model / vit.load_model, saved beside the weights by vit.save_weights.
         self.model_name: str | None = None
@@ -449,6 +449,9 @@ class VisionTransformer(nn.Module):
         self.preprocess = None  # a vit.Preprocess: how images must be prepared for this model
 
     # -- construction ------------------------------------------------------------------------
+    def _make_heads(self, cfg: ViTConfig) -> None:
+        self.head = self._make_head(cfg.num_classes)
+
     def _make_head(self, num_classes: int) -> nn.Module:
         return nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
@@ -650,26 +653,22 @@ class VisionTransformerDistilled(VisionTransformer):
     prediction is the mean of the two heads; in training after `set_distilled_training`, both
     logits, the second for the loss against a teacher's predictions."""
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def _make_heads(self, cfg: ViTConfig) -> None:
+        super()._make_heads(cfg)
         # registered after pos_embed and head: timm's order of keys in the state dict
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, self.embed_dim))
-        self.head_dist = self._make_head(self.num_classes)
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim))
+        self.head_dist = self._make_head(cfg.num_classes)
         self.distilled_training = False
-        self.init_weights()
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """The base initialisation, then the distillation token as timm's (std 0.02) and a zero
-        distillation head. (The base class's constructor runs it before they exist.)"""
         super().init_weights()
-        if hasattr(self, "dist_token"):
-            nn.init.trunc_normal_(self.dist_token, std=0.02)
+        nn.init.trunc_normal_(self.dist_token, std=0.02)  # timm's
 
     @torch.no_grad()
     def _zero_head(self) -> None:
         super()._zero_head()
-        if isinstance(getattr(self, "head_dist", None), nn.Linear):
+        if isinstance(self.head_dist, nn.Linear):
             nn.init.zeros_(self.head_dist.weight)
             nn.init.zeros_(self.head_dist.bias)
 

@@ -16,6 +16,10 @@ are resampled to another image size (`vit.pos_embed.RESAMPLERS`).
     torchvision  conv_proj.weight, encoder.layers.encoder_layer_0.self_attention.in_proj_weight
     google_jax   embedding/kernel, Transformer/encoderblock_0/... (vit_jax and big_vision .npz)
 
+The transformers layouts (`huggingface`: ViT and MAE; `hf_deit`, `hf_dinov2`, `hf_clip`,
+`hf_siglip`) also write their family's class for export (`write_config`, `write_state`), and
+share `hf_common`; `vit.families` says which family each reads and writes.
+
 Families this package cannot compute (EVA, DINOv3, AIMv2) are recognised first and refused
 (`refused`); so are transformers configs of other models (`config_from_transformers`).
 """
