@@ -472,6 +472,8 @@ def test_readout_of_names_the_tokens_the_head_reads():
 
 
 def test_transformers_model_types_are_read_by_their_familys_layout():
+    named = {layout for family in families.BY_NAME.values() for layout in family.layouts}
+    assert named == set(vit.layouts.BY_NAME)  # every layout reads some family's checkpoints
     assert set(vit.layouts.CONFIGS) == set(families.BY_MODEL_TYPE)
     for model_type, family in families.BY_MODEL_TYPE.items():
         assert vit.layouts.CONFIGS[model_type].__name__.endswith("." + family.hf_layout)

@@ -102,11 +102,11 @@ def relative_difference(theirs: torch.Tensor, ours: torch.Tensor) -> float:
     return ((theirs.float() - ours).abs().max() / ours.abs().max().clamp_min(1e-30)).item()
 
 
-def check(difference: float, tolerance: float, target: str) -> None:
+def check(difference: float, tolerance: float, target: str, compared: str = "logits") -> None:
     if not difference <= tolerance:  # also catches NaN
         raise ValueError(
-            f"{target} does not reproduce our logits: max relative difference {difference:.2e} > "
-            f"tolerance {tolerance:.0e}; nothing was written"
+            f"{target} does not reproduce our {compared}: max relative difference "
+            f"{difference:.2e} > tolerance {tolerance:.0e}; nothing was written"
         )
 
 
@@ -233,13 +233,14 @@ def _verify_transformers(transformers, folder: Path, model, config: dict, tolera
         inputs["noise"] = torch.arange(model.patch_embed.num_patches, dtype=torch.float32)
         inputs["noise"] = inputs["noise"].expand(len(images), -1)
     with torch.no_grad():
-        found = getattr(theirs(**inputs), output)
-        if found is None:  # a SigLIP tower without its pooling head: the tokens
-            output, found = "last_hidden_state", theirs(**inputs).last_hidden_state
+        outputs = theirs(**inputs)
+        if getattr(outputs, output) is None:  # a SigLIP tower without its pooling head
+            output = "last_hidden_state"
+        found = getattr(outputs, output)
         ours = model.forward_features(images) if output == "last_hidden_state" else model(images)
     target = f"transformers {name}"
     difference = relative_difference(found, ours)
-    check(difference, tolerance, target)
+    check(difference, tolerance, target, COMPARED[output])
     return ExportCheck(folder, target, difference, COMPARED[output])
 
 

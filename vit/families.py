@@ -60,6 +60,8 @@ class HFClass:
 
 @dataclass(frozen=True)
 class Family:
+    """What the package knows about one family; `FAMILIES` below, one record each."""
+
     name: str  # the id `vit.configs.ModelSpec.family` uses (plain ViTs: "vit")
     title: str
     switches: Mapping[str, Any]  # the ViTConfig fields that make it, with its presets' values
