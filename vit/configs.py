@@ -17,8 +17,6 @@ from .families import (
     IMAGENET_DEFAULT_STD,
     IMAGENET_INCEPTION_MEAN,
     IMAGENET_INCEPTION_STD,
-    OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD,
 )
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -204,15 +202,15 @@ def _in(crop_pct: float, num_classes: int = 1000, image: int = 224) -> Weights:
 
 
 def _openai(crop_pct: float, num_classes: int, image: int = 224) -> Weights:
-    """Weights expecting OpenAI CLIP's mean/std."""
-    return Weights(_preprocess(image, crop_pct, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD), num_classes)
+    """Weights expecting OpenAI CLIP's mean/std (the CLIP family's usual)."""
+    clip = families.CLIP
+    return Weights(_preprocess(image, crop_pct, clip.mean, clip.std), num_classes)
 
 
 def _half(crop_pct: float, num_classes: int, image: int = 224) -> Weights:
-    """Weights expecting mean = std = 0.5 (inputs in [-1, 1]: SigLIP, some LAION CLIPs)."""
-    return Weights(
-        _preprocess(image, crop_pct, IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD), num_classes
-    )
+    """Weights expecting mean = std = 0.5 (inputs in [-1, 1]: SigLIP's usual, some LAION CLIPs)."""
+    siglip = families.SIGLIP
+    return Weights(_preprocess(image, crop_pct, siglip.mean, siglip.std), num_classes)
 
 
 # The families' switches are their records' (`vit.families`).
