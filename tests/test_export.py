@@ -113,22 +113,142 @@ def test_onnx_of_every_family_matches_in_onnxruntime(family, tmp_path, one_threa
 @pytest.mark.parametrize(
     ("family", "named"),
     [
-        ("dinov2 with registers", "reg_token"),
-        ("clip (pre_norm, QuickGELU)", "norm_pre.weight"),
+        ("dinov2 with registers", "reg_tokens=4"),
+        ("clip (pre_norm, QuickGELU)", "pre_norm=True, act_layer='quick_gelu'"),
         ("siglip (attention pool)", "global_pool='map'"),
-        ("deit distilled", "dist_token"),
-        ("deit3 (LayerScale, no_embed_class)", "blocks.0.ls1.gamma"),
+        ("deit distilled", "distilled=True"),
+        ("deit3 (LayerScale, no_embed_class)", "init_values=0.0001, no_embed_class=True"),
     ],
 )
-def test_plain_vit_exports_refuse_family_switches_by_name(family, named, tmp_path):
+def test_torchvision_refuses_family_switches_by_name(family, named, tmp_path):
     model = vit.VisionTransformer(**{**TINY, **FAMILIES[family]})
-    for exporter, path in (
-        (export_transformers, tmp_path / "hf"),
-        (export_torchvision, tmp_path / "tv.pth"),
-    ):
-        with pytest.raises(ValueError, match=re.escape(named)):
-            exporter(model, path)
+    with pytest.raises(ValueError, match=re.escape(named)) as refused:
+        export_torchvision(model, tmp_path / "tv.pth")
+    assert "\n" not in str(refused.value)
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def perturbed(model: vit.VisionTransformer) -> vit.VisionTransformer:
+    """Every parameter moved off its initial value (LayerScale, norms, zero heads), so that a
+    tensor written to the wrong place shows in the outputs."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    return model.eval()
+
+
+# family -> (switches on TINY, model name, the transformers class written, its output)
+HF_FAMILIES = {
+    "vit": ({}, None, "ViTForImageClassification", "logits"),
+    "vit headless": ({"num_classes": 0}, None, "ViTModel", "last_hidden_state"),
+    "mae": ({"num_classes": 0}, "vit_base_patch16_224.mae", "ViTMAEModel", "last_hidden_state"),
+    "dinov2": (
+        {"init_values": 1e-5, "num_classes": 0},
+        None,
+        "Dinov2Model",
+        "last_hidden_state",
+    ),
+    "dinov2 with registers": (
+        {"init_values": 1e-5, "reg_tokens": 2, "no_embed_class": True, "num_classes": 0},
+        None,
+        "Dinov2WithRegistersModel",
+        "last_hidden_state",
+    ),
+    "clip with projection": (
+        {"pre_norm": True, "act_layer": "quick_gelu", "norm_eps": 1e-5, "num_classes": 8},
+        None,
+        "CLIPVisionModelWithProjection",
+        "image_embeds",
+    ),
+    "clip": ({"pre_norm": True, "num_classes": 0}, None, "CLIPVisionModel", "pooler_output"),
+    "siglip": (
+        {"class_token": False, "global_pool": "map", "act_layer": "gelu_tanh", "num_classes": 0},
+        None,
+        "SiglipVisionModel",
+        "pooler_output",
+    ),
+    "siglip without its pool": (
+        {"class_token": False, "global_pool": "", "num_classes": 0},
+        None,
+        "SiglipVisionModel",
+        "last_hidden_state",
+    ),
+    "deit distilled": (
+        {"distilled": True},
+        None,
+        "DeiTForImageClassificationWithTeacher",
+        "logits",
+    ),
+}
+
+
+def hf_family_model(family: str) -> vit.VisionTransformer:
+    switches, name, _, _ = HF_FAMILIES[family]
+    torch.manual_seed(0)
+    model = perturbed(vit.VisionTransformer(**{**TINY, **switches}))
+    if family == "clip with projection":
+        torch.nn.init.zeros_(model.head.bias)  # CLIP's projection has no bias
+    model.model_name = name
+    return model
+
+
+@pytest.mark.parametrize("family", list(HF_FAMILIES))
+def test_transformers_export_of_every_family_round_trips(family, tmp_path, one_thread):
+    _, _, class_name, output = HF_FAMILIES[family]
+    model = hf_family_model(family)
+    result = export_transformers(model, tmp_path / "hf")
+    assert result.target == f"transformers {class_name}"
+    assert result.max_relative_difference <= RTOL
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == [class_name]
+    # transformers' own class reads the folder and gives our outputs
+    x = torch.randn(2, 3, 32, 32)
+    kwargs = {"add_pooling_layer": False} if class_name == "ViTModel" else {}
+    theirs = getattr(transformers, class_name).from_pretrained(tmp_path / "hf", **kwargs).eval()
+    inputs = {"pixel_values": x}
+    if class_name == "ViTMAEModel":  # no masking, the patches in order
+        inputs["noise"] = torch.arange(16.0).expand(2, -1)
+    with torch.no_grad():
+        found = getattr(theirs(**inputs), output)
+        ours = model.forward_features(x) if output == "last_hidden_state" else model(x)
+    assert found.shape == ours.shape
+    assert relative_error(found, ours) <= RTOL
+    # and our reader takes the folder back: same class, same outputs
+    back = vit.load_model(tmp_path / "hf")
+    assert type(back) is type(model) and back.num_classes == model.num_classes
+    with torch.no_grad():
+        assert relative_error(back(x), model(x)) <= RTOL
+
+
+@pytest.mark.parametrize(
+    ("switches", "named"),
+    [
+        (FAMILIES["deit3 (LayerScale, no_embed_class)"], "DeiT III"),
+        ({**FAMILIES["deit3 (LayerScale, no_embed_class)"], "num_classes": 0}, "DeiT III"),
+        ({"init_values": 1e-5}, "DINOv2 classifiers read the class token and the mean patch"),
+        ({**FAMILIES["siglip (attention pool)"], "num_classes": 3}, "SiglipForImageClassif"),
+        ({"global_pool": "avg"}, "global_pool='avg'"),
+        ({"no_embed_class": True}, "no_embed_class=True"),
+        ({"pre_norm": True, "qkv_bias": False}, "qkv_bias=False"),
+    ],
+)
+def test_transformers_refuses_what_no_class_holds_in_one_line(switches, named, tmp_path):
+    config = vit.ViTConfig(**{**TINY, **switches})
+    with pytest.raises(ValueError, match=re.escape(named)) as refused:
+        vit.layouts.huggingface.config_to_hf(config, None)  # checked before anything is written
+    assert "\n" not in str(refused.value)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        export_transformers(vit.VisionTransformer(**{**TINY, **switches}), tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_clip_head_with_a_bias_is_refused(tmp_path):
+    model = vit.VisionTransformer(**{**TINY, "pre_norm": True})
+    torch.nn.init.ones_(model.head.bias)
+    with pytest.raises(ValueError, match="CLIP's projection has none"):
+        export_transformers(model, tmp_path / "hf")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_transformers_folder_loads_with_id2label_and_round_trips(model, tmp_path, one_thread):

@@ -4,6 +4,8 @@ state dicts load strictly both ways; weights that do not fit a switch name the t
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,7 +14,9 @@ import torch
 from conftest import RTOL, relative_error
 
 import vit
+from vit import families
 from vit.configs import MODELS
+from vit.model import VisionTransformerDistilled, model_class
 
 FAMILIES = ("dinov2", "clip", "siglip", "deit", "deit3")
 FAMILY_NAMES = [name for name, spec in MODELS.items() if spec.family in FAMILIES]
@@ -418,3 +422,77 @@ def test_saved_family_models_reload_with_their_switches(tmp_path):
         x = torch.randn(1, 3, *model.patch_embed.img_size)
         with torch.no_grad():
             assert torch.equal(loaded(x), model(x))
+
+
+# -- the family records (vit.families) -----------------------------------------------------------
+def test_every_named_model_is_read_as_its_familys_record():
+    records = {  # ModelSpec.family -> the records its names may be
+        "dinov2": {"dinov2", "dinov2_reg"},
+        "deit": {"deit", "vit"},  # distilled or not
+        "cifar": {"vit"},
+    }
+    for name, spec in MODELS.items():
+        family = families.family_of(vit.ViTConfig(**spec.arch))
+        assert family.name in records.get(spec.family, {spec.family}), name
+        assert family.switches.items() <= spec.arch.items(), name  # presets: the record's
+
+
+@pytest.mark.parametrize(
+    "family", [f for f in families.FAMILIES if f.switches], ids=lambda family: family.name
+)
+def test_each_record_names_the_tensors_its_switches_create(family):
+    tiny = dict(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2)
+    keys = list(vit.VisionTransformer(**tiny, **family.switches).state_dict())
+    plain = list(vit.VisionTransformer(**tiny).state_dict())
+    for fragment in family.tensors:
+        removed = fragment == "cls_token" and family.switches["class_token"] is False  # SigLIP
+        assert any(fragment in key for key in keys) != removed, fragment
+        assert any(fragment in key for key in plain) == (fragment == "cls_token"), fragment
+    assert families.family_of(vit.ViTConfig(**tiny, **family.switches)) is family
+
+
+def test_readout_of_names_the_tokens_the_head_reads():
+    tiny = dict(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2)
+    assert families.readout_of(vit.VisionTransformer(**tiny)) == families.Readout("token", (0,))
+    distilled = vit.VisionTransformer(**tiny, distilled=True)
+    assert families.readout_of(distilled) == families.Readout("token", (0, 1))
+    siglip = vit.VisionTransformer(**tiny, **families.SIGLIP.switches)
+    assert families.readout_of(siglip) == families.Readout("map")
+    model = vit.VisionTransformer(**tiny, reg_tokens=2)
+    model.reset_classifier(0, global_pool="avg")  # the model's current readout, not its config's
+    assert families.readout_of(model) == families.Readout("avg")
+    assert families.readout_of(vit.ViTConfig(global_pool="")) == families.Readout("")
+
+
+def test_transformers_model_types_are_read_by_their_familys_layout():
+    named = {layout for family in families.BY_NAME.values() for layout in family.layouts}
+    assert named == set(vit.layouts.BY_NAME)  # every layout reads some family's checkpoints
+    assert set(vit.layouts.CONFIGS) == set(families.BY_MODEL_TYPE)
+    for model_type, family in families.BY_MODEL_TYPE.items():
+        assert vit.layouts.CONFIGS[model_type].__name__.endswith("." + family.hf_layout)
+    mae = families.family_of(vit.ViTConfig(num_classes=0), "vit_base_patch16_224.mae")
+    assert mae is families.MAE and mae.hf_class(0).name == "ViTMAEModel"
+    assert families.family_of(vit.ViTConfig(), "facebook/vit-mae-base") is families.MAE
+    assert families.family_of(vit.ViTConfig(), "vit_base_patch16_224.augreg") is families.VIT
+    with pytest.raises(ValueError, match="transformers cannot hold this DeiT III model"):
+        families.DEIT3.hf_class(1000)
+
+
+def test_families_and_configs_import_without_torch():
+    code = "import sys, vit.families, vit.configs; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
+def test_a_distilled_config_builds_the_distilled_subclass_everywhere(tmp_path):
+    tiny = dict(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3)
+    distilled = vit.VisionTransformer(**tiny, distilled=True)
+    assert type(distilled) is VisionTransformerDistilled is model_class({"distilled": True})
+    plain = vit.VisionTransformer(**tiny)
+    assert type(plain) is vit.VisionTransformer and not hasattr(plain, "dist_token")
+    assert type(vit.create_model("deit_tiny_distilled_patch16_224", depth=1)) is type(distilled)
+    path = vit.save_weights(distilled, tmp_path / "deit.safetensors")
+    assert type(vit.load_model(path)) is VisionTransformerDistilled
+    with pytest.raises(ValueError, match="reads its class and distillation tokens"):
+        distilled.reset_classifier(3, global_pool="avg")

@@ -251,3 +251,24 @@ def test_bad_arguments_are_named():
         vit.create_model("vit_base_patch16_244")
     with pytest.raises(TypeError, match="unknown override"):
         vit.create_model("vit_tiny_patch16_224", dropout=0.1)
+
+
+@pytest.mark.parametrize(
+    ("switches", "logits", "pre_logits"),
+    [
+        ({}, (2, 3), (2, 16)),  # the class token
+        ({"global_pool": "avg"}, (2, 3), (2, 16)),  # the mean patch token
+        ({"class_token": False, "global_pool": "map"}, (2, 3), (2, 16)),  # an attention pool
+        ({"distilled": True}, (2, 3), (2, 16)),  # class and distillation tokens, averaged
+        ({"global_pool": ""}, (2, 5, 3), (2, 5, 16)),  # no pooling: every token
+        ({"reg_tokens": 2, "global_pool": ""}, (2, 7, 3), (2, 7, 16)),
+    ],
+)
+def test_forward_head_returns_the_documented_shapes_for_every_readout(switches, logits, pre_logits):
+    model = vit.VisionTransformer(
+        img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=3, **switches
+    ).eval()
+    with torch.no_grad():
+        tokens = model.forward_features(torch.randn(2, 3, 16, 16))
+        assert model.forward_head(tokens).shape == logits
+        assert model.forward_head(tokens, pre_logits=True).shape == pre_logits

@@ -11,12 +11,14 @@ import difflib
 import fnmatch
 from dataclasses import asdict, dataclass, field, replace
 
-IMAGENET_INCEPTION_MEAN = (0.5, 0.5, 0.5)
-IMAGENET_INCEPTION_STD = (0.5, 0.5, 0.5)
-IMAGENET_DEFAULT_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_DEFAULT_STD = (0.229, 0.224, 0.225)
-OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+from . import families
+from .families import (
+    IMAGENET_DEFAULT_MEAN,
+    IMAGENET_DEFAULT_STD,
+    IMAGENET_INCEPTION_MEAN,
+    IMAGENET_INCEPTION_STD,
+)
+
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
@@ -67,7 +69,9 @@ class ModelSpec:
     num_classes: int = 1000
     pretrained_tag: str | None = None  # timm's default tag; None: no published weights
     description: str = ""
-    family: str = "vit"  # vit, dinov2, clip, siglip, deit, deit3, cifar
+    # vit, dinov2 (with or without registers), clip, siglip, deit (with or without distillation),
+    # deit3 (as `vit.families`' records), or cifar
+    family: str = "vit"
     other_tags: dict[str, Weights] = field(default_factory=dict)
 
     @property
@@ -198,32 +202,33 @@ def _in(crop_pct: float, num_classes: int = 1000, image: int = 224) -> Weights:
 
 
 def _openai(crop_pct: float, num_classes: int, image: int = 224) -> Weights:
-    """Weights expecting OpenAI CLIP's mean/std."""
-    return Weights(_preprocess(image, crop_pct, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD), num_classes)
+    """Weights expecting OpenAI CLIP's mean/std (the CLIP family's usual)."""
+    clip = families.CLIP
+    return Weights(_preprocess(image, crop_pct, clip.mean, clip.std), num_classes)
 
 
 def _half(crop_pct: float, num_classes: int, image: int = 224) -> Weights:
-    """Weights expecting mean = std = 0.5 (inputs in [-1, 1]: SigLIP, some LAION CLIPs)."""
-    return Weights(
-        _preprocess(image, crop_pct, IMAGENET_INCEPTION_MEAN, IMAGENET_INCEPTION_STD), num_classes
-    )
+    """Weights expecting mean = std = 0.5 (inputs in [-1, 1]: SigLIP's usual, some LAION CLIPs)."""
+    siglip = families.SIGLIP
+    return Weights(_preprocess(image, crop_pct, siglip.mean, siglip.std), num_classes)
 
 
+# The families' switches are their records' (`vit.families`).
 # DINOv2 (Oquab et al. 2023): LayerScale, patch 14 at 518 px, headless. With registers (Darcet
 # et al. 2024): 4 register tokens, position embeddings on the patches only.
-_DINOV2 = dict(init_values=1e-5)
-_DINOV2_REG = dict(init_values=1e-5, reg_tokens=4, no_embed_class=True)
+_DINOV2 = dict(families.DINOV2.switches)
+_DINOV2_REG = dict(families.DINOV2_REG.switches)
 _LVD = _in(1.0, 0, image=518)
 # CLIP image towers (Radford et al. 2021): a LayerNorm before the blocks, eps 1e-5. The
 # zero-shot tags' head is CLIP's image projection into the text space (its width, no classes);
 # the _ft_ tags classify ImageNet. The _quickgelu_ names keep OpenAI's original activation.
-_CLIP = dict(pre_norm=True, norm_eps=1e-5)
+_CLIP = dict(families.CLIP.switches)
 _CLIP_QUICKGELU = dict(_CLIP, act_layer="quick_gelu")
 # SigLIP (Zhai et al. 2023): no class token, an attention-pool readout, headless.
-_SIGLIP = dict(class_token=False, global_pool="map")
+_SIGLIP = dict(families.SIGLIP.switches)
 _SO400M = dict(_SIGLIP, mlp_ratio=3.7362)
 # DeiT III (Touvron et al. 2022): LayerScale, position embeddings on the patches only.
-_DEIT3 = dict(init_values=1e-6, no_embed_class=True)
+_DEIT3 = dict(families.DEIT3.switches)
 
 MODELS.update(
     {
@@ -338,7 +343,7 @@ MODELS.update(
                 size,
                 16,
                 image,
-                dict(distilled=kind == "distilled_"),
+                dict(families.DEIT.switches) if kind else {},
                 fb_in1k=_in(0.9 if image == 224 else 1.0, image=image),
             )
             for kind in ("", "distilled_")

@@ -54,16 +54,17 @@ if __name__ == "__main__":
 import copy
 import importlib
 import json
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from types import ModuleType
 
 import torch
 from safetensors.torch import save_file
 
+from . import families
 from .cli import unwritable
 from .factory import class_names_for, model_from_flags
 from .io import atomic_write, atomic_write_dir
-from .layouts import huggingface
+from .layouts import hf_common, huggingface
 from .layouts import torchvision as torchvision_layout
 from .model import VisionTransformer
 
@@ -132,11 +133,11 @@ def relative_difference(theirs: torch.Tensor, ours: torch.Tensor) -> float:
     return ((theirs.float() - ours).abs().max() / ours.abs().max().clamp_min(1e-30)).item()
 
 
-def check(difference: float, tolerance: float, target: str) -> None:
+def check(difference: float, tolerance: float, target: str, compared: str = "logits") -> None:
     if not difference <= tolerance:  # also catches NaN
         raise ValueError(
-            f"{target} does not reproduce our logits: max relative difference {difference:.2e} > "
-            f"tolerance {tolerance:.0e}; nothing was written"
+            f"{target} does not reproduce our {compared}: max relative difference "
+            f"{difference:.2e} > tolerance {tolerance:.0e}; nothing was written"
         )
 
 
@@ -211,15 +212,17 @@ def _verify_onnx(onnxruntime, path: Path, model: VisionTransformer, tolerance: f
 def export_transformers(
     model: VisionTransformer, folder: str | Path, tolerance: float = 1e-5
 ) -> ExportCheck:
-    """Write a transformers ViT folder (config.json with id2label, model.safetensors,
-    preprocessor_config.json) and check that `ViTForImageClassification.from_pretrained`
-    (`ViTModel` for a headless model) reproduces our logits (final tokens)."""
+    """Write a transformers folder (config.json with id2label, model.safetensors,
+    preprocessor_config.json) of the class the model's family is written as (`vit.families`:
+    ViTForImageClassification / ViTModel, ViTMAEModel, Dinov2Model, Dinov2WithRegistersModel,
+    CLIPVisionModel(WithProjection), SiglipVisionModel, DeiTForImageClassificationWithTeacher)
+    and check that transformers' `from_pretrained` of that class reproduces our outputs: logits,
+    pooled embeddings, or the final tokens, as the class returns them."""
     transformers = require("transformers", "--hf (verifying the export)")
     folder = Path(folder)
     model = cpu_float32(model)
-    config = huggingface.config_to_hf(model.config, class_names_for(model))
-    with_head = model.num_classes > 0
-    tensors = huggingface.from_timm(model.state_dict(), with_head=with_head)
+    config = huggingface.config_to_hf(model.config, class_names_for(model), model.model_name)
+    tensors = huggingface.state_to_hf(model.state_dict(), model.config, model.model_name)
     tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
     result: list[ExportCheck] = []
 
@@ -227,32 +230,49 @@ def export_transformers(
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(tmp / "model.safetensors"), {"format": "pt"})
         if model.preprocess is not None:
-            processor = huggingface.preprocess_to_hf(model.preprocess)
+            processor = hf_common.preprocess_to_hf(model.preprocess)
             (tmp / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
         result.append(_verify_transformers(transformers, tmp, model, config, tolerance))
 
     atomic_write_dir(folder, write)
-    return ExportCheck(folder, result[0].target, result[0].max_relative_difference)
+    return ExportCheck(folder, *astuple(result[0])[1:])
+
+
+# a transformers output -> what it holds, in ExportCheck's words
+COMPARED = dict(
+    logits="logits",
+    image_embeds="embeddings",
+    pooler_output="embeddings",
+    last_hidden_state="final tokens",
+)
 
 
 def _verify_transformers(transformers, folder: Path, model, config: dict, tolerance: float):
-    images = sample_images(model, 2)
-    if model.num_classes:
-        theirs = transformers.ViTForImageClassification.from_pretrained(str(folder)).eval()
+    """Load `folder` as the class config.json names and compare its output with ours."""
+    (name,) = config["architectures"]
+    family = families.family_of(model)
+    output = family.hf_class(model.num_classes).output
+    kwargs = {"add_pooling_layer": False} if name == "ViTModel" else {}
+    theirs = getattr(transformers, name).from_pretrained(str(folder), **kwargs).eval()
+    if "id2label" in config and model.num_classes:
         names = [theirs.config.id2label[i] for i in range(model.num_classes)]
         if names != [config["id2label"][str(i)] for i in range(model.num_classes)]:
             raise ValueError("transformers read other class names than were written")
-        with torch.no_grad():
-            output = theirs(pixel_values=images).logits
-        target = "transformers ViTForImageClassification"
-    else:
-        theirs = transformers.ViTModel.from_pretrained(str(folder), add_pooling_layer=False).eval()
-        with torch.no_grad():
-            output = theirs(pixel_values=images).last_hidden_state
-        target = "transformers ViTModel"
-    difference = relative_difference(output, our_outputs(model, images))
-    check(difference, tolerance, target)
-    return ExportCheck(folder, target, difference)
+    images = sample_images(model, 2)
+    inputs = {"pixel_values": images}
+    if name == "ViTMAEModel":  # no masking (mask_ratio 0), and the patches kept in order
+        inputs["noise"] = torch.arange(model.patch_embed.num_patches, dtype=torch.float32)
+        inputs["noise"] = inputs["noise"].expand(len(images), -1)
+    with torch.no_grad():
+        outputs = theirs(**inputs)
+        if getattr(outputs, output) is None:  # a SigLIP tower without its pooling head
+            output = "last_hidden_state"
+        found = getattr(outputs, output)
+        ours = model.forward_features(images) if output == "last_hidden_state" else model(images)
+    target = f"transformers {name}"
+    difference = relative_difference(found, ours)
+    check(difference, tolerance, target, COMPARED[output])
+    return ExportCheck(folder, target, difference, COMPARED[output])
 
 
 # -- torchvision ---------------------------------------------------------------------------------
@@ -321,7 +341,7 @@ def format_problem(flag: str, model: VisionTransformer) -> str | None:
                 require(module, "--onnx (export and verification)")
         elif flag == "hf":
             require("transformers", "--hf (verifying the export)")
-            huggingface.config_to_hf(model.config, class_names_for(model))
+            huggingface.config_to_hf(model.config, class_names_for(model), model.model_name)
         else:
             torchvision_layout.constructor_args(model.config)
     except (MissingExtraError, ValueError) as e:

@@ -14,9 +14,8 @@ from urllib.parse import urlsplit
 from . import layouts
 from .cli import pretrained_weights
 from .configs import MODELS, Preprocess, close_model_names, get_spec, split_tag
-from .layouts import huggingface
-from .layouts import torchvision as torchvision_layout
-from .model import VisionTransformer, ViTConfig, to_pair
+from .layouts import hf_common
+from .model import VisionTransformer, ViTConfig, model_class, to_pair
 from .weights import load_weights, read_checkpoint, read_metadata
 
 
@@ -87,9 +86,10 @@ def create_model(
         checkpoint = read_checkpoint(pretrained)
     if checkpoint is not None and checkpoint.norm_eps is not None and "norm_eps" not in overrides:
         kwargs["norm_eps"] = checkpoint.norm_eps
-    model = VisionTransformer(**kwargs)
-    if checkpoint is not None and checkpoint.layout == "torchvision":
-        preprocess = Preprocess.from_dict(torchvision_layout.preprocess_for(preprocess.input_size))
+    model = model_class(kwargs)(**kwargs)
+    layout = layouts.BY_NAME[checkpoint.layout] if checkpoint is not None else None
+    if layout is not None and layout.preprocess is not None:  # the weights' own (torchvision's)
+        preprocess = Preprocess.from_dict(layout.preprocess(preprocess.input_size))
     model.preprocess = preprocess
     model.model_name = name
     if checkpoint is not None:
@@ -198,7 +198,7 @@ def load_model(
         config["num_classes"] = num_classes
     if img_size is not None:
         config["img_size"] = img_size
-    model = VisionTransformer(**config)
+    model = model_class(config)(**config)
     load_weights(model, path)
     model.class_names = metadata.get("vit.class_names")
     model.model_name = metadata.get("vit.model_name")
@@ -222,16 +222,16 @@ def _load_transformers_folder(
             f"folders (config.json + model.safetensors or pytorch_model.bin) or our "
             f".safetensors files"
         )
-    hf_config = huggingface.read_json(folder / "config.json")
+    hf_config = hf_common.read_json(folder / "config.json")
     config, class_names = layouts.config_from_transformers(hf_config, source=str(folder))
     processor = folder / "preprocessor_config.json"
-    settings = huggingface.read_json(processor) if processor.is_file() else {}
-    preprocess = huggingface.preprocess_from_hf(settings, config["img_size"])
+    settings = hf_common.read_json(processor) if processor.is_file() else {}
+    preprocess = hf_common.preprocess_from_hf(settings, config["img_size"])
     if num_classes is not None:
         config["num_classes"] = num_classes
     config["img_size"] = to_pair(img_size, "img_size") if img_size else preprocess["input_size"]
     preprocess["input_size"] = config["img_size"]
-    model = VisionTransformer(**config)
+    model = model_class(config)(**config)
     load_weights(model, folder)
     model.class_names = class_names if len(class_names or ()) == model.num_classes else None
     model.model_name = hf_config.get("_name_or_path") or folder.name

@@ -9,8 +9,10 @@ The ViT families in use today are this model with a few switches (timm's names),
 module or a few lines below: LayerScale `init_values` (DINOv2, DeiT III), register tokens
 `reg_tokens` and patch-only position embeddings `no_embed_class` (DINOv2 with registers,
 DeiT III), a LayerNorm before the blocks `pre_norm` (CLIP), the MLP activation `act_layer`
-(QuickGELU: OpenAI CLIP), an attention-pool readout `global_pool="map"` (SigLIP), and a
-distillation token with its own head `distilled` (DeiT distilled).
+(QuickGELU: OpenAI CLIP) and an attention-pool readout `global_pool="map"` (SigLIP). DeiT's
+distillation token with its own head (`distilled`) is more than a switch: the small subclass
+`VisionTransformerDistilled` at the end, as timm's. `vit.families` says which switches make
+which family.
 
 Parameter names are timm's (`patch_embed.proj`, `blocks.{i}.attn.qkv`, `blocks.{i}.ls1.gamma`,
 `reg_token`, `norm_pre`, `attn_pool.*`, `dist_token`, `head_dist`, ...), so a timm
@@ -369,7 +371,16 @@ GLOBAL_POOLS = ("token", "avg", "map", "")
 
 
 class VisionTransformer(nn.Module):
-    """ViT classifier. All arguments are keyword-only; see `ViTConfig` for their meaning."""
+    """ViT classifier. All arguments are keyword-only; see `ViTConfig` for their meaning.
+
+    `VisionTransformer(distilled=True, ...)` builds a `VisionTransformerDistilled`
+    (`model_class`), so every config builds its own class through one constructor.
+    """
+
+    def __new__(cls, **kwargs):
+        if cls is VisionTransformer:  # the class a config needs: DeiT's distilled subclass
+            cls = model_class(kwargs)
+        return super().__new__(cls)
 
     def __init__(self, **kwargs) -> None:
         super().__init__()
@@ -385,11 +396,10 @@ class VisionTransformer(nn.Module):
         self.num_classes = cfg.num_classes
         self.global_pool = cfg.global_pool
         self.embed_dim = self.num_features = cfg.embed_dim
-        # Prefix tokens, in order: class, distillation (DeiT), registers (DINOv2-reg).
+        # Prefix tokens, in order: class, distillation (VisionTransformerDistilled), registers.
         self.num_prefix_tokens = int(cfg.class_token) + int(cfg.distilled) + cfg.reg_tokens
         self.num_reg_tokens = cfg.reg_tokens
         self.grad_checkpointing = False
-        self.distilled_training = False  # DeiT: return both heads' logits in training (timm's)
         use_fc_norm = cfg.uses_fc_norm
 
         self.patch_embed = PatchEmbed(
@@ -408,8 +418,6 @@ class VisionTransformer(nn.Module):
         self.pos_embed = nn.Parameter(
             torch.zeros(1, num_patches + self.pos_embed_prefix_tokens, cfg.embed_dim)
         )
-        # after pos_embed: timm's order of keys in the state dict
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim)) if cfg.distilled else None
         self.pos_drop = nn.Dropout(cfg.pos_drop_rate)
         self.patch_drop = PatchDropout(cfg.patch_drop_rate, self.num_prefix_tokens)
         self.norm_pre = (
@@ -433,8 +441,7 @@ class VisionTransformer(nn.Module):
             nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps) if use_fc_norm else nn.Identity()
         )
         self.head_drop = nn.Dropout(cfg.drop_rate)
-        self.head = self._make_head(cfg.num_classes)
-        self.head_dist = self._make_head(cfg.num_classes) if cfg.distilled else None  # DeiT
+        self._make_heads(cfg)
         self.init_weights()
         # Set by vit.create_model / vit.load_model, saved beside the weights by vit.save_weights.
         self.model_name: str | None = None
@@ -442,6 +449,9 @@ class VisionTransformer(nn.Module):
         self.preprocess = None  # a vit.Preprocess: how images must be prepared for this model
 
     # -- construction ------------------------------------------------------------------------
+    def _make_heads(self, cfg: ViTConfig) -> None:
+        self.head = self._make_head(cfg.num_classes)
+
     def _make_head(self, num_classes: int) -> nn.Module:
         return nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
@@ -469,8 +479,6 @@ class VisionTransformer(nn.Module):
         for token in (self.cls_token, self.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
-        if self.dist_token is not None:
-            nn.init.trunc_normal_(self.dist_token, std=0.02)
         if self.attn_pool is not None:
             std = self.embed_dim**-0.5
             nn.init.trunc_normal_(self.attn_pool.latent, std=std, a=-2 * std, b=2 * std)
@@ -479,14 +487,12 @@ class VisionTransformer(nn.Module):
     @torch.no_grad()
     def _zero_head(self) -> None:
         # A zero head predicts uniformly at first, so early gradients do not chase random logits.
-        for head in (self.head, self.head_dist):
-            if isinstance(head, nn.Linear):
-                nn.init.zeros_(head.weight)
-                nn.init.zeros_(head.bias)
+        if isinstance(self.head, nn.Linear):
+            nn.init.zeros_(self.head.weight)
+            nn.init.zeros_(self.head.bias)
 
-    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
-        """The classifier head; (head, head_dist) for a distilled model, as timm."""
-        return self.head if self.head_dist is None else (self.head, self.head_dist)
+    def get_classifier(self) -> nn.Module:
+        return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the head(s) with fresh (zero) ones for `num_classes` (0 removes them).
@@ -498,21 +504,17 @@ class VisionTransformer(nn.Module):
             _check_pool(global_pool, self.cls_token is not None)
             if global_pool == "map" and self.attn_pool is None:
                 raise ValueError("global_pool='map' cannot be added to a model built without it")
-            if self.head_dist is not None and global_pool != "token":
-                raise ValueError("a distilled model reads its class and distillation tokens")
             if global_pool != "map":
                 self.attn_pool = None
             self.global_pool = self.config.global_pool = global_pool
         device = self.pos_embed.device
         self.num_classes = self.config.num_classes = num_classes
         self.head = self._make_head(num_classes).to(device)
-        if self.head_dist is not None:
-            self.head_dist = self._make_head(num_classes).to(device)
         self._zero_head()
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay should skip (the optimizer also skips biases/norms)."""
-        names = ("pos_embed", "cls_token", "reg_token", "dist_token")
+        names = ("pos_embed", "cls_token", "reg_token")
         return {name for name in names if getattr(self, name) is not None}
 
     def set_fused_attn(self, enabled: bool) -> None:
@@ -527,10 +529,6 @@ class VisionTransformer(nn.Module):
         less memory for more compute (torch.utils.checkpoint), as timm's switch."""
         self.grad_checkpointing = enable
 
-    def set_distilled_training(self, enable: bool = True) -> None:
-        """DeiT: in training, return (class-head logits, distillation-head logits), as timm."""
-        self.distilled_training = enable
-
     @property
     def grid_size(self) -> tuple[int, int]:
         return self.patch_embed.grid_size
@@ -544,7 +542,7 @@ class VisionTransformer(nn.Module):
             pos_embed = resample_abs_pos_embed(
                 pos_embed, grid, self.grid_size, num_prefix_tokens=self.pos_embed_prefix_tokens
             )
-        tokens = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        tokens = self._prefix_tokens()
         if not tokens:  # SigLIP: no prefix tokens
             return self.pos_drop(x + pos_embed)
         prefix = torch.cat(tokens, dim=1).expand(x.shape[0], -1, -1)  # (B, P, D)
@@ -553,6 +551,10 @@ class VisionTransformer(nn.Module):
         else:
             x = torch.cat([prefix, x], dim=1) + pos_embed  # (B, N, D)
         return self.pos_drop(x)
+
+    def _prefix_tokens(self) -> list[nn.Parameter]:
+        """The learned prefix tokens in order, each (1, t, D): class, registers."""
+        return [t for t in (self.cls_token, self.reg_token) if t is not None]
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C, H, W) -> tokens (B, N, D) ready for the first block."""
@@ -632,15 +634,70 @@ class VisionTransformer(nn.Module):
         return x  # "": every token, (B, N, D)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """Tokens (B, N, D) -> logits (B, num_classes), or pooled features (B, D) if pre_logits."""
-        if self.head_dist is not None:  # DeiT distilled: the class and distillation tokens
-            return self._forward_distilled_head(x, pre_logits)
+        """Tokens (B, N, D) -> logits (B, num_classes), or pooled features (B, D) if pre_logits.
+
+        With global_pool="" nothing is pooled: every token is classified, (B, N, num_classes),
+        or (B, N, D) if pre_logits. A headless model (num_classes=0) returns the features.
+        """
         x = self.head_drop(self.fc_norm(self.pool(x)))
         return x if pre_logits else self.head(x)
 
-    def _forward_distilled_head(self, x: torch.Tensor, pre_logits: bool):
-        """DeiT: each token has its own head; the prediction is the mean of the two (timm's
-        VisionTransformerDistilled), or both logits in training after set_distilled_training."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (B, C, H, W) -> forward_head's output: logits (B, num_classes), ..."""
+        return self.forward_head(self.forward_features(x))
+
+
+class VisionTransformerDistilled(VisionTransformer):
+    """DeiT distilled (Touvron et al. 2021): a distillation token after the class token, read by
+    its own head (`dist_token`, `head_dist`: timm's `VisionTransformerDistilled` names). The
+    prediction is the mean of the two heads; in training after `set_distilled_training`, both
+    logits, the second for the loss against a teacher's predictions."""
+
+    def _make_heads(self, cfg: ViTConfig) -> None:
+        super()._make_heads(cfg)
+        # registered after pos_embed and head: timm's order of keys in the state dict
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.embed_dim))
+        self.head_dist = self._make_head(cfg.num_classes)
+        self.distilled_training = False
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        super().init_weights()
+        nn.init.trunc_normal_(self.dist_token, std=0.02)  # timm's
+
+    @torch.no_grad()
+    def _zero_head(self) -> None:
+        super()._zero_head()
+        if isinstance(self.head_dist, nn.Linear):
+            nn.init.zeros_(self.head_dist.weight)
+            nn.init.zeros_(self.head_dist.bias)
+
+    def _prefix_tokens(self) -> list[nn.Parameter]:
+        return [self.cls_token, self.dist_token]  # (registers refused by _check_config)
+
+    def get_classifier(self) -> tuple[nn.Module, nn.Module]:
+        """(head, head_dist), as timm."""
+        return self.head, self.head_dist
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        if global_pool not in (None, "token"):
+            raise ValueError("a distilled model reads its class and distillation tokens")
+        super().reset_classifier(num_classes)
+        self.head_dist = self._make_head(num_classes).to(self.pos_embed.device)
+        self._zero_head()
+
+    def no_weight_decay(self) -> set[str]:
+        return super().no_weight_decay() | {"dist_token"}
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """In training, return (class-head logits, distillation-head logits), as timm."""
+        self.distilled_training = enable
+
+    def forward_head(
+        self, x: torch.Tensor, pre_logits: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Tokens (B, N, D) -> the mean of both heads' logits (B, num_classes), or of the two
+        tokens (B, D) if pre_logits; in distilled training, both logits, each (B, num_classes)."""
         cls, dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])  # each (B, D)
         if pre_logits:
             return (cls + dist) / 2
@@ -649,8 +706,11 @@ class VisionTransformer(nn.Module):
             return cls, dist
         return (cls + dist) / 2
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+
+def model_class(config: ViTConfig | dict) -> type[VisionTransformer]:
+    """The class that builds a model of this config (or of these `ViTConfig` arguments)."""
+    distilled = config.get("distilled") if isinstance(config, dict) else config.distilled
+    return VisionTransformerDistilled if distilled else VisionTransformer
 
 
 def _check_config(cfg: ViTConfig) -> None:

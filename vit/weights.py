@@ -33,8 +33,9 @@ from safetensors.torch import load_file, safe_open, save_file
 from torch import nn
 
 from . import layouts
+from .families import SWITCH_TENSORS
 from .io import atomic_write
-from .layouts import huggingface
+from .layouts import hf_common
 from .layouts.google_jax import convert_jax_checkpoint
 from .model import VisionTransformer, to_pair
 from .pos_embed import RESAMPLERS, resample_abs_pos_embed, resample_pos_embed
@@ -228,11 +229,11 @@ def _read_file(path: Path) -> tuple[dict, dict]:
 
 def _read_transformers_folder(folder: Path) -> tuple[dict, float]:
     """A transformers folder -> (its tensors, merged over shards; its LayerNorm eps)."""
-    config = huggingface.read_json(folder / "config.json")
+    config = hf_common.read_json(folder / "config.json")
     # refuses what this package cannot compute, naming it
     arch, _ = layouts.config_from_transformers(config, source=str(folder))
     tensors: dict[str, torch.Tensor] = {}
-    for path in huggingface.weights_files(folder):
+    for path in hf_common.weights_files(folder):
         tensors.update(_read_file(path)[0])
     return tensors, arch["norm_eps"]
 
@@ -294,24 +295,22 @@ def _stored_grid(metadata: dict) -> tuple[int, int] | None:
 
 
 HEAD_KEYS = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")  # dist: DeiT
-# Tensors that exist only with one of the model's switches: named when they do not fit.
-SWITCH_TENSORS = {
-    ".ls1.gamma": "init_values (LayerScale)",
-    ".ls2.gamma": "init_values (LayerScale)",
-    "reg_token": "reg_tokens",
-    "norm_pre.": "pre_norm",
-    "attn_pool.": "global_pool='map'",
-    "dist_token": "distilled",
-    "head_dist.": "distilled",
-    "cls_token": "class_token",
-}
 
 
 def _switch_hint(report: LoadReport) -> str:
-    """Which model switches the missing or unexpected keys belong to, if any."""
+    """Which model switches (`vit.families.SWITCH_TENSORS`) the missing or unexpected keys
+    belong to, if any."""
     parts = []
     for keys, side in ((report.unexpected, "have"), (report.missing, "lack")):
-        switches = sorted({s for p, s in SWITCH_TENSORS.items() for k in keys if p in k})
+        switches = sorted(
+            {
+                s
+                for s, fragments in SWITCH_TENSORS.items()
+                for f in fragments
+                for k in keys
+                if f in k
+            }
+        )
         if switches:
             parts.append(f"the weights {side} the tensors of {', '.join(switches)}")
     if not parts:

@@ -16,17 +16,23 @@ are resampled to another image size (`vit.pos_embed.RESAMPLERS`).
     torchvision  conv_proj.weight, encoder.layers.encoder_layer_0.self_attention.in_proj_weight
     google_jax   embedding/kernel, Transformer/encoderblock_0/... (vit_jax and big_vision .npz)
 
+The transformers layouts (`huggingface`: ViT and MAE; `hf_deit`, `hf_dinov2`, `hf_clip`,
+`hf_siglip`) also write their family's class for export (`write_config`, `write_state`), and
+share `hf_common`; `vit.families` says which family each reads and writes.
+
 Families this package cannot compute (EVA, DINOv3, AIMv2) are recognised first and refused
 (`refused`); so are transformers configs of other models (`config_from_transformers`).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import torch
 
+from .. import families
 from . import (
     dinov2,
     google_jax,
@@ -56,6 +62,9 @@ class Layout:
     norm_eps: float | None = None  # LayerNorm eps its checkpoints use, when the keys tell
     # how the source library resamples its position embeddings (a `vit.pos_embed` resampler)
     pos_embed: str = "timm"
+    # input size (H, W) -> `vit.Preprocess` fields, where the layout's weights expect their own
+    # preprocessing rather than the model name's (torchvision's)
+    preprocess: Callable[[tuple[int, int]], dict] | None = None
 
 
 _TIMM_ROOTS = ("patch_embed.", "blocks.", "cls_token", "pos_embed", "norm.", "head.", "fc_norm.")
@@ -131,17 +140,15 @@ LAYOUTS: tuple[Layout, ...] = (
         "encoder.layers.encoder_layer_0.self_attention.in_proj_weight",
         torchvision.matches,
         torchvision.to_timm,
+        preprocess=torchvision.preprocess_for,
     ),
     Layout("google_jax", "embedding/kernel", google_jax.matches, google_jax.to_timm),
 )
-# transformers config.json model_type -> the layout module that reads its config
+BY_NAME = {layout.name: layout for layout in LAYOUTS}
+# transformers config.json model_type -> the layout module that reads its config (its family's)
 CONFIGS = {
-    "vit": huggingface,
-    "vit_mae": huggingface,
-    "deit": hf_deit,
-    **dict.fromkeys(hf_dinov2.MODEL_TYPES, hf_dinov2),
-    **dict.fromkeys(hf_clip.MODEL_TYPES, hf_clip),
-    **dict.fromkeys(hf_siglip.MODEL_TYPES, hf_siglip),
+    model_type: importlib.import_module(f".{family.hf_layout}", __name__)
+    for model_type, family in families.BY_MODEL_TYPE.items()
 }
 
 

@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 
 import torch
 
-from . import huggingface as hf
+from . import hf_common as hf
 from .keymap import KeyMap
 from .refused import SUPPORTED
 
@@ -42,9 +42,9 @@ PAIRS = [
 IGNORED = {"embeddings.position_ids": None}  # a buffer older transformers saved
 PATCH_KEY = "embeddings.patch_embedding.weight"
 PROJECTION = "visual_projection.weight"  # CLIP's, beside the tower
+QKV_FILE, QKV_PARTS = BLOCK + "self_attn.{part}.{kind}", ("q_proj", "k_proj", "v_proj")
 # transformers' CLIPVisionConfig defaults
 DEFAULTS = {**hf.DEFAULTS, "patch_size": 32, "hidden_act": "quick_gelu", "layer_norm_eps": 1e-5}
-MODEL_TYPES = ("clip", "clip_vision_model")
 ARCHITECTURES = ("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel")
 
 
@@ -123,3 +123,46 @@ def config_from_hf(hf_config: dict, source: str) -> tuple[dict, None]:
         pre_norm=True,
     )
     return config, None
+
+
+def write_tower(state: Mapping[str, torch.Tensor], keys: KeyMap, prefix: str, what: str) -> dict:
+    """timm names -> a CLIP or SigLIP image tower's under `prefix` (`keys` carrying it), the
+    class token and position embeddings in transformers' shapes (D,) and (N, D)."""
+    state = dict(state)
+    if "cls_token" in state:
+        state["cls_token"] = state["cls_token"].reshape(-1)  # (D,)
+    state["pos_embed"] = state["pos_embed"][0]  # (N, D)
+    return hf.from_timm(state, keys, prefix + QKV_FILE, QKV_PARTS, what)
+
+
+def write_state(state: Mapping[str, torch.Tensor], hf_class: str) -> dict[str, torch.Tensor]:
+    """timm names -> CLIPVisionModel's, or CLIPVisionModelWithProjection's (under
+    "vision_model.", the head as `visual_projection`, which has no bias: a head whose bias is
+    not zero is refused)."""
+    state = dict(state)
+    projected = hf_class == "CLIPVisionModelWithProjection"
+    if projected:
+        bias = state.pop("head.bias")
+        if bias.abs().max() > 0:
+            raise ValueError(
+                "transformers' CLIPVisionModelWithProjection cannot hold this model: its head "
+                "has a bias, and CLIP's projection has none (CLIPForImageClassification reads "
+                "the mean patch token)"
+            )
+    prefix = "vision_model." if projected else ""
+    keys = KeyMap([*hf.prefixed(prefix, PAIRS), (PROJECTION, "head.weight")])
+    return write_tower(state, keys, prefix, hf_class)
+
+
+def write_config(config, hf_class: str, class_names: list[str] | None) -> dict:
+    """Our CLIP config -> CLIPVisionModel's or CLIPVisionModelWithProjection's `config.json`
+    (the head's width is projection_dim)."""
+    why = "transformers' CLIP has a LayerNorm before the blocks and reads the class token"
+    hf.check_switches(config, "CLIP", why, pre_norm=True)
+    if not config.qkv_bias:
+        raise ValueError("transformers' CLIP cannot hold this model: it has qkv_bias=False")
+    out = {"architectures": [hf_class], "model_type": "clip_vision_model"}
+    out.update(hf.backbone_to_hf(config), attention_dropout=0.0)
+    if config.num_classes:
+        out["projection_dim"] = config.num_classes
+    return out

@@ -13,14 +13,24 @@ from collections.abc import Collection, Mapping
 
 import torch
 
-from . import huggingface as hf
+from . import huggingface as vit_layout
+from .hf_common import (
+    backbone_config,
+    backbone_to_hf,
+    check_switches,
+    class_names_of,
+    convert,
+    from_timm,
+    labels_to_hf,
+    prefixed,
+)
 from .keymap import KeyMap
 from .refused import SUPPORTED
 
 PREFIX = "deit."
 KEYS = KeyMap(
     [
-        *hf.prefixed(PREFIX, hf.KEYS.pairs),
+        *prefixed(PREFIX, vit_layout.KEYS.pairs),
         (PREFIX + "embeddings.distillation_token", "dist_token"),
         ("cls_classifier.", "head."),
         ("distillation_classifier.", "head_dist."),
@@ -46,8 +56,8 @@ def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[
             f"head (DeiTModel or DeiTForImageClassification): not supported; supported: "
             f"{SUPPORTED}"
         )
-    qkv = re.escape(PREFIX) + hf.QKV_BODY
-    return hf.convert(state, source, "distilled DeiT", KEYS, qkv, IGNORED)
+    qkv = re.escape(PREFIX) + vit_layout.QKV_BODY
+    return convert(state, source, "distilled DeiT", KEYS, qkv, IGNORED)
 
 
 def config_from_hf(hf_config: dict, source: str) -> tuple[dict, list[str] | None]:
@@ -59,12 +69,33 @@ def config_from_hf(hf_config: dict, source: str) -> tuple[dict, list[str] | None
             f"{source} holds a transformers DeiT ({listed}); only {ARCHITECTURE} (both heads) is "
             f"supported; supported: {SUPPORTED}"
         )
-    class_names = hf.class_names_of(hf_config)
+    class_names = class_names_of(hf_config)
     num_classes = len(class_names) if class_names else int(hf_config.get("num_labels", 2))
     config = dict(
-        hf.backbone_config(hf_config, source),
+        backbone_config(hf_config, source),
         num_classes=num_classes,
         qkv_bias=bool(hf_config.get("qkv_bias", True)),
         distilled=True,
     )
     return config, class_names
+
+
+def write_state(state: Mapping[str, torch.Tensor], hf_class: str) -> dict[str, torch.Tensor]:
+    """timm's distilled ViT -> transformers' DeiTForImageClassificationWithTeacher names."""
+    qkv = PREFIX + vit_layout.QKV_FILE
+    return from_timm(state, KEYS, qkv, vit_layout.QKV_PARTS, ARCHITECTURE)
+
+
+def write_config(config, hf_class: str, class_names: list[str] | None) -> dict:
+    """Our distilled config -> DeiTForImageClassificationWithTeacher's `config.json`."""
+    why = "transformers' DeiT reads the class and distillation tokens after the final LayerNorm"
+    check_switches(config, "DeiT", why, distilled=True)
+    return {
+        "architectures": [hf_class],
+        "model_type": "deit",
+        **backbone_to_hf(config),
+        "qkv_bias": config.qkv_bias,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        **labels_to_hf(class_names, config.num_classes),
+    }

@@ -19,14 +19,15 @@ from collections.abc import Collection, Mapping
 
 import torch
 
-from . import huggingface as hf
+from . import hf_common as hf
+from . import huggingface as vit_layout
 from .keymap import KeyMap
 from .refused import SUPPORTED
 
 BLOCK = "encoder.layer.{i}."
 KEYS = KeyMap(
     [
-        *hf.EMBEDDING_PAIRS,
+        *vit_layout.EMBEDDING_PAIRS,
         ("embeddings.register_tokens", "reg_token"),
         (BLOCK + "norm1.", "blocks.{i}.norm1."),
         (BLOCK + "attention.output.dense.", "blocks.{i}.attn.proj."),
@@ -42,7 +43,6 @@ KEYS = KeyMap(
 IGNORED = {"embeddings.mask_token": "DINOv2's masked-patch token (used in training only)"}
 # transformers' Dinov2Config defaults (intermediate_size is not used: mlp_ratio is)
 DEFAULTS = {**hf.DEFAULTS, "patch_size": 14, "layer_norm_eps": 1e-6}
-MODEL_TYPES = ("dinov2", "dinov2_with_registers")
 ARCHITECTURES = ("Dinov2Model", "Dinov2WithRegistersModel")
 
 
@@ -67,7 +67,7 @@ def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[
             f"{source} is a DINOv2 with a SwiGLU MLP (ViT-g/14, use_swiglu_ffn): not "
             f"supported; supported: {SUPPORTED}"
         )
-    out, notes = hf.convert(state, source, "DINOv2", KEYS, hf.QKV_BODY, IGNORED)
+    out, notes = hf.convert(state, source, "DINOv2", KEYS, vit_layout.QKV_BODY, IGNORED)
     if "reg_token" in out:
         notes.append(f"{source}: {fold_class_position(out)}")
     return out, notes
@@ -106,3 +106,43 @@ def config_from_hf(hf_config: dict, source: str) -> tuple[dict, None]:
     if hf_config.get("model_type") == "dinov2_with_registers":
         config.update(reg_tokens=registers, no_embed_class=True)
     return config, None
+
+
+def write_state(state: Mapping[str, torch.Tensor], hf_class: str) -> dict[str, torch.Tensor]:
+    """timm names -> Dinov2Model's or Dinov2WithRegistersModel's. With registers the class
+    token's position embedding, folded into the class token on reading, is written as zero:
+    transformers adds it to the class token, which then equals ours."""
+    out = hf.from_timm(state, KEYS, vit_layout.QKV_FILE, vit_layout.QKV_PARTS, hf_class)
+    pos = out["embeddings.position_embeddings"]  # (1, gh*gw or 1 + gh*gw, D)
+    if "embeddings.register_tokens" in out:
+        out["embeddings.position_embeddings"] = torch.cat([torch.zeros_like(pos[:, :1]), pos], 1)
+    out["embeddings.mask_token"] = torch.zeros(1, pos.shape[-1])  # used in training only
+    return out
+
+
+def write_config(config, hf_class: str, class_names: list[str] | None) -> dict:
+    """Our DINOv2 config -> Dinov2Model's or Dinov2WithRegistersModel's `config.json`."""
+    registers = hf_class == "Dinov2WithRegistersModel"
+    why = "transformers' DINOv2 has LayerScale and reads the class token after the final norm"
+    expected = dict(reg_tokens=hf.ANY, no_embed_class=True) if registers else {}
+    hf.check_switches(config, "DINOv2", why, init_values=hf.ANY, **expected)
+    if config.mlp_ratio != int(config.mlp_ratio):
+        raise ValueError(
+            f"transformers' DINOv2 cannot hold this model: its mlp_ratio {config.mlp_ratio} is "
+            f"not a whole number"
+        )
+    out = {
+        "architectures": [hf_class],
+        "model_type": "dinov2_with_registers" if registers else "dinov2",
+        **hf.backbone_to_hf(config),
+        "mlp_ratio": int(config.mlp_ratio),
+        "layerscale_value": config.init_values,
+        "qkv_bias": config.qkv_bias,
+        "use_swiglu_ffn": False,
+        "hidden_dropout_prob": 0.0,
+        "attention_probs_dropout_prob": 0.0,
+        "drop_path_rate": 0.0,
+    }
+    if registers:
+        out["num_register_tokens"] = config.reg_tokens
+    return out

@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 import torch
 
 from . import hf_clip
-from . import huggingface as hf
+from . import hf_common as hf
 from .keymap import KeyMap
 from .refused import SUPPORTED
 
@@ -33,9 +33,9 @@ PAIRS = [
     ("head.mlp.fc2.", "attn_pool.mlp.fc2."),
 ]
 IN_PROJ = "head.attention.in_proj_"  # + weight (3*D, D) / bias (3*D,)
+IN_PROJ_OURS = "attn_pool.in_proj."  # the same stack, only while writing
 # transformers' SiglipVisionConfig defaults
 DEFAULTS = {**hf.DEFAULTS, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6}
-MODEL_TYPES = ("siglip", "siglip_vision_model")
 ARCHITECTURES = ("SiglipVisionModel", "SiglipModel")
 
 
@@ -74,3 +74,27 @@ def config_from_hf(hf_config: dict, source: str) -> tuple[dict, None]:
         global_pool="map" if vision.get("vision_use_head", True) else "",
     )
     return config, None
+
+
+def write_state(state: Mapping[str, torch.Tensor], hf_class: str) -> dict[str, torch.Tensor]:
+    """timm names -> SiglipVisionModel's: the attention pool's `q` and `kv` stacked again into
+    `nn.MultiheadAttention`'s in_proj."""
+    state = dict(state)
+    for kind in ("weight", "bias"):
+        if f"attn_pool.q.{kind}" in state:
+            parts = [state.pop(f"attn_pool.q.{kind}"), state.pop(f"attn_pool.kv.{kind}")]
+            state[IN_PROJ_OURS + kind] = torch.cat(parts)  # q, then k and v
+    in_proj = [(IN_PROJ + kind, IN_PROJ_OURS + kind) for kind in ("weight", "bias")]
+    return hf_clip.write_tower(state, KeyMap([*PAIRS, *in_proj]), "", hf_class)
+
+
+def write_config(config, hf_class: str, class_names: list[str] | None) -> dict:
+    """Our SigLIP config -> SiglipVisionModel's `config.json` (vision_use_head: the pool)."""
+    why = "transformers' SigLIP pools with an attention-pool head, or not at all"
+    pool = config.global_pool if config.global_pool in ("map", "") else "map"
+    hf.check_switches(config, "SigLIP", why, class_token=False, global_pool=pool)
+    if not config.qkv_bias:
+        raise ValueError("transformers' SigLIP cannot hold this model: it has qkv_bias=False")
+    out = {"architectures": [hf_class], "model_type": "siglip_vision_model"}
+    out.update(hf.backbone_to_hf(config), attention_dropout=0.0)
+    return out | {"vision_use_head": config.global_pool == "map"}

@@ -1,5 +1,6 @@
 """Hugging Face transformers' ViT (`ViTModel`, `ViTForImageClassification`) and MAE encoder
-(`ViTMAEModel`, `ViTMAEForPreTraining`), and what every transformers layout here shares.
+(`ViTMAEModel`, `ViTMAEForPreTraining`), read and written; and `config_to_hf` / `state_to_hf`,
+which write any model as the transformers class of its family (`vit.families`).
 
 transformers keeps q, k and v as three Linear layers; timm fuses them into one `qkv` whose
 output rows are q's, then k's, then v's, so the three weights are stacked in that order.
@@ -16,24 +17,31 @@ architecture, class names (`id2label`) and, from `preprocessor_config.json`, the
 
 from __future__ import annotations
 
-import json
+import importlib
 import re
 from collections.abc import Collection, Mapping
-from pathlib import Path
 
 import torch
 
-from ..model import ViTConfig, to_pair
-from .keymap import KeyMap, rename
+from .. import families
+from ..model import ViTConfig
+from .hf_common import (
+    backbone_config,
+    backbone_to_hf,
+    check_switches,
+    class_names_of,
+    convert,
+    from_timm,
+    labels_to_hf,
+    prefixed,
+)
+from .keymap import KeyMap
 from .refused import SUPPORTED
 
 FILE_BLOCK, MEMORY_BLOCK = "encoder.layer.{i}.", "layers.{i}."
-# q/k/v per block: (file spelling, transformers-5 in-memory spelling)
-QKV = {
-    "q": ("attention.attention.query.", "attention.q_proj."),
-    "k": ("attention.attention.key.", "attention.k_proj."),
-    "v": ("attention.attention.value.", "attention.v_proj."),
-}
+# the q, k and v Linear layers of a block as files name them (ViT, DeiT, DINOv2, MAE)
+QKV_FILE = FILE_BLOCK + "attention.attention.{part}.{kind}"
+QKV_PARTS = ("query", "key", "value")
 BLOCK_PAIRS = [
     (FILE_BLOCK + "layernorm_before.", "blocks.{i}.norm1."),
     (FILE_BLOCK + "attention.output.dense.", "blocks.{i}.attn.proj."),
@@ -70,36 +78,6 @@ ARCHITECTURES = {
     "vit": ("ViTModel", "ViTForImageClassification"),
     "vit_mae": ("ViTMAEModel", "ViTMAEForPreTraining"),
 }
-# transformers' hidden_act -> our act_layer
-ACT_LAYERS = {
-    "gelu": "gelu",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_new": "gelu_tanh",
-    "quick_gelu": "quick_gelu",
-}
-
-
-def prefixed(prefix: str, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    return [(prefix + theirs, ours) for theirs, ours in pairs]
-
-
-def convert(
-    state: Mapping[str, torch.Tensor],
-    source: str,
-    what: str,
-    keys: KeyMap,
-    qkv: str,
-    ignored: Mapping[str, str | None],
-) -> tuple[dict, list[str]]:
-    """Rename a transformers state dict by `keys`, fusing q/k/v (matched by the regex `qkv`),
-    dropping `ignored` and refusing any other key, naming it: another architecture."""
-    out, notes, unknown = rename(state, keys, re.compile(qkv), ignored)
-    if unknown:
-        raise ValueError(
-            f"{source} has tensors a {what} does not ({unknown[:8]}): another architecture; "
-            f"supported: {SUPPORTED}"
-        )
-    return out, [f"{source}: {note}" for note in notes]
 
 
 def matches(keys: Collection[str]) -> bool:
@@ -133,74 +111,12 @@ def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[
     return out, notes + more
 
 
-def from_timm(state: Mapping[str, torch.Tensor], with_head: bool) -> dict[str, torch.Tensor]:
-    """timm names -> the names transformers' files use, with the "vit." prefix and a
-    `classifier` for ViTForImageClassification (`with_head`), bare for ViTModel."""
-    prefix = "vit." if with_head else ""
-    out = {}
-    for key, value in state.items():
-        found = re.match(r"^blocks\.(\d+)\.attn\.qkv\.(weight|bias)$", key)
-        if found:
-            block, kind = found.groups()
-            for (long_name, _), part in zip(QKV.values(), value.chunk(3), strict=True):
-                out[f"{prefix}{FILE_BLOCK.format(i=block)}{long_name}{kind}"] = part.contiguous()
-        elif key.startswith("head."):
-            if with_head:
-                out["classifier." + key.removeprefix("head.")] = value
-        elif KEYS.from_timm(key):
-            out[prefix + KEYS.from_timm(key)] = value
-        else:
-            raise ValueError(f"{key} has no counterpart in transformers' ViT")
-    return out
-
-
-# -- config.json ---------------------------------------------------------------------------------
-def act_layer(hf: dict, source: str) -> str:
-    """transformers' `hidden_act` -> our `act_layer`, or a ValueError naming what is accepted."""
-    act = hf["hidden_act"]
-    if act not in ACT_LAYERS:
-        raise ValueError(
-            f"{source} uses hidden_act={act!r}; accepted: {sorted(ACT_LAYERS)} (exact GELU, "
-            f"tanh-approximated GELU, QuickGELU)"
-        )
-    return ACT_LAYERS[act]
-
-
-# transformers' ViTConfig defaults: a config.json may leave out what equals them
-DEFAULTS = dict(
-    hidden_size=768,
-    num_hidden_layers=12,
-    num_attention_heads=12,
-    intermediate_size=3072,
-    image_size=224,
-    patch_size=16,
-    num_channels=3,
-    hidden_act="gelu",
-    layer_norm_eps=1e-12,
-)
-
-
-def backbone_config(hf: dict, source: str, defaults: dict = DEFAULTS) -> dict:
-    """The `ViTConfig` fields every transformers ViT-like config states the same way, with the
-    family's defaults for what `hf` leaves out."""
-    hf = {**defaults, **hf}
-    dim = int(hf["hidden_size"])
-    return dict(
-        img_size=to_pair(hf["image_size"], "image_size"),
-        patch_size=to_pair(hf["patch_size"], "patch_size"),
-        in_chans=int(hf["num_channels"]),
-        embed_dim=dim,
-        depth=int(hf["num_hidden_layers"]),
-        num_heads=int(hf["num_attention_heads"]),
-        mlp_ratio=int(hf["intermediate_size"]) / dim,
-        norm_eps=float(hf["layer_norm_eps"]),
-        act_layer=act_layer(hf, source),
-    )
-
-
-def class_names_of(hf: dict) -> list[str] | None:
-    labels = hf.get("id2label") or {}
-    return [labels[k] for k in sorted(labels, key=int)] if labels else None
+def write_state(state: Mapping[str, torch.Tensor], hf_class: str) -> dict[str, torch.Tensor]:
+    """timm names -> those of `hf_class`'s files: "vit." and a `classifier` for
+    ViTForImageClassification, bare for ViTModel and ViTMAEModel."""
+    prefix = "vit." if hf_class == "ViTForImageClassification" else ""
+    keys = KeyMap([*prefixed(prefix, KEYS.pairs), ("classifier.", "head.")])
+    return from_timm(state, keys, prefix + QKV_FILE, QKV_PARTS, "ViT")
 
 
 def config_from_hf(hf: dict, source: str) -> tuple[dict, list[str] | None]:
@@ -228,111 +144,46 @@ def config_from_hf(hf: dict, source: str) -> tuple[dict, list[str] | None]:
     return config, class_names
 
 
-def config_to_hf(config: ViTConfig, class_names: list[str] | None) -> dict:
-    """Our config -> a transformers `config.json` dict, or a ValueError naming what transformers'
-    ViT cannot express."""
-    problems = [
-        text
-        for bad, text in (
-            (config.global_pool != "token", f"global_pool={config.global_pool!r}"),
-            (not config.class_token, "no class token"),
-            (config.uses_fc_norm, "a LayerNorm after pooling (fc_norm)"),
-        )
-        if bad
-    ]
-    if problems:
-        raise ValueError(
-            "transformers' ViT cannot hold this model: it has "
-            + ", ".join(problems)
-            + "; transformers' ViT reads the class token after the final LayerNorm"
-        )
-    names = class_names or [f"LABEL_{i}" for i in range(config.num_classes)]
-    image, patch = to_pair(config.img_size, "img_size"), to_pair(config.patch_size, "patch_size")
-    return {
-        "architectures": ["ViTForImageClassification" if config.num_classes else "ViTModel"],
-        "model_type": "vit",
-        "hidden_size": config.embed_dim,
-        "num_hidden_layers": config.depth,
-        "num_attention_heads": config.num_heads,
-        "intermediate_size": int(config.embed_dim * config.mlp_ratio),
-        "hidden_act": "gelu",
-        "layer_norm_eps": config.norm_eps,
-        "image_size": image[0] if image[0] == image[1] else list(image),
-        "patch_size": patch[0] if patch[0] == patch[1] else list(patch),
-        "num_channels": config.in_chans,
+def write_config(config: ViTConfig, hf_class: str, class_names: list[str] | None) -> dict:
+    """Our config -> `hf_class`'s `config.json` (ViT or ViTMAE), or a ValueError naming what
+    transformers' ViT cannot express."""
+    why = "transformers' ViT reads the class token after the final LayerNorm"
+    check_switches(config, "ViT", why, square=False)
+    out = {
+        "architectures": [hf_class],
+        "model_type": "vit_mae" if hf_class == "ViTMAEModel" else "vit",
+        **backbone_to_hf(config),
         "qkv_bias": config.qkv_bias,
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
-        "id2label": {str(i): name for i, name in enumerate(names)},
-        "label2id": {name: i for i, name in enumerate(names)},
     }
+    if hf_class == "ViTMAEModel":
+        out["mask_ratio"] = 0.0  # the encoder sees every patch (MAE pre-training hid 75%)
+    return out | labels_to_hf(class_names, config.num_classes)
 
 
-# -- preprocessor_config.json --------------------------------------------------------------------
-PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+# -- any family ----------------------------------------------------------------------------------
+def _writer(config: ViTConfig, model_name: str | None):
+    """(the family's transformers class, the layout module that writes it), or a ValueError."""
+    family = families.family_of(config, model_name)
+    hf_class = family.hf_class(config.num_classes)  # refuses what no class represents
+    return hf_class, importlib.import_module(f"{__package__}.{family.hf_layout}")
 
 
-def preprocess_from_hf(processor: dict, img_size: tuple[int, int]) -> dict:
-    """A `preprocessor_config.json` -> `vit.Preprocess` fields.
-
-    ViTImageProcessor (and SigLIP's) resizes straight to `size`: we resize the shorter side and
-    centre-crop (crop_pct 1.0), identical for square images, a crop instead of a squash
-    otherwise. CLIP's and DINOv2's processors resize the shorter side to `size` and centre-crop
-    `crop_size`, which is crop_pct = crop / shorter side (DINOv2: 224 / 256)."""
-    size, crop = processor.get("size") or {}, processor.get("crop_size") or {}
-    if isinstance(size, int):  # older processors: one number, the shorter side
-        size = {"shortest_edge": size}
-    if isinstance(crop, int):
-        crop = {"height": crop, "width": crop}
-    height = size.get("height", size.get("shortest_edge", img_size[0]))
-    width = size.get("width", size.get("shortest_edge", img_size[1]))
-    crop_pct = 1.0
-    if processor.get("do_center_crop") and "shortest_edge" in size and crop:
-        crop_pct = crop["height"] / size["shortest_edge"]
-        height, width = crop["height"], crop["width"]
-    return dict(
-        input_size=(int(height), int(width)),
-        mean=tuple(processor.get("image_mean", (0.5, 0.5, 0.5))),
-        std=tuple(processor.get("image_std", (0.5, 0.5, 0.5))),
-        interpolation=PIL_RESAMPLE.get(processor.get("resample", 2), "bilinear"),
-        crop_pct=crop_pct,
-    )
+def config_to_hf(
+    config: ViTConfig, class_names: list[str] | None, model_name: str | None = None
+) -> dict:
+    """Our config -> the `config.json` of the transformers class its family is written as
+    (`vit.families`: ViT, ViTMAEModel, Dinov2Model, Dinov2WithRegistersModel, CLIPVision*,
+    SiglipVisionModel, DeiTForImageClassificationWithTeacher), or a one-line ValueError naming
+    what no transformers class can hold. `model_name` tells an MAE encoder from a plain ViT."""
+    hf_class, layout = _writer(config, model_name)
+    return layout.write_config(config, hf_class.name, class_names)
 
 
-def preprocess_to_hf(preprocess) -> dict:
-    """Our `Preprocess` -> a ViTImageProcessor `preprocessor_config.json` dict."""
-    resample = {name: code for code, name in PIL_RESAMPLE.items()}
-    height, width = preprocess.input_size
-    return {
-        "image_processor_type": "ViTImageProcessor",
-        "do_resize": True,
-        "size": {"height": height, "width": width},
-        "resample": resample.get(preprocess.interpolation, 3),
-        "do_rescale": True,
-        "rescale_factor": 1 / 255,
-        "do_normalize": True,
-        "image_mean": list(preprocess.mean),
-        "image_std": list(preprocess.std),
-    }
-
-
-def read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read {path}: {e}") from e
-
-
-def weights_files(folder: Path) -> list[Path]:
-    """The weights files of a transformers folder: one file, or the shards of an index."""
-    for name in ("model.safetensors", "pytorch_model.bin"):
-        if (folder / name).is_file():
-            return [folder / name]
-        index = folder / f"{name}.index.json"
-        if index.is_file():
-            shards = sorted(set(read_json(index).get("weight_map", {}).values()))
-            return [folder / shard for shard in shards]
-    raise FileNotFoundError(
-        f"{folder} has a config.json but no weights: expected model.safetensors or "
-        f"pytorch_model.bin (or a sharded *.index.json)"
-    )
+def state_to_hf(
+    state: Mapping[str, torch.Tensor], config: ViTConfig, model_name: str | None = None
+) -> dict[str, torch.Tensor]:
+    """Our (timm-named) state dict -> the tensors of the file `config_to_hf`'s class reads."""
+    hf_class, layout = _writer(config, model_name)
+    return layout.write_state(state, hf_class.name)

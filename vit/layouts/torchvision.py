@@ -12,6 +12,7 @@ from collections.abc import Collection, Mapping
 
 import torch
 
+from .. import families
 from ..model import ViTConfig, to_pair
 from .keymap import KeyMap
 
@@ -98,12 +99,13 @@ def constructor_args(config: ViTConfig) -> tuple[str | None, dict]:
         )
         if bad
     ]
+    problems += families.extra_switches(config)  # those of another family: LayerScale, ...
     if problems:
         raise ValueError(
             "torchvision's VisionTransformer cannot hold this model: it has "
             + ", ".join(problems)
-            + "; torchvision's ViT is square, class-token pooled, with qkv bias, 3 input "
-            "channels, LayerNorm eps 1e-6 and a linear head"
+            + "; torchvision's ViT is a plain ViT: square, class-token pooled, with qkv bias, 3 "
+            "input channels, exact GELU, LayerNorm eps 1e-6 and a linear head"
         )
     kwargs = dict(
         image_size=image[0],
