@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..families import readout_of
 from .capture import AttentionRecord, Similarity, Target, record_attention
 from .readout import grid_of, num_registers, readout_tokens
 from .rollout import (
@@ -82,7 +83,7 @@ def _prepare(
         if pool_gradient is not None:
             pool_gradient = drop_tokens(pool_gradient, dropped, renormalize=False)
         prefix -= registers
-    global_pool = getattr(model, "global_pool", "token")
+    global_pool = readout_of(model).pool
     if global_pool not in ("token", "avg", "map"):
         raise ValueError(
             f"global_pool={global_pool!r}: the model does not pool its tokens into one readout "

@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..families import readout_of
+
 
 def num_registers(model: nn.Module) -> int:
     """How many register tokens (DINOv2 with registers) the model has: the last prefix tokens."""
@@ -20,12 +22,11 @@ def num_registers(model: nn.Module) -> int:
 
 
 def readout_tokens(model: nn.Module) -> list[int]:
-    """The token rows a class-token head reads: the class token (0), and for a distilled model
-    (DeiT) the distillation token (1) too, because its two heads' outputs are averaged."""
-    distilled = getattr(model, "dist_token", None) is not None or bool(
-        getattr(getattr(model, "config", None), "distilled", False)
-    )
-    return [0, 1] if distilled else [0]
+    """The token rows a class-token head reads, as the model's family record says
+    (`vit.families.readout_of`): the class token (0), and for a distilled model (DeiT) the
+    distillation token (1) too, because its two heads' outputs are averaged; [] for a model
+    that does not read prefix tokens (mean or attention pooling)."""
+    return list(readout_of(model).tokens)
 
 
 def grid_of(model: nn.Module, images: torch.Tensor) -> tuple[int, int]:
