@@ -144,8 +144,13 @@ class TrainingState:
             self.ema.load_state_dict(state["ema"])
         self.epoch, self.best_top1 = state["epoch"], state["best_top1"]
         self.history = list(state["history"])
-        rng = state["rng"]
-        set_rng_state(rng[self.info.rank] if self.info.rank < len(rng) else rng[0])
+        rng = state["rng"]  # one RNG state per process of the run
+        if len(rng) != self.info.world_size:
+            raise ValueError(
+                f"the run was trained by {len(rng)} process(es), this start has "
+                f"{self.info.world_size}; resume it with {len(rng)}"
+            )
+        set_rng_state(rng[self.info.rank])
 
     @property
     def kept(self) -> tuple[nn.Module, str]:
@@ -226,6 +231,7 @@ class CheckpointSaver:
         self.run_dir, self.info = Path(run_dir), info
         self.data, self.config = data, config
         self.state_path = self.run_dir / STATE_FILE
+        self.epoch: int | None = None  # of the last complete state on disk, once known
 
     def remove_interrupted_saves(self) -> None:
         """Temporary files of a save killed before its rename: never complete."""
@@ -254,6 +260,7 @@ class CheckpointSaver:
                 f"{self.state_path} does not fit the model and optimizer of the run's settings "
                 f"(were --model or --model-kwargs changed?): {first or type(e).__name__}"
             ) from e
+        self.epoch = state.epoch
         if self.info.is_main:
             self.remove_interrupted_saves()
 
@@ -277,6 +284,7 @@ class CheckpointSaver:
         saved = state.state_dict()  # on every process: it gathers their RNG states
         if self.info.is_main:
             save_training_state(saved, self.state_path)
+        self.epoch = state.epoch
 
 
 def save_yaml(data: dict, path: Path) -> None:
