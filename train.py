@@ -318,9 +318,9 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         level=logging.INFO if info.is_main else logging.WARNING,
         format="%(asctime)s %(levelname)s %(message)s",
     )
-    distributed.stop_on_interrupt(info)
     try:
-        train(cfg, info, overwrite=overwrite)
+        with distributed.stop_on_interrupt(info):
+            train(cfg, info, overwrite=overwrite)
     except NonFiniteLossError as e:
         return said(info.is_main, f"train.py: stopped: {e}", status=1)
     except START_ERRORS as e:
@@ -355,11 +355,6 @@ def interrupted_message(e, cfg: TrainConfig, processes: int) -> str:
         return (
             f"train.py: interrupted; {e.run_dir} stopped after epoch {e.epoch} of {e.epochs} "
             f"(its last checkpoint): continue it with {again}"
-        )
-    if cfg.resume:
-        return (
-            f"train.py: interrupted before training resumed; {e.run_dir} is as it was: "
-            f"continue it with {again}"
         )
     return (
         f"train.py: interrupted in epoch 1, before the run's first checkpoint: {e.run_dir} holds "

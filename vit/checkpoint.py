@@ -231,7 +231,6 @@ class CheckpointSaver:
         self.run_dir, self.info = Path(run_dir), info
         self.data, self.config = data, config
         self.state_path = self.run_dir / STATE_FILE
-        self.epoch: int | None = None  # of the last complete state on disk, once known
 
     def remove_interrupted_saves(self) -> None:
         """Temporary files of a save killed before its rename: never complete."""
@@ -260,9 +259,18 @@ class CheckpointSaver:
                 f"{self.state_path} does not fit the model and optimizer of the run's settings "
                 f"(were --model or --model-kwargs changed?): {first or type(e).__name__}"
             ) from e
-        self.epoch = state.epoch
         if self.info.is_main:
             self.remove_interrupted_saves()
+
+    def saved_epoch(self) -> int | None:
+        """The epoch of the last complete state on disk, None if there is none. Read from the
+        file (its tensors mapped, not read), since a kill can come between a save's rename
+        and anything after it."""
+        try:
+            state = torch.load(self.state_path, map_location="cpu", weights_only=True, mmap=True)
+            return int(state["epoch"])
+        except Exception:  # absent, or not a state: nothing to resume from either way
+            return None
 
     def save(self, state: TrainingState, kept_metrics: dict | None, improved: bool) -> None:
         """The epoch's files: best weights if `improved`, the latest weights, the state."""
@@ -284,7 +292,6 @@ class CheckpointSaver:
         saved = state.state_dict()  # on every process: it gathers their RNG states
         if self.info.is_main:
             save_training_state(saved, self.state_path)
-        self.epoch = state.epoch
 
 
 def save_yaml(data: dict, path: Path) -> None:

@@ -161,11 +161,14 @@ def _gather_failures(info: DistInfo, message: str | None) -> str | None:
 _interrupted = False
 
 
-def stop_on_interrupt(info: DistInfo) -> None:
-    """Ctrl-C (SIGINT; torchrun passes it on to every process): rank 0 stops at once, with a
-    KeyboardInterrupt. The other processes only note it and go on until rank 0 has left, so
-    that rank 0 never finds a collective broken by another process that left first; they stop
-    at their next collective, whose error `interrupted()` then explains."""
+@contextmanager
+def stop_on_interrupt(info: DistInfo) -> Iterator[None]:
+    """Within the block, Ctrl-C (SIGINT; torchrun passes it on to every process) stops rank 0
+    at once, with a KeyboardInterrupt. The other processes only note it and go on until rank
+    0 has left, so that rank 0 never finds a collective broken by another process that left
+    first; they stop at their next collective, whose error `interrupted()` then explains."""
+    global _interrupted
+    _interrupted = False
 
     def note(signum: int, frame) -> None:
         global _interrupted
@@ -173,7 +176,11 @@ def stop_on_interrupt(info: DistInfo) -> None:
         if info.is_main:
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, note)
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def interrupted() -> bool:

@@ -96,8 +96,9 @@ class NonFiniteLossError(RuntimeError):
 class TrainingInterrupted(Exception):
     """Ctrl-C stopped the run (every process raises it).
 
-    run_dir: the run folder, None if nothing was written yet; epoch: the epoch of its last
-    complete checkpoint, None if none was written; epochs: the run's length."""
+    run_dir: the run folder, None if this start wrote nothing (a fresh run, before its folder
+    was made); epoch: the epoch of the folder's last complete checkpoint (known to rank 0),
+    None if it holds none; epochs: the run's length."""
 
     def __init__(self, run_dir: str | None, epoch: int | None, epochs: int) -> None:
         super().__init__(f"interrupted; last checkpoint: epoch {epoch} of {epochs} in {run_dir}")
@@ -114,10 +115,10 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
     """The raw train and test splits (no transform yet: that needs the model's preprocessing).
 
     Rank 0 loads first, so that a CIFAR download happens once, not once per process; if it
-    fails there, every process stops (`distributed.rank0_first`). A --data-root this call
-    created for a download that failed is removed: a failed start leaves nothing behind."""
-    data_root = Path(cfg.data_root)
-    new_root = not data_root.exists()
+    fails there, every process stops (`distributed.rank0_first`). The folders a failed download
+    made for --data-root are removed: a failed start leaves nothing behind."""
+    data_root = Path(cfg.data_root)  # its first folder that does not exist yet, if any:
+    made = next((p for p in [*reversed(data_root.parents), data_root] if not p.exists()), None)
 
     def load() -> tuple[ImageDataset, ImageDataset]:
         return tuple(
@@ -137,8 +138,8 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
     try:
         train_set, test_set = distributed.rank0_first(info, load, errors=START_ERRORS)
     except START_ERRORS:
-        if info.is_main and new_root and data_root.is_dir():
-            shutil.rmtree(data_root)  # what the failed download made: nothing of the user's
+        if info.is_main and made is not None and made.is_dir():
+            shutil.rmtree(made)  # what the failed download made: nothing of the user's
         raise
     if test_set.class_names != train_set.class_names:
         raise ValueError(
@@ -476,10 +477,10 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
     except BaseException as e:
         if not interrupted(e, info):
             raise
-        written = started or cfg.resume is not None
-        raise TrainingInterrupted(
-            str(run_dir) if written else None, saver.epoch, cfg.epochs
-        ) from None
+        if not (started or cfg.resume):  # nothing written: a run --overwrite would replace
+            raise TrainingInterrupted(None, None, cfg.epochs) from None  # is left as it was
+        epoch = saver.saved_epoch() if info.is_main else None
+        raise TrainingInterrupted(str(run_dir), epoch, cfg.epochs) from None
 
 
 def interrupted(error: BaseException, info: DistInfo) -> bool:
