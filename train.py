@@ -3,11 +3,20 @@
     python train.py --data cifar10                              # the CIFAR recipe
     python train.py --data path/to/folder --epochs 30 --batch-size 64
     python train.py --config configs/cifar10.yaml --lr 5e-4      # flags override the YAML
-    python train.py --resume runs/RUN                            # continue a killed run
+    python train.py --resume runs/RUN                            # continue a run as started
     torchrun --nproc_per_node 4 train.py --data cifar10          # DistributedDataParallel
+    python -m vit.distributed --standalone --nproc_per_node 2 train.py --data cifar10
+                                     # the same torchrun, without its report of a failed process
 
-Settings are layered: defaults < the resumed run's config.yaml < --config YAML < flags.
-Every flag is a field of vit.train_config.TrainConfig (where its default and help live).
+Settings are layered: defaults < --config YAML < flags. --resume RUN continues the run with
+its own settings (its config.yaml) and number of processes: a setting given again must be the
+run's, except --epochs, to extend it, and those that change how it runs, not what it learns
+(vit.train_config.CHANGEABLE_ON_RESUME). Every flag is a field of
+vit.train_config.TrainConfig (where its default and help live).
+
+A mistake is one line on stderr and exit status 2, under torchrun too (rank 0 says it, the
+other processes leave quietly); Ctrl-C is one line naming the last checkpoint and the command
+that continues the run, exit status 130.
 """
 
 from __future__ import annotations
@@ -31,7 +40,11 @@ import yaml
 from vit.cli import ArgumentParser, unwritable
 from vit.train_config import CHANGEABLE_ON_RESUME, TrainConfig, check_settings, flag_name
 
+if typing.TYPE_CHECKING:
+    from vit.engine import TrainingInterrupted
+
 GROUPS = ("data", "model", "optimisation", "augmentation", "run")
+NOTHING_WRITTEN = "train.py: interrupted before training started; nothing was written"
 
 
 def _none_or(parse):
@@ -143,7 +156,8 @@ def _convert(key: str, value, options: dict, source: str):
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """Command line -> TrainConfig: defaults < resumed run's config < --config YAML < flags."""
+    """Command line -> TrainConfig: defaults < the resumed run's config < --config YAML < flags
+    (with --resume, a setting given that differs from the run's is refused)."""
     return parse_command(argv)[0]
 
 
@@ -305,13 +319,19 @@ def main(argv: list[str] | None = None) -> int:
             cfg, overwrite = parse_command(argv)
         return run(cfg, overwrite)
     except KeyboardInterrupt:  # Ctrl-C before training was set up
-        return said(speaks, "train.py: interrupted before training started; nothing was written")
+        return said(speaks, NOTHING_WRITTEN, status=130)
 
 
 def run(cfg: TrainConfig, overwrite: bool) -> int:
     """Train; one line on stderr (rank 0's) and an exit status for what stopped it."""
     from vit import distributed
-    from vit.engine import START_ERRORS, NonFiniteLossError, TrainingInterrupted, train
+    from vit.engine import (
+        START_ERRORS,
+        NonFiniteLossError,
+        TrainingError,
+        TrainingInterrupted,
+        train,
+    )
 
     info = distributed.from_env()
     logging.basicConfig(
@@ -323,13 +343,15 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
             train(cfg, info, overwrite=overwrite)
     except NonFiniteLossError as e:
         return said(info.is_main, f"train.py: stopped: {e}", status=1)
-    except START_ERRORS as e:
+    except TrainingError as e:  # this process's own: it says so
+        return said(True, f"train.py: error: {e}", status=2)
+    except START_ERRORS as e:  # met by every process alike: rank 0 says so
         return said(info.is_main, f"train.py: error: {e}", status=2)
     except TrainingInterrupted as e:
         if not info.is_main:  # its process group broken by rank 0 leaving: no C++ teardown
             sys.stderr.flush()
             os._exit(130)
-        return said(info.is_main, interrupted_message(e, cfg, info.world_size))
+        return said(info.is_main, interrupted_message(e, info.world_size), status=130)
     return said(
         info.is_main,
         f"train.py: wrote {cfg.output_dir}/: model.safetensors (the final weights), "
@@ -339,17 +361,17 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
     )
 
 
-def said(speaks: bool, line: str, status: int = 130) -> int:
+def said(speaks: bool, line: str, status: int) -> int:
     """Print `line` on stderr if this process speaks (rank 0); return `status`."""
     if speaks:
         print(line, file=sys.stderr)
     return status
 
 
-def interrupted_message(e, cfg: TrainConfig, processes: int) -> str:
+def interrupted_message(e: TrainingInterrupted, processes: int) -> str:
     """After Ctrl-C: where the run stopped, and the command that continues it."""
     if e.run_dir is None:
-        return "train.py: interrupted before training started; nothing was written"
+        return NOTHING_WRITTEN
     again = resume_command(e.run_dir, processes)
     if e.epoch is not None:
         return (

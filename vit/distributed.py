@@ -117,20 +117,19 @@ def rank0_first(info: DistInfo, step: Callable[[], T], errors: tuple[type[Except
     rank 0 its error, the others a PeerFailedError with its message."""
     if not _joined(info):
         return step()
-    outcome: list[str | None] = [None]
+    outcome: list[str | None] = [None]  # rank 0's error message, sent to the others
+    error = None
     if info.is_main:
         try:
             result = step()
         except errors as e:
-            outcome[0] = str(e)
-            dist.broadcast_object_list(outcome, src=0)
-            raise
-        dist.broadcast_object_list(outcome, src=0)
-        return result
+            error, outcome[0] = e, str(e)
     dist.broadcast_object_list(outcome, src=0)
+    if error is not None:
+        raise error
     if outcome[0] is not None:
         raise PeerFailedError(outcome[0])
-    return step()
+    return result if info.is_main else step()
 
 
 @contextmanager
@@ -172,8 +171,8 @@ def stop_on_interrupt(info: DistInfo) -> Iterator[None]:
 
     def note(signum: int, frame) -> None:
         global _interrupted
-        _interrupted = True
-        if info.is_main:
+        first, _interrupted = not _interrupted, True
+        if info.is_main and first:  # a second Ctrl-C must not break the way out of the first
             raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, note)

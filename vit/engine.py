@@ -78,6 +78,8 @@ __all__ = [
     "DEFAULT_MODEL",
     "NonFiniteLossError",
     "TrainConfig",
+    "TrainingError",
+    "TrainingInterrupted",
     "evaluate",
     "image_size_for_epoch",
     "resolve_ema_decay",
@@ -108,6 +110,11 @@ class TrainingInterrupted(Exception):
 # What a start can find wrong in the settings, the data, the model or a resumed state: one
 # line for the user (train.py exits with status 2), raised by every process together.
 START_ERRORS = (ValueError, FileNotFoundError)
+
+
+class TrainingError(ValueError):
+    """One of START_ERRORS met while training (an image that cannot be read) by this process
+    alone, which says it itself (a start's is said by rank 0 for every process)."""
 
 
 # -- data and model ------------------------------------------------------------------------------
@@ -472,6 +479,8 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
         try:
             log.start(run, num_images=run.num_images)
             return run_epochs(run, saver, log)
+        except START_ERRORS as e:
+            raise TrainingError(str(e)) from e
         finally:
             log.close()
     except BaseException as e:
