@@ -177,6 +177,22 @@ def test_resuming_a_finished_run_asks_for_more_epochs(
     assert yaml.safe_load((run / "config.yaml").read_text())["epochs"] == 2
 
 
+def test_a_number_of_processes_given_must_be_the_number_started(
+    image_folder, tmp_path, train_script, tiny_args, capsys
+):
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1, "--processes", "2")) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .startswith(
+            "train.py: error: --processes 2: this start has 1 process(es); start 2 (torchrun "
+            "--nproc_per_node 2)"
+        )
+    )
+    assert not run.exists()
+
+
 def test_a_failed_download_leaves_no_data_folder(
     tmp_path, train_script, tiny_args, monkeypatch, capsys
 ):

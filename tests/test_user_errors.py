@@ -147,6 +147,7 @@ BAD_VALUES = [
     ("--progressive-epochs", "0", "a number > 0"),
     ("--threads", "0", "an integer >= 1"),
     ("--eval-interval", "0", "an integer >= 1"),
+    ("--processes", "0", "an integer >= 1"),
 ]
 
 

@@ -2,7 +2,8 @@
 
 `train(cfg)` runs a whole training into a run folder:
 
-    config.yaml            the effective configuration (flags over YAML over defaults)
+    config.yaml            the effective configuration (flags over YAML over defaults), the
+                           number of processes included
     metrics.csv            one row per epoch (train loss/acc, test loss/top-1/top-5, lr, ...)
     curves.png             loss and accuracy curves, redrawn after every epoch
     tensorboard/           the same metrics as TensorBoard events
@@ -10,9 +11,11 @@
     model.safetensors      the latest weights (the final ones once done), loadable alone
     best.safetensors       the weights with the best test top-1 so far
 
-The pieces, in the order `train` runs them: `load_data` (both splits, raw), `build_model`,
+The pieces, in the order `train` runs them: `start`, on every process together (a failure on
+one stops all: `distributed.failing_together`): `load_data` (both splits, raw), `build_model`,
 `make_loaders` (each dataset made with its transform), `build_training_state` (optimizer,
-schedule, scaler, EMA), `resume`, `wrap_model` (DDP, compile), then `run_epochs`, whose loop
+schedule, scaler, EMA), `resume`, `wrap_model` (DDP, compile); then `start_run_dir` (the
+first write) and `run_epochs`, whose loop
 trains (`train_one_epoch`), evaluates (`evaluate`), logs (`RunLog`) and saves
 (`vit.checkpoint.CheckpointSaver`). On CPU with the same seed, a resumed run ends with exactly
 the weights of an uninterrupted one.
@@ -408,8 +411,8 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, overwrite: bool = Fals
     elif cfg.processes != info.world_size:
         raise ValueError(
             f"--processes {cfg.processes}: this start has {info.world_size} process(es); "
-            f"start {cfg.processes} (torchrun --nproc_per_node {cfg.processes}) or leave "
-            f"--processes out"
+            f"start {cfg.processes} (torchrun --nproc_per_node {cfg.processes}), or leave the "
+            f"setting out (processes: null in a YAML file)"
         )
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
