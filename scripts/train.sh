@@ -14,12 +14,11 @@ export VIT_TRAIN_COMMAND="bash $(printf %q "$0")"  # train.py names it to contin
 source "$(dirname "$0")/env.sh"
 
 RESUME=""
-ARGS=("$@")
-for i in "${!ARGS[@]}"; do
-    case "${ARGS[$i]}" in
-        --resume) RESUME="${ARGS[$((i + 1))]:-}" ;;
-        --resume=*) RESUME="${ARGS[$i]#--resume=}" ;;
-    esac
+PREVIOUS=""
+for ARG in "$@"; do
+    [ "$PREVIOUS" = --resume ] && RESUME="$ARG"
+    case "$ARG" in --resume=*) RESUME="${ARG#--resume=}" ;; esac
+    PREVIOUS="$ARG"
 done
 if [ -n "$RESUME" ]; then
     # The run's own data, recipe and number of processes (its config.yaml): none of the
