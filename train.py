@@ -3,18 +3,31 @@
     python train.py --data cifar10                              # the CIFAR recipe
     python train.py --data path/to/folder --epochs 30 --batch-size 64
     python train.py --config configs/cifar10.yaml --lr 5e-4      # flags override the YAML
-    python train.py --resume runs/RUN                            # continue a killed run
+    python train.py --resume runs/RUN                            # continue a run as started
     torchrun --nproc_per_node 4 train.py --data cifar10          # DistributedDataParallel
+    python -m vit.distributed --standalone --nproc_per_node 2 train.py --data cifar10
+                                     # the same torchrun, without its report of a failed process
 
-Settings are layered: defaults < the resumed run's config.yaml < --config YAML < flags.
-Every flag is a field of vit.train_config.TrainConfig (where its default and help live).
+Settings are layered: defaults < --config YAML < flags. --resume RUN continues the run with
+its own settings (its config.yaml) and number of processes: a setting given again must be the
+run's, except --epochs, to extend it, and those that change how it runs, not what it learns
+(vit.train_config.CHANGEABLE_ON_RESUME). Every flag is a field of
+vit.train_config.TrainConfig (where its default and help live).
+
+A mistake is one line on stderr and exit status 2, under torchrun too (rank 0 says it, the
+other processes leave quietly); Ctrl-C is one line naming the last checkpoint and the command
+that continues the run, exit status 130.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import logging
+import os
+import shlex
 import sys
 import types
 import typing
@@ -25,9 +38,13 @@ import yaml
 # Only light modules here: `train.py --help` must not wait for torch (the engine is imported
 # once the flags are read).
 from vit.cli import ArgumentParser, unwritable
-from vit.train_config import TrainConfig, check_settings
+from vit.train_config import CHANGEABLE_ON_RESUME, TrainConfig, check_settings, flag_name
+
+if typing.TYPE_CHECKING:
+    from vit.engine import TrainingInterrupted
 
 GROUPS = ("data", "model", "optimisation", "augmentation", "run")
+NOTHING_WRITTEN = "train.py: interrupted before training started; nothing was written"
 
 
 def _none_or(parse):
@@ -139,7 +156,8 @@ def _convert(key: str, value, options: dict, source: str):
 
 
 def parse_config(argv: list[str] | None = None) -> TrainConfig:
-    """Command line -> TrainConfig: defaults < resumed run's config < --config YAML < flags."""
+    """Command line -> TrainConfig: defaults < the resumed run's config < --config YAML < flags
+    (with --resume, a setting given that differs from the run's is refused)."""
     return parse_command(argv)[0]
 
 
@@ -182,6 +200,9 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
     settings["model_kwargs"] = dict(settings["model_kwargs"] or {})
     if first.resume:
         settings["resume"] = settings["output_dir"] = str(first.resume)
+        problem = resume_problem(Path(first.resume), given_settings(argv, first.config))
+        if problem:
+            parser.error(problem)
     cfg = TrainConfig(**settings)
     try:
         check_settings(cfg)
@@ -196,6 +217,79 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         if problem:
             parser.error(problem)
     return cfg, overwrite
+
+
+def given_settings(argv: list[str] | None, config: Path | None) -> dict:
+    """The settings this command names itself, in --config's YAML or as flags (not defaults)."""
+    unset = object()  # argparse fills in a default only where the namespace has no value
+    names = TrainConfig.field_names()
+    flags = build_parser().parse_args(argv, argparse.Namespace(**dict.fromkeys(names, unset)))
+    given = read_yaml_config(config) if config is not None else {}
+    given.update({key: getattr(flags, key) for key in names if getattr(flags, key) is not unset})
+    if "model_kwargs" in given:
+        given["model_kwargs"] = dict(given["model_kwargs"] or {})
+    return given
+
+
+def resume_problem(run: Path, given: dict) -> str | None:
+    """Why `--resume run` with the settings `given` cannot continue the run as it was started
+    (None if it can): a setting that differs from the run's (--epochs aside: see
+    CHANGEABLE_ON_RESUME), or another number of processes than the run's."""
+    from vit import distributed
+    from vit.checkpoint import CONFIG_FILE
+
+    saved_file = run / CONFIG_FILE
+    if not saved_file.is_file():  # a run killed before writing it: nothing to compare with
+        return None
+    saved = {**TrainConfig().to_dict(), **read_yaml_config(saved_file)}
+    changed = [
+        f"{flag_setting(key, value)} (the run's: {setting_text(saved[key])})"
+        for key, value in given.items()
+        if key not in (*CHANGEABLE_ON_RESUME, "resume", "output_dir") and value != saved[key]
+    ]
+    if changed:
+        return (
+            f"--resume {run} continues the run with its own settings, but this command changes "
+            f"{'; '.join(changed)}: leave them out (only --epochs may change, to extend the run)"
+        )
+    processes, started = saved["processes"], distributed.from_env().world_size
+    if processes is not None and processes != started:
+        return (
+            f"--resume {run}: the run trains in {processes} process(es) of "
+            f"{saved['batch_size']} images ({processes * saved['batch_size']} a step), this "
+            f"start has {started}; continue it with {resume_command(str(run), processes)}"
+        )
+    return None
+
+
+def flag_setting(key: str, value) -> str:
+    """A setting as its flag would say it: '--lr 0.002', '--no-amp', '--model-kwargs depth=2'."""
+    flag = flag_name(key)
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    return f"{flag} {setting_text(value)}"
+
+
+def setting_text(value) -> str:
+    """A setting's value as a flag takes it: 'on'/'off', KEY=VALUE items, or the value."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items()) or "none"
+    return str(value)
+
+
+def resume_command(run: str, processes: int) -> str:
+    """The command that continues `run` in `processes` processes, through the entrance that
+    started this one: scripts/train.sh (which names itself in VIT_TRAIN_COMMAND and starts as
+    many processes as the run has), torchrun, or python."""
+    script = sys.argv[0] if sys.argv[0].endswith("train.py") else "train.py"
+    if os.environ.get("VIT_TRAIN_COMMAND"):
+        return f"{os.environ['VIT_TRAIN_COMMAND']} --resume {shlex.quote(run)}"
+    if processes > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
+        launch = f"torchrun --standalone --nproc_per_node {processes}"
+        return f"{launch} {script} --resume {shlex.quote(run)}"
+    return f"python {script} --resume {shlex.quote(run)}"
 
 
 def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
@@ -217,10 +311,27 @@ def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, overwrite = parse_command(argv)
+    # Under torchrun every process reads the same flags and meets the same mistakes: rank 0
+    # alone says so, the others leave quietly with the same exit status.
+    speaks = os.environ.get("RANK", "0") == "0"
+    try:
+        with contextlib.nullcontext() if speaks else contextlib.redirect_stderr(io.StringIO()):
+            cfg, overwrite = parse_command(argv)
+        return run(cfg, overwrite)
+    except KeyboardInterrupt:  # Ctrl-C before training was set up
+        return said(speaks, NOTHING_WRITTEN, status=130)
+
+
+def run(cfg: TrainConfig, overwrite: bool) -> int:
+    """Train; one line on stderr (rank 0's) and an exit status for what stopped it."""
     from vit import distributed
-    from vit.engine import NonFiniteLossError, train
-    from vit.images import CorruptImageError
+    from vit.engine import (
+        START_ERRORS,
+        NonFiniteLossError,
+        TrainingError,
+        TrainingInterrupted,
+        train,
+    )
 
     info = distributed.from_env()
     logging.basicConfig(
@@ -228,21 +339,49 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(message)s",
     )
     try:
-        train(cfg, info, overwrite=overwrite)
+        with distributed.stop_on_interrupt(info):
+            train(cfg, info, overwrite=overwrite)
     except NonFiniteLossError as e:
-        print(f"train.py: stopped: {e}", file=sys.stderr)
-        return 1
-    except (CorruptImageError, FileNotFoundError, ValueError) as e:
-        print(f"train.py: error: {e}", file=sys.stderr)
-        return 2
-    if info.is_main:
-        print(
-            f"train.py: wrote {cfg.output_dir}/: model.safetensors (the final weights), "
-            f"best.safetensors, metrics.csv, curves.png, tensorboard/, config.yaml, "
-            f"training_state.pt",
-            file=sys.stderr,
+        return said(info.is_main, f"train.py: stopped: {e}", status=1)
+    except TrainingError as e:  # this process's own: it says so
+        return said(True, f"train.py: error: {e}", status=2)
+    except START_ERRORS as e:  # met by every process alike: rank 0 says so
+        return said(info.is_main, f"train.py: error: {e}", status=2)
+    except TrainingInterrupted as e:
+        if not info.is_main:  # its process group broken by rank 0 leaving: no C++ teardown
+            sys.stderr.flush()
+            os._exit(130)
+        return said(info.is_main, interrupted_message(e, info.world_size), status=130)
+    return said(
+        info.is_main,
+        f"train.py: wrote {cfg.output_dir}/: model.safetensors (the final weights), "
+        f"best.safetensors, metrics.csv, curves.png, tensorboard/, config.yaml, "
+        f"training_state.pt",
+        status=0,
+    )
+
+
+def said(speaks: bool, line: str, status: int) -> int:
+    """Print `line` on stderr if this process speaks (rank 0); return `status`."""
+    if speaks:
+        print(line, file=sys.stderr)
+    return status
+
+
+def interrupted_message(e: TrainingInterrupted, processes: int) -> str:
+    """After Ctrl-C: where the run stopped, and the command that continues it."""
+    if e.run_dir is None:
+        return NOTHING_WRITTEN
+    again = resume_command(e.run_dir, processes)
+    if e.epoch is not None:
+        return (
+            f"train.py: interrupted; {e.run_dir} stopped after epoch {e.epoch} of {e.epochs} "
+            f"(its last checkpoint): continue it with {again}"
         )
-    return 0
+    return (
+        f"train.py: interrupted in epoch 1, before the run's first checkpoint: {e.run_dir} holds "
+        f"nothing to resume"
+    )
 
 
 if __name__ == "__main__":

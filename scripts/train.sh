@@ -6,7 +6,33 @@
 #   bash scripts/train.sh                                  # downloads CIFAR-10 into ./data
 #   DATA=../shared/data/cifar10-jpg bash scripts/train.sh  # a local image-folder copy
 #   DATA=... bash scripts/train.sh --epochs 5              # any train.py flag passes through
+#   bash scripts/train.sh --resume runs/RUN                # continue a run as it was started
+# A mistake is one line from train.py, with its exit status (2); Ctrl-C ends with one line
+# naming the command that continues the run (status 130). The processes start through
+# `python -m vit.distributed`: torchrun, with their exit status and messages as its own.
+export VIT_TRAIN_COMMAND="bash $(printf %q "$0")"  # train.py names it to continue a run
 source "$(dirname "$0")/env.sh"
+
+RESUME=""
+PREVIOUS=""
+for ARG in "$@"; do
+    [ "$PREVIOUS" = --resume ] && RESUME="$ARG"
+    case "$ARG" in --resume=*) RESUME="${ARG#--resume=}" ;; esac
+    PREVIOUS="$ARG"
+done
+if [ -n "$RESUME" ]; then
+    # The run's own data, recipe and number of processes (its config.yaml): none of the
+    # recipe's flags is added. DATA, if given, is checked against the run's data.
+    RUN_NPROC="$(sed -n 's/^processes: *\([0-9][0-9]*\) *$/\1/p' "$RESUME/config.yaml" 2>/dev/null || true)"
+    NPROC="${NPROC:-${RUN_NPROC:-1}}"
+    echo "[vit] resuming $RESUME with its own settings: $NPROC process(es)"
+    if [ "$NPROC" = 1 ]; then
+        exec python train.py ${DATA:+--data "$DATA"} "$@"
+    fi
+    exec python -m vit.distributed --standalone --nproc_per_node "$NPROC" train.py \
+        ${DATA:+--data "$DATA"} "$@"
+fi
+
 DATA="${DATA:-cifar10}"
 if python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "[vit] GPU found: the GPU recipe, configs/cifar10.yaml with --amp"
@@ -18,5 +44,5 @@ if [ $((128 % NPROC)) -ne 0 ]; then
     exit 2
 fi
 echo "[vit] no GPU: the CPU recipe, configs/cifar10_cpu.yaml, $NPROC process(es) x 1 thread"
-exec python -m torch.distributed.run --standalone --nproc_per_node "$NPROC" train.py \
+exec python -m vit.distributed --standalone --nproc_per_node "$NPROC" train.py \
     --config configs/cifar10_cpu.yaml --batch-size $((128 / NPROC)) --data "$DATA" "$@"

@@ -65,3 +65,26 @@ def test_two_processes_equal_one_on_the_same_global_batch(image_folder, tmp_path
     # rank 0 alone writes the run folder: one TensorBoard event file, one metrics row per epoch
     assert len(list((ddp / "tensorboard").glob("events.out.tfevents.*"))) == 1
     assert len(rows_b) == 2
+
+
+@pytest.mark.parametrize(
+    ("ending", "status", "said"),
+    [
+        ("sys.exit(3 * rank)", 3, ""),  # rank 1 said why itself (train.py's rank 0 would)
+        (
+            "rank and os.kill(os.getpid(), signal.SIGKILL)",
+            137,  # 128 + 9, as a shell says
+            "torchrun: the process of rank 1 was ended by SIGKILL",
+        ),
+    ],
+    ids=["exit-status", "signal"],
+)
+def test_torchrun_answers_with_its_processes_status(tmp_path, ending, status, said):
+    """`python -m vit.distributed` is torchrun returning the first failed process's exit status,
+    without torchrun's own report (traceback, ChildFailedError, log lines)."""
+    script = tmp_path / "job.py"
+    script.write_text(f"import os, signal, sys\nrank = int(os.environ['RANK'])\n{ending}\n")
+    command = [sys.executable, "-m", "vit.distributed", "--standalone", "--nproc_per_node", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command + [str(script)], env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stderr.strip()) == (status, said)

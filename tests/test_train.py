@@ -125,13 +125,30 @@ def test_shipped_configs_parse(train_script):
         train_script.parse_config(["--config", str(path)])
 
 
-def test_resume_reads_the_run_config_and_flags_win(tmp_path, train_script):
+def test_resume_takes_the_run_config_and_only_epochs_may_change(tmp_path, train_script, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.yaml").write_text(yaml.safe_dump({"epochs": 2, "lr": 0.01, "data": "x"}))
+    saved = {"epochs": 2, "lr": 0.01, "data": "x", "batch_size": 32, "amp": True}
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
     (run / "training_state.pt").write_bytes(b"")  # only read once training starts
     cfg = train_script.parse_config(["--resume", str(run), "--epochs", "5"])
     assert (cfg.epochs, cfg.lr, cfg.data, cfg.output_dir) == (5, 0.01, "x", str(run))
+    # a setting given again as the run has it, or one that does not change what is learned
+    cfg = train_script.parse_config(["--resume", str(run), "--data", "x", "--workers", "3"])
+    assert (cfg.batch_size, cfg.workers) == (32, 3)
+    config = tmp_path / "recipe.yaml"  # a YAML recipe given again is compared the same way
+    config.write_text("lr: 0.02\nbatch_size: 32\n")
+    for changes, named in [
+        (["--lr", "0.001", "--no-amp"], "--lr 0.001 (the run's: 0.01); --no-amp (the run's: on)"),
+        (["--config", str(config)], "--lr 0.02 (the run's: 0.01)"),
+        (["--data", "cifar10", "--batch-size", "32"], "--data cifar10 (the run's: x)"),
+    ]:
+        with pytest.raises(SystemExit) as refused:
+            train_script.parse_config(["--resume", str(run), *changes])
+        err = capsys.readouterr().err.strip()
+        assert refused.value.code == 2 and len(err.splitlines()) == 1, err
+        assert f"--resume {run} continues the run with its own settings" in err
+        assert f"changes {named}: leave them out" in err
 
 
 def test_every_setting_is_a_flag_and_every_flag_a_setting(train_script):
@@ -191,15 +208,18 @@ def _interrupt_after_save(monkeypatch, at_epoch: int, mid_save: bool) -> None:
 
 @pytest.mark.parametrize("mid_save", [False, True], ids=["after-save", "during-save"])
 def test_killed_run_resumes_to_identical_weights(
-    reference_run, image_folder, tmp_path, train_script, tiny_args, monkeypatch, mid_save
+    reference_run, image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys, mid_save
 ):
     run = tmp_path / "run"
     with monkeypatch.context() as patch:
         _interrupt_after_save(patch, at_epoch=3 if mid_save else 2, mid_save=mid_save)
-        with pytest.raises(KeyboardInterrupt):
-            train_script.main(tiny_args(image_folder, run, 4, *RECIPE))
-    # the last complete checkpoint is epoch 2 either way
+        assert train_script.main(tiny_args(image_folder, run, 4, *RECIPE)) == 130  # Ctrl-C
+    # the last complete checkpoint is epoch 2 either way, and the one line says so
     assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"train.py: interrupted; {run} stopped after epoch 2 of 4 (its last checkpoint): "
+        f"continue it with python train.py --resume {run}"
+    )
     assert no_temporary_files(run) is not mid_save  # a kill mid-save leaves its temp file
 
     assert train_script.main(["--resume", str(run)]) == 0
@@ -474,8 +494,7 @@ def test_fast_cpu_levers_train_evaluate_on_schedule_and_resume_exactly(
     run = tmp_path / "run"
     with monkeypatch.context() as patch:
         _interrupt_after_save(patch, at_epoch=3, mid_save=False)
-        with pytest.raises(KeyboardInterrupt):
-            train_script.main(tiny_args(image_folder, run, 5, *FAST))
+        assert train_script.main(tiny_args(image_folder, run, 5, *FAST)) == 130
     assert train_script.main(["--resume", str(run)]) == 0
     assert_same_weights(run / "model.safetensors", reference / "model.safetensors")
     for row, ref in zip(read_rows(run / "metrics.csv"), rows, strict=True):
@@ -503,8 +522,7 @@ def test_second_round_cpu_levers_train_and_resume_exactly(
     run = tmp_path / "run"
     with monkeypatch.context() as patch:
         _interrupt_after_save(patch, at_epoch=2, mid_save=False)
-        with pytest.raises(KeyboardInterrupt):
-            train_script.main(tiny_args(image_folder, run, 4, *ROUND_TWO))
+        assert train_script.main(tiny_args(image_folder, run, 4, *ROUND_TWO)) == 130
     assert train_script.main(["--resume", str(run)]) == 0
     assert_same_weights(run / "model.safetensors", reference / "model.safetensors")
 

@@ -144,8 +144,13 @@ class TrainingState:
             self.ema.load_state_dict(state["ema"])
         self.epoch, self.best_top1 = state["epoch"], state["best_top1"]
         self.history = list(state["history"])
-        rng = state["rng"]
-        set_rng_state(rng[self.info.rank] if self.info.rank < len(rng) else rng[0])
+        rng = state["rng"]  # one RNG state per process of the run
+        if len(rng) != self.info.world_size:
+            raise ValueError(
+                f"the run was trained by {len(rng)} process(es), this start has "
+                f"{self.info.world_size}; resume it with {len(rng)}"
+            )
+        set_rng_state(rng[self.info.rank])
 
     @property
     def kept(self) -> tuple[nn.Module, str]:
@@ -256,6 +261,16 @@ class CheckpointSaver:
             ) from e
         if self.info.is_main:
             self.remove_interrupted_saves()
+
+    def saved_epoch(self) -> int | None:
+        """The epoch of the last complete state on disk, None if there is none. Read from the
+        file (its tensors mapped, not read), since a kill can come between a save's rename
+        and anything after it."""
+        try:
+            state = torch.load(self.state_path, map_location="cpu", weights_only=True, mmap=True)
+            return int(state["epoch"])
+        except Exception:  # absent, or not a state: nothing to resume from either way
+            return None
 
     def save(self, state: TrainingState, kept_metrics: dict | None, improved: bool) -> None:
         """The epoch's files: best weights if `improved`, the latest weights, the state."""

@@ -2,16 +2,31 @@
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `from_env` reads them
 once at the command-line edge and `setup` joins the process group (NCCL on GPUs, gloo on CPU).
+
+A start that fails on one process must stop them all, each at once and the same way, instead
+of leaving the others waiting for it in a collective: `rank0_first`, `failing_together`;
+Ctrl-C stops them all too: `stop_on_interrupt`.
+
+`python -m vit.distributed ARGS` is torchrun (the same ARGS, the same engine) answering as its
+processes do: their exit status as its own, and none of torchrun's report of a process that
+stopped (train.py's rank 0 has said why in one line) or of the Ctrl-C it passed on to them.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping
+import signal
+import sys
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -85,3 +100,121 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+# -- a start that fails on one process stops them all --------------------------------------------
+class PeerFailedError(ValueError):
+    """Another process's start failed; its message, for rank 0 to print."""
+
+
+def _joined(info: DistInfo) -> bool:
+    return info.enabled and dist.is_available() and dist.is_initialized()
+
+
+def rank0_first(info: DistInfo, step: Callable[[], T], errors: tuple[type[Exception], ...]) -> T:
+    """`step()` on rank 0, then, once it succeeded, on the other processes (a download or a
+    cache is written once). If it fails on rank 0 with one of `errors`, every process raises:
+    rank 0 its error, the others a PeerFailedError with its message."""
+    if not _joined(info):
+        return step()
+    outcome: list[str | None] = [None]  # rank 0's error message, sent to the others
+    error = None
+    if info.is_main:
+        try:
+            result = step()
+        except errors as e:
+            error, outcome[0] = e, str(e)
+    dist.broadcast_object_list(outcome, src=0)
+    if error is not None:
+        raise error
+    if outcome[0] is not None:
+        raise PeerFailedError(outcome[0])
+    return result if info.is_main else step()
+
+
+@contextmanager
+def failing_together(info: DistInfo, errors: tuple[type[Exception], ...]) -> Iterator[None]:
+    """Run a block on every process, then tell the others whether it failed with one of
+    `errors`; if it failed anywhere, each process raises: its own error, or a PeerFailedError
+    with the message of the lowest failed rank (for rank 0 to print)."""
+    try:
+        yield
+    except errors as e:
+        _gather_failures(info, str(e))
+        raise
+    failed = _gather_failures(info, None)
+    if failed is not None:
+        raise PeerFailedError(failed)
+
+
+def _gather_failures(info: DistInfo, message: str | None) -> str | None:
+    """The first failure message of all processes (`message` is this one's), or None."""
+    if not _joined(info):
+        return message
+    messages: list[str | None] = [None] * info.world_size
+    dist.all_gather_object(messages, message)
+    return next((m for m in messages if m is not None), None)
+
+
+# -- Ctrl-C --------------------------------------------------------------------------------------
+_interrupted = False
+
+
+@contextmanager
+def stop_on_interrupt(info: DistInfo) -> Iterator[None]:
+    """Within the block, Ctrl-C (SIGINT; torchrun passes it on to every process) stops rank 0
+    at once, with a KeyboardInterrupt. The other processes only note it and go on until rank
+    0 has left, so that rank 0 never finds a collective broken by another process that left
+    first; they stop at their next collective, whose error `interrupted()` then explains."""
+    global _interrupted
+    _interrupted = False
+
+    def note(signum: int, frame) -> None:
+        global _interrupted
+        first, _interrupted = not _interrupted, True
+        if info.is_main and first:  # a second Ctrl-C must not break the way out of the first
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupted() -> bool:
+    """Whether Ctrl-C reached this process (a function call: a signal handler still pending,
+    behind a collective that just failed, runs before the answer)."""
+    return _interrupted
+
+
+# -- torchrun, answering as its processes do -----------------------------------------------------
+def torchrun(argv: list[str]) -> int:
+    """Run torchrun with `argv` (its own arguments); return the exit status of the first
+    process that failed (128 + N for signal N, as a shell says), 130 after a Ctrl-C that
+    torchrun passed on to its processes, or 0."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    # torchrun's own log says which process ended how: the processes say it better (train.py's
+    # rank 0 in one line), and a process killed by a signal is named below.
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith("torch.distributed"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    try:
+        torchrun_main(argv)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        if failure.exitcode >= 0:
+            return failure.exitcode
+        name = signal.Signals(-failure.exitcode).name
+        print(f"torchrun: the process of rank {rank} was ended by {name}", file=sys.stderr)
+        return 128 - failure.exitcode
+    except SignalException as e:  # torchrun got Ctrl-C (or SIGTERM) and passed it on
+        return 128 + int(e.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(torchrun(sys.argv[1:]))

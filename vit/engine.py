@@ -2,7 +2,8 @@
 
 `train(cfg)` runs a whole training into a run folder:
 
-    config.yaml            the effective configuration (flags over YAML over defaults)
+    config.yaml            the effective configuration (flags over YAML over defaults), the
+                           number of processes included
     metrics.csv            one row per epoch (train loss/acc, test loss/top-1/top-5, lr, ...)
     curves.png             loss and accuracy curves, redrawn after every epoch
     tensorboard/           the same metrics as TensorBoard events
@@ -10,12 +11,14 @@
     model.safetensors      the latest weights (the final ones once done), loadable alone
     best.safetensors       the weights with the best test top-1 so far
 
-The pieces, in the order `train` runs them: `load_data` (both splits, raw),
+The pieces, in the order `train` runs them: `start`, on every process together (a failure on
+one stops all: `distributed.failing_together`): `load_data` (both splits, raw),
 `build_training_model`, `make_loaders` (each dataset made with its transform),
 `build_training_state` (optimizer, schedule, scaler, EMA), `resume`, `wrap_model` (DDP,
-compile), then `run_epochs`, whose loop trains (`train_one_epoch`), evaluates (`evaluate`),
-logs (`RunLog`) and saves (`vit.checkpoint.CheckpointSaver`). On CPU with the same seed, a
-resumed run ends with exactly the weights of an uninterrupted one.
+compile); then `start_run_dir` (the first write) and `run_epochs`, whose loop trains
+(`train_one_epoch`), evaluates (`evaluate`), logs (`RunLog`) and saves
+(`vit.checkpoint.CheckpointSaver`). On CPU with the same seed, a resumed run ends with exactly
+the weights of an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,6 +81,8 @@ __all__ = [
     "DEFAULT_MODEL",
     "NonFiniteLossError",
     "TrainConfig",
+    "TrainingError",
+    "TrainingInterrupted",
     "evaluate",
     "image_size_for_epoch",
     "resolve_ema_decay",
@@ -92,28 +98,59 @@ class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; the last good checkpoint is kept."""
 
 
+class TrainingInterrupted(Exception):
+    """Ctrl-C stopped the run (every process raises it).
+
+    run_dir: the run folder, None if this start wrote nothing (a fresh run, before its folder
+    was made); epoch: the epoch of the folder's last complete checkpoint (known to rank 0),
+    None if it holds none; epochs: the run's length."""
+
+    def __init__(self, run_dir: str | None, epoch: int | None, epochs: int) -> None:
+        super().__init__(f"interrupted; last checkpoint: epoch {epoch} of {epochs} in {run_dir}")
+        self.run_dir, self.epoch, self.epochs = run_dir, epoch, epochs
+
+
+# What a start can find wrong in the settings, the data, the model or a resumed state: one
+# line for the user (train.py exits with status 2), raised by every process together.
+START_ERRORS = (ValueError, FileNotFoundError)
+
+
+class TrainingError(ValueError):
+    """One of START_ERRORS met while training (an image that cannot be read) by this process
+    alone, which says it itself (a start's is said by rank 0 for every process)."""
+
+
 # -- data and model ------------------------------------------------------------------------------
 def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageDataset]:
     """The raw train and test splits (no transform yet: that needs the model's preprocessing).
 
-    Rank 0 loads first, so that a CIFAR download happens once, not once per process."""
-    if not info.is_main:
-        distributed.barrier()
-    train_set, test_set = (
-        load_split(
-            cfg.data,
-            split,
-            data_root=cfg.data_root,
-            download=cfg.download,
-            cache=cfg.cache,
-            subset=subset,
-            seed=cfg.seed,
-            cache_dir=cfg.cache_path,
+    Rank 0 loads first, so that a CIFAR download happens once, not once per process; if it
+    fails there, every process stops (`distributed.rank0_first`). The folders a failed download
+    made for --data-root are removed: a failed start leaves nothing behind."""
+    data_root = Path(cfg.data_root)  # its first folder that does not exist yet, if any:
+    made = next((p for p in [*reversed(data_root.parents), data_root] if not p.exists()), None)
+
+    def load() -> tuple[ImageDataset, ImageDataset]:
+        return tuple(
+            load_split(
+                cfg.data,
+                split,
+                data_root=cfg.data_root,
+                download=cfg.download,
+                cache=cfg.cache,
+                subset=subset,
+                seed=cfg.seed,
+                cache_dir=cfg.cache_path,
+            )
+            for split, subset in (("train", cfg.train_subset), ("test", cfg.test_subset))
         )
-        for split, subset in (("train", cfg.train_subset), ("test", cfg.test_subset))
-    )
-    if info.is_main:
-        distributed.barrier()
+
+    try:
+        train_set, test_set = distributed.rank0_first(info, load, errors=START_ERRORS)
+    except START_ERRORS:
+        if info.is_main and made is not None and made.is_dir():
+            shutil.rmtree(made)  # what the failed download made: nothing of the user's
+        raise
     if test_set.class_names != train_set.class_names:
         raise ValueError(
             f"train and test splits of {cfg.data} have different classes: "
@@ -368,9 +405,19 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, overwrite: bool = Fals
     Nothing is written until the data, model, loaders and (for --resume) the saved state are
     ready, so a failed start leaves no run folder behind. `overwrite`: the folder holds a
     previous run (train.py refuses it otherwise), whose files are removed at that point.
-    Raises NonFiniteLossError (leaving the last checkpoint untouched) if the loss diverges.
+    Raises NonFiniteLossError (leaving the last checkpoint untouched) if the loss diverges,
+    TrainingInterrupted on Ctrl-C, and, under DDP, a start that fails on any process on every
+    process (`distributed.failing_together`).
     """
     info = info or DistInfo()
+    if cfg.processes is None:  # recorded in config.yaml: --resume continues with as many
+        cfg.processes = info.world_size
+    elif cfg.processes != info.world_size:
+        raise ValueError(
+            f"--processes {cfg.processes}: this start has {info.world_size} process(es); "
+            f"start {cfg.processes} (torchrun --nproc_per_node {cfg.processes}), or leave the "
+            f"setting out (processes: null in a YAML file)"
+        )
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = distributed.resolve_device(cfg.device, info)
@@ -380,10 +427,17 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, overwrite: bool = Fals
             "(about 20x slower than float32); use --amp-dtype bfloat16, or no --amp"
         )
     distributed.setup(info, device)
+    leave_group = True
     try:
         return _train(cfg, info, device, overwrite)
+    except TrainingInterrupted:
+        # Rank 0 left first (see distributed.stop_on_interrupt): the others' process group is
+        # broken, and taking it down can abort the process.
+        leave_group = info.is_main
+        raise
     finally:
-        distributed.cleanup()
+        if leave_group:
+            distributed.cleanup()
 
 
 def default_run_dir(cfg: TrainConfig, info: DistInfo) -> str:
@@ -413,12 +467,50 @@ class Run:
     test_loader: DataLoader
     state: TrainingState
     mixup: MixupCutmix | None
+    num_images: int  # in the training split
 
 
 def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bool) -> dict:
     if cfg.output_dir is None:
         cfg.output_dir = default_run_dir(cfg, info)
     run_dir = Path(cfg.output_dir)
+    saver = CheckpointSaver(run_dir, info, data=cfg.data, config=cfg.to_dict())
+    started = False  # whether this start wrote the run folder
+    try:
+        with distributed.failing_together(info, START_ERRORS):
+            run = start(cfg, info, device, saver)
+        if info.is_main:  # everything is ready, on every process: the run folder can be written
+            start_run_dir(run_dir, cfg, overwrite)
+            started = True
+        log = RunLog(run_dir, info, cfg.epochs, start_epoch=run.state.epoch)
+        try:
+            log.start(run, num_images=run.num_images)
+            return run_epochs(run, saver, log)
+        except START_ERRORS as e:
+            raise TrainingError(str(e)) from e
+        finally:
+            log.close()
+    except BaseException as e:
+        if not interrupted(e, info):
+            raise
+        if not (started or cfg.resume):  # nothing written: a run --overwrite would replace
+            raise TrainingInterrupted(None, None, cfg.epochs) from None  # is left as it was
+        epoch = saver.saved_epoch() if info.is_main else None
+        raise TrainingInterrupted(str(run_dir), epoch, cfg.epochs) from None
+
+
+def interrupted(error: BaseException, info: DistInfo) -> bool:
+    """Whether `error` ended the run because of Ctrl-C: a KeyboardInterrupt, or, on a process
+    other than rank 0, a collective broken by rank 0 leaving for it (see
+    `distributed.stop_on_interrupt`)."""
+    if isinstance(error, KeyboardInterrupt):
+        return True
+    return isinstance(error, Exception) and not info.is_main and distributed.interrupted()
+
+
+def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: CheckpointSaver) -> Run:
+    """Everything the epoch loop needs, and (for --resume) the saved state loaded: the data,
+    the model, the loaders, the optimizer, schedule and EMA. Writes nothing."""
     # Different RNG streams per process (MixUp, stochastic depth); rank 0 matches a
     # single-process run. DDP copies rank 0's initial weights to every process.
     seed_everything(cfg.seed + info.rank)
@@ -430,12 +522,9 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
     state = build_training_state(
         cfg, model, steps_per_epoch=len(train_loader), device=device, info=info
     )
-    saver = CheckpointSaver(run_dir, info, data=cfg.data, config=cfg.to_dict())
     if cfg.resume:
-        resume(saver, state, run_dir, info)
-    if info.is_main:  # everything is ready: the run folder can be written
-        start_run_dir(run_dir, cfg, overwrite)
-    run = Run(
+        resume(saver, state, cfg, info)
+    return Run(
         cfg=cfg,
         info=info,
         device=device,
@@ -445,13 +534,8 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
         test_loader=test_loader,
         state=state,
         mixup=build_mixup(cfg, train_set.num_classes),
+        num_images=len(train_set),
     )
-    log = RunLog(run_dir, info, cfg.epochs, start_epoch=state.epoch)
-    log.start(run, num_images=len(train_set))
-    try:
-        return run_epochs(run, saver, log)
-    finally:
-        log.close()
 
 
 def start_run_dir(run_dir: Path, cfg: TrainConfig, overwrite: bool) -> None:
@@ -469,12 +553,21 @@ def start_run_dir(run_dir: Path, cfg: TrainConfig, overwrite: bool) -> None:
     save_yaml(cfg.to_dict(), run_dir / CONFIG_FILE)
 
 
-def resume(saver: CheckpointSaver, state: TrainingState, run_dir: Path, info: DistInfo) -> None:
-    """Continue from the run folder's last complete checkpoint (train.py checked it exists)."""
+def resume(saver: CheckpointSaver, state: TrainingState, cfg: TrainConfig, info: DistInfo) -> None:
+    """Continue from the run folder's last complete checkpoint (train.py checked it exists);
+    ValueError if the run has already done its --epochs."""
     saver.resume(state)
+    if state.epoch >= cfg.epochs:
+        raise ValueError(
+            f"--resume {cfg.resume}: the run has done {state.epoch} epochs, all of the "
+            f"{cfg.epochs} asked for; give --epochs N (more than {state.epoch}) to extend it"
+        )
     if info.is_main:
         logger.info(
-            "resumed %s after epoch %d (best top-1 %.4f)", run_dir, state.epoch, state.best_top1
+            "resumed %s after epoch %d (best top-1 %.4f)",
+            cfg.resume,
+            state.epoch,
+            state.best_top1,
         )
 
 

@@ -113,7 +113,8 @@ class TrainConfig:
     eval_interval: int = setting(1, "run", "evaluate every N epochs and after the last")
     device: str = setting("auto", "run", "auto, cpu, cuda, cuda:1, ...")
     output_dir: str | None = setting(None, "run", "run folder (default runs/MODEL-DATA-TIMESTAMP)")
-    resume: str | None = setting(None, "run", "continue the run in RUN_DIR from its last complete checkpoint", metavar="RUN_DIR")
+    resume: str | None = setting(None, "run", "continue the run in RUN_DIR from its last complete checkpoint, with its own settings and number of processes (only --epochs may change, to extend it)", metavar="RUN_DIR")
+    processes: int | None = setting(None, "run", "training processes, as started by torchrun (--nproc_per_node): recorded by the run, so that --resume continues with as many (default: as started)", metavar="N")
     # fmt: on
 
     def to_dict(self) -> dict:
@@ -179,7 +180,23 @@ LIMITS: dict[str, Range] = {
     "mixup_switch_prob": PROBABILITY,
     "threads": AT_LEAST_1,
     "eval_interval": AT_LEAST_1,
+    "processes": AT_LEAST_1,
 }
+
+# --resume continues a run with its own settings: one given again must be the run's, except
+# these, which change how long it trains (--epochs, to extend it) or how it is carried out,
+# not what it learns: loader processes and threads, the device, where the data and the cache
+# of decoded images are found, whether they are held in memory.
+CHANGEABLE_ON_RESUME = (
+    "epochs",
+    "workers",
+    "threads",
+    "device",
+    "data_root",
+    "download",
+    "cache",
+    "cache_dir",
+)
 
 
 def check_settings(cfg: TrainConfig) -> None:

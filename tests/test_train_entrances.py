@@ -1,0 +1,216 @@
+"""train.py through each entrance: `python train.py`, torchrun (as `scripts/train.sh` starts it,
+through `python -m vit.distributed`) and `scripts/train.sh` itself. A mistake is one line and
+exit status 2, leaving nothing behind; `--resume RUN` continues the run as it was started, its
+number of processes included; Ctrl-C is one line naming the command that continues the run,
+exit status 130 (issue 23)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import vit.data
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN_SH = ROOT / "scripts" / "train.sh"
+# A tiny run under the CPU recipe's flags (scripts/train.sh adds configs/cifar10_cpu.yaml).
+TINY = (
+    "--model-kwargs", "depth=2", "embed_dim=32", "num_heads=2", "--batch-size", "4",
+    "--warmup-epochs", "1", "--eval-interval", "1", "--workers", "0", "--cache-dir", "none",
+)  # fmt: skip
+
+
+def venv_env() -> dict[str, str]:
+    """The environment scripts/train.sh runs in here: this test's virtual environment (as
+    scripts/test.sh, which CI runs, made it), the CPU recipe even on a GPU machine."""
+    stamp = Path(sys.prefix, ".vit-installed")
+    pyproject = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    installed = stamp.read_text().strip() if stamp.is_file() else None
+    if sys.prefix == sys.base_prefix or installed != pyproject:  # else env.sh would install
+        pytest.skip("scripts/train.sh needs the tests run in the venv scripts/env.sh installed")
+    return {
+        **os.environ,
+        "VIT_VENV": sys.prefix,
+        "PYTHONPATH": str(ROOT),
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+
+
+def train_sh(*args: str, data: Path | None = None, timeout: float = 300):
+    """`DATA=data bash scripts/train.sh ARGS` (no DATA if None), run to its end."""
+    return subprocess.run(
+        ["bash", str(TRAIN_SH), *args],
+        env={**venv_env(), **({"DATA": str(data)} if data else {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def interrupt_after_first_checkpoint(command: list[str], run: Path, env: dict) -> tuple[int, str]:
+    """Start `command` in its own process group, and Ctrl-C it (SIGINT to the group, as a
+    terminal does) once the run's first checkpoint is written: (exit status, stderr)."""
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run / "training_state.pt").exists() and process.poll() is None:
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    return process.returncode, err
+
+
+def not_logged(err: str) -> list[str]:
+    """stderr's lines other than rank 0's training log."""
+    return [line for line in err.strip().splitlines() if " INFO " not in line]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--epochs", "0"), "train.py: error: --epochs 0: training epochs; accepted:"),
+        (("--data", "missing"), "train.py: error: --data 'missing' is neither one of cifar10"),
+    ],
+    ids=["bad-flag", "missing-data"],
+)
+def test_a_mistake_under_two_processes_is_one_line_and_leaves_nothing(
+    image_folder, tmp_path, flags, message
+):
+    """scripts/train.sh starts 2 processes: the flag is refused by both while reading the
+    flags, the missing folder by rank 0 while loading, the other process following it."""
+    run = tmp_path / "run"
+    done = train_sh(*TINY, "--output-dir", str(run), *flags, data=image_folder)
+    assert done.returncode == 2
+    assert done.stderr.strip().startswith(message) and len(done.stderr.splitlines()) == 1, (
+        done.stderr
+    )
+    assert done.stdout.startswith("[vit] no GPU") and "Traceback" not in done.stdout
+    assert not run.exists()
+
+
+def test_two_process_run_stops_on_ctrl_c_and_resumes_as_started(image_folder, tmp_path):
+    run = tmp_path / "run"
+    command = ["bash", str(TRAIN_SH), *TINY, "--epochs", "5", "--output-dir", str(run)]
+    status, err = interrupt_after_first_checkpoint(
+        command, run, {**venv_env(), "DATA": str(image_folder)}
+    )
+    epoch = torch.load(run / "training_state.pt", weights_only=True)["epoch"]
+    assert status == 130 and 1 <= epoch < 5
+    assert not_logged(err) == [
+        f"train.py: interrupted; {run} stopped after epoch {epoch} of 5 (its last checkpoint): "
+        f"continue it with bash {TRAIN_SH} --resume {run}"
+    ]
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert (config["processes"], config["batch_size"], config["opt"]) == (2, 4, "muon")
+
+    # plain python would continue it in one process, with half the images a step: refused
+    alone = subprocess.run(
+        [sys.executable, "train.py", "--resume", str(run)],
+        cwd=ROOT,
+        env=venv_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert alone.returncode == 2 and alone.stderr.strip() == (
+        f"train.py: error: --resume {run}: the run trains in 2 process(es) of 4 images (8 a "
+        f"step), this start has 1; continue it with torchrun --standalone --nproc_per_node 2 "
+        f"train.py --resume {run}"
+    )
+
+    # scripts/train.sh with nothing else given: the run's own settings and 2 processes,
+    # none of the recipe's flags (its --batch-size 64, --data cifar10 would be refused)
+    done = train_sh("--resume", str(run))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resuming" in done.stdout and "2 process(es)" in done.stdout
+    state = torch.load(run / "training_state.pt", weights_only=True)
+    assert state["epoch"] == 5 and len(state["rng"]) == 2  # every epoch, both processes
+    assert yaml.safe_load((run / "config.yaml").read_text()) == {**config, "resume": str(run)}
+
+
+def test_single_process_ctrl_c_is_one_line_and_resumable(image_folder, tmp_path, tiny_args):
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "train.py", *tiny_args(image_folder, run, 5)]
+    status, err = interrupt_after_first_checkpoint(command, run, env)
+    epoch = torch.load(run / "training_state.pt", weights_only=True)["epoch"]
+    assert status == 130 and "Traceback" not in err
+    assert not_logged(err) == [
+        f"train.py: interrupted; {run} stopped after epoch {epoch} of 5 (its last checkpoint): "
+        f"continue it with python train.py --resume {run}"
+    ]
+    again = subprocess.run(
+        [sys.executable, "train.py", "--resume", str(run)], cwd=ROOT, env=env, capture_output=True
+    )
+    assert again.returncode == 0, again.stderr.decode()[-2000:]
+    assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 5
+
+
+def test_resuming_a_finished_run_asks_for_more_epochs(
+    image_folder, tmp_path, train_script, tiny_args, capsys
+):
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1)) == 0
+    capsys.readouterr()
+    assert train_script.main(["--resume", str(run)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"train.py: error: --resume {run}: the run has done 1 epochs, all of the 1 asked for; "
+        f"give --epochs N (more than 1) to extend it"
+    )
+    assert train_script.main(["--resume", str(run), "--epochs", "2"]) == 0
+    assert yaml.safe_load((run / "config.yaml").read_text())["epochs"] == 2
+
+
+def test_a_number_of_processes_given_must_be_the_number_started(
+    image_folder, tmp_path, train_script, tiny_args, capsys
+):
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1, "--processes", "2")) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .startswith(
+            "train.py: error: --processes 2: this start has 1 process(es); start 2 (torchrun "
+            "--nproc_per_node 2)"
+        )
+    )
+    assert not run.exists()
+
+
+def test_a_failed_download_leaves_no_data_folder(
+    tmp_path, train_script, tiny_args, monkeypatch, capsys
+):
+    """Without internet, CIFAR's download fails after torchvision made its folder."""
+
+    def offline(name, root, train, download, **dataset):
+        root.mkdir(parents=True, exist_ok=True)
+        (root / f"{name}.tar.gz").write_bytes(b"partial")
+        raise FileNotFoundError(f"{name} is not in {root} and could not be downloaded")
+
+    monkeypatch.setattr(vit.data, "_torchvision_split", offline)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    args = tiny_args("cifar10", run, 1) + ["--data-root", "downloads/cifar"]
+    assert train_script.main(args) == 2
+    assert "could not be downloaded" in capsys.readouterr().err
+    assert not (tmp_path / "downloads").exists() and not run.exists()
+    kept = tmp_path / "mine"  # a folder the user had is never removed
+    kept.mkdir()
+    assert train_script.main(tiny_args("cifar10", run, 1) + ["--data-root", str(kept)]) == 2
+    assert kept.is_dir()
