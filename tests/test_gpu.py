@@ -61,24 +61,28 @@ def _device_param(name: str):
 DEVICES = [_device_param("cpu"), _device_param("cuda")]
 
 
+@contextlib.contextmanager
+def float32_in_float32():
+    """float32 matrix products and convolutions in float32 on CUDA: TF32 (10 bits of mantissa,
+    cuDNN's default for convolutions such as the patch embedding) would be a 1e-3 error."""
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
 @pytest.fixture(params=DEVICES)
 def device(request) -> torch.device:
-    """The device; on the CPU with one thread (tiny models gain nothing from more, and lose
-    much on shared cores)."""
+    """The device, TF32 off; on the CPU with one thread (tiny models gain nothing from more,
+    and lose much on shared cores)."""
     previous = torch.get_num_threads()
     if request.param == "cpu":
         torch.set_num_threads(1)
-    yield torch.device(request.param)
+    with float32_in_float32():
+        yield torch.device(request.param)
     torch.set_num_threads(previous)
-
-
-@pytest.fixture
-def no_tf32():
-    """float32 matrix products in float32: TF32 (10 bits of mantissa) would be a 1e-3 error."""
-    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
 
 
 def tiny_pair(seed: int = 0) -> tuple[vit.VisionTransformer, TimmViT]:
@@ -93,9 +97,12 @@ def tiny_pair(seed: int = 0) -> tuple[vit.VisionTransformer, TimmViT]:
 
 def device_args(device: torch.device) -> list[str]:
     """train.py flags for a tiny, deterministic run on `device` (one thread on the CPU, where
-    the thread count changes the order of float sums)."""
+    the thread count changes the order of float sums). No MixUp, CutMix or stochastic depth:
+    their draws come from the device's generator, so a run on CUDA and one on the CPU would
+    train on different masks (the data augmentation is drawn on the CPU either way)."""
     threads = ["--threads", "1"] if device.type == "cpu" else []
-    return ["--device", str(device), *threads, "--mixup", "0", "--cutmix", "0"]
+    no_draws = ["--mixup", "0", "--cutmix", "0", "--drop-path", "0"]
+    return ["--device", str(device), *threads, *no_draws]
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -130,7 +137,7 @@ def assert_weights_within_rounding(a: Path, b: Path, atol: float) -> None:
 
 
 # -- equivalence with timm on the device ---------------------------------------------------------
-def test_float32_logits_match_timm_on_device(device, no_tf32):
+def test_float32_logits_match_timm_on_device(device):
     ours, theirs = (m.to(device) for m in tiny_pair())
     x = torch.randn(4, 3, 32, 32, device=device)
     with torch.no_grad():
@@ -145,7 +152,7 @@ def test_float32_logits_match_timm_on_device(device, no_tf32):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_bf16_autocast_logits_match_timm_within_tolerance(device, no_tf32, seed):
+def test_bf16_autocast_logits_match_timm_within_tolerance(device, seed):
     ours, theirs = (m.to(device) for m in tiny_pair(seed))
     x = torch.randn(8, 3, 32, 32, device=device)
     with torch.no_grad():
@@ -215,7 +222,7 @@ def train_steps(run: engine.Run, steps: int) -> list[float]:
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_amp_steps_follow_float32_training(device, no_tf32, dtype):
+def test_amp_steps_follow_float32_training(device, dtype):
     """--amp: the forward runs in `dtype` (logits in it, loss in float32), the gradient scaler is
     on for float16 only, and six steps on one batch track float32 training (within 5% of its
     loss at each step: low precision moves the trajectory a little, a broken cast or a skipped
@@ -252,7 +259,7 @@ def test_float16_overflow_skips_the_step_and_lowers_the_scale(device):
     assert "head.weight" in moved and "blocks.0.attn.qkv.weight" in moved
 
 
-def test_ema_lives_on_the_device_and_averages_each_step(device, no_tf32):
+def test_ema_lives_on_the_device_and_averages_each_step(device):
     run = engine_run(device, model_ema=True, model_ema_decay=0.9)
     ema = run.state.ema
     expected = {k: v.detach().double().cpu() for k, v in ema.module.state_dict().items()}
@@ -273,7 +280,7 @@ def test_ema_lives_on_the_device_and_averages_each_step(device, no_tf32):
 
 
 @pytest.mark.slow  # torch.compile: ~40 s of compilation on a CPU (its C++ compiler)
-def test_compiled_steps_match_eager_steps(device, no_tf32):
+def test_compiled_steps_match_eager_steps(device):
     eager = engine_run(device)
     compiled = engine_run(device, compile=True)
     assert compiled.train_model is not compiled.model  # wrapped by torch.compile
@@ -548,7 +555,7 @@ def test_fused_attention_takes_a_fused_kernel(device, dtype):
     [("FLASH_ATTENTION", torch.bfloat16), ("FLASH_ATTENTION", None), ("EFFICIENT_ATTENTION", None)],
     ids=["flash-bf16", "flash-float32", "efficient-float32"],
 )
-def test_flash_and_efficient_kernels_accept_our_attention(device, no_tf32, backend, dtype):
+def test_flash_and_efficient_kernels_accept_our_attention(device, backend, dtype):
     """Restricted to one backend, SDPA raises if it cannot use it: ours runs there, and gives
     timm's logits under the same restriction. CUDA's flash kernel takes half precision only,
     the CPU has no memory-efficient kernel: those cases are not kernels of the device."""
