@@ -140,6 +140,7 @@ echo "== gpu_check.sh $(date -u +%FT%TZ): stages ${STAGES[*]} into $OUTDIR"
 # The package from this checkout; albumentations & co from the carried wheels if missing here.
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+export NO_ALBUMENTATIONS_UPDATE=1  # no network there: skip albumentations' version check
 if ! "$PYTHON" -c "import albumentations" 2>/dev/null; then
     if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
         say "albumentations is missing and $WHEELS holds no wheels: run --pack here, carry $BUILD"

@@ -97,9 +97,11 @@ def tiny_pair(seed: int = 0) -> tuple[vit.VisionTransformer, TimmViT]:
 
 def device_args(device: torch.device) -> list[str]:
     """train.py flags for a tiny, deterministic run on `device` (one thread on the CPU, where
-    the thread count changes the order of float sums). No MixUp, CutMix or stochastic depth:
-    their draws come from the device's generator, so a run on CUDA and one on the CPU would
-    train on different masks (the data augmentation is drawn on the CPU either way)."""
+    the thread count changes the order of float sums). No stochastic depth: its masks come
+    from the device's generator, so a run on CUDA and one on the CPU would train on different
+    masks (augmentation, MixUp and CutMix draw on the CPU either way:
+    `test_mixup_cutmix_on_the_device_draws_as_on_the_cpu`). No MixUp or CutMix: the tiny runs
+    learn in two epochs without them."""
     threads = ["--threads", "1"] if device.type == "cpu" else []
     no_draws = ["--mixup", "0", "--cutmix", "0", "--drop-path", "0"]
     return ["--device", str(device), *threads, *no_draws]
@@ -257,6 +259,24 @@ def test_float16_overflow_skips_the_step_and_lowers_the_scale(device):
     assert run.state.scaler.get_scale() == 2.0**15
     moved = [k for k, v in run.model.state_dict().items() if not torch.equal(v, before[k])]
     assert "head.weight" in moved and "blocks.0.attn.qkv.weight" in moved
+
+
+@pytest.mark.parametrize("switch", [0.0, 1.0], ids=["mixup", "cutmix"])
+def test_mixup_cutmix_on_the_device_draws_as_on_the_cpu(device, switch):
+    """The recipe's MixUp / CutMix on a batch on the device: the same draws (the CPU's RNG, so
+    a resumed or CPU run mixes alike) and the same soft-target loss as on the CPU."""
+    losses = {}
+    for where in (device, torch.device("cpu")):
+        run = engine_run(where, mixup=0.8, cutmix=1.0, mixup_switch_prob=switch)
+        images, labels = fixed_batch(where)
+        torch.manual_seed(3)
+        mixed, targets = run.mixup(images, labels)
+        assert mixed.device.type == targets.device.type == where.type
+        assert torch.allclose(targets.sum(dim=1).cpu(), torch.ones(len(labels)))
+        assert not torch.equal(mixed, images)  # mixed, not passed through
+        torch.manual_seed(3)
+        losses[where.type] = engine.forward_loss(run, images, labels)[1].item()
+    assert losses[device.type] == pytest.approx(losses["cpu"], rel=1e-5)
 
 
 def test_ema_lives_on_the_device_and_averages_each_step(device):
