@@ -1,0 +1,339 @@
+#!/usr/bin/env bash
+# The GPU path, checked on a GPU in one command: the `gpu` tests, the GPU recipe on real
+# CIFAR-10 for a time box (resumed exactly from chunk to chunk), inference throughput ours/timm,
+# and one JSON + one log of what was measured (docs/gpu.md says how to read them).
+#
+#   bash scripts/gpu_check.sh OUTDIR [STAGE ...]    # on the GPU machine; STAGE: tests train bench
+#                                                   # (default: all three, in that order)
+#   bash scripts/gpu_check.sh --pack                # here, before: build/gpu (data and wheels)
+#   bash scripts/gpu_check.sh --restore FOLDER      # here, after: what came back -> build/gpu/resume
+#
+# Without CUDA it says so in one line and exits with status 3 in seconds, writing nothing.
+#
+# OUTDIR gets gpu_check.json (GPU name, versions, test counts, per chunk: status, seconds, peak
+# memory; per epoch: seconds, images/s, accuracy; images/s ours and timm), gpu_check.log (all
+# output), run/ (the train.py run folder) and, where $OUT is set (the device tool's machine),
+# copies of the JSON, the log and the run's resumable state (run-state.tgz.part-*, 15 MiB each)
+# in $OUT, the only folder that comes back from there.
+#
+# With the device tool (docs/gpu.md): one command runs at most 10 minutes, 30 minutes of device
+# time a session, and the machine keeps files only while it stays warm (30 s after a call):
+#   1. here:   bash scripts/gpu_check.sh --pack          (CIFAR-10 packed, ~18 MiB; the wheels of
+#              albumentations and its needs, which the GPU image lacks; ~22 MiB to carry)
+#   2. run:    bash scripts/gpu_check.sh build/gpu-check          carry ["build/gpu"], 600 s
+#              (tests, then training for VIT_GPU_TRAIN_SECONDS=240, then the benchmark)
+#   3. here:   bash scripts/gpu_check.sh --restore FILES_AT   (the folder the files came back to)
+#   4. run:    VIT_GPU_TRAIN_SECONDS=500 bash scripts/gpu_check.sh build/gpu-check train
+#              carry ["build/gpu"]: it resumes the run, from build/gpu-check/run on a machine
+#              still warm, else from build/gpu/resume (step 3); repeat 3-4 while time is left.
+#
+# Settings (environment): VIT_GPU_TRAIN_SECONDS (the train stage's time box, default 240; the
+# run is stopped as Ctrl-C stops it, after its last complete epoch's checkpoint), VIT_GPU_EPOCHS
+# (the recipe's length, default configs/cifar10.yaml's 200; a new run only), VIT_GPU_WORKERS
+# (data loader processes, default: cores - 2, at most 12), VIT_GPU_TRAIN_ARGS (train.py flags
+# added to a new run's: another recipe, e.g. "--opt muon"), VIT_GPU_BENCH_ARGS
+# (benchmarks/inference_throughput.py flags in place of the defaults), VIT_GPU_TESTS (pytest
+# flags selecting the tests, default "-k cuda": the CUDA cases; "" for the CPU cases too),
+# PYTHON (default python3).
+# VIT_GPU_BUILD (default build/gpu) and VIT_GPU_DATA (default /tmp/vit-cifar10-jpg): where the
+# carried files and the unpacked images are. VIT_GPU_CHECK_CPU=1 runs the stages on the CPU,
+# to test this script's mechanics (tests/test_gpu.py does): its figures mean nothing.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PYTHON="${PYTHON:-python3}"
+BUILD="${VIT_GPU_BUILD:-build/gpu}" # what travels: carry ["build/gpu"]
+PACKED="$BUILD/cifar10-jpg.npz"
+WHEELS="$BUILD/wheels"
+RESUME="$BUILD/resume"
+DATA="${VIT_GPU_DATA:-/tmp/vit-cifar10-jpg}"  # one path on every machine: a resume checks it
+SITE="/tmp/vit-gpu-site"
+LIMIT_MIB=64                       # the device tool's working-tree limit, carry included
+# albumentations and what it needs beyond the GPU image's packages (CPython 3.12 wheels;
+# stringzilla 3: 0.3 MB where 4 is 4 MB)
+WHEEL_LIST="albumentations==2.0.8 albucore==0.0.24 pydantic==2.14.4 pydantic-core==2.50.5
+annotated-types==0.8.0 typing-inspection==0.4.5 stringzilla==3.12.6 simsimd==6.5.16"
+
+say() { echo "gpu_check.sh: $*" >&2; }
+
+travel_mib() {  # what a device call would send from this checkout: the tree and build/gpu
+    { git ls-files -z --cached --others --exclude-standard | xargs -0 -r du -cb 2>/dev/null \
+        | awk '$2 == "total" {s += $1} END {print s + 0}'; du -sb "$BUILD" | cut -f1; } \
+        | awk '{s += $1} END {printf "%.1f", s / 2^20}'
+}
+
+pack() {  # here: the data and the wheels into build/gpu (ignored by git: never committed)
+    "$PYTHON" scripts/pack_cifar10.py --output "$PACKED" "$@"
+    mkdir -p "$WHEELS"
+    # shellcheck disable=SC2086  # the list splits into one argument per wheel
+    "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" $WHEEL_LIST
+    local size
+    size="$(travel_mib)"
+    echo "$BUILD: $(find "$WHEELS" -name '*.whl' | wc -l) wheels; a device call sends ${size} MiB" \
+        "of the ${LIMIT_MIB} MiB it may (carry [\"$BUILD\"])"
+    awk -v s="$size" -v l="$LIMIT_MIB" 'BEGIN {exit !(s > l)}' && {
+        say "over the device tool's ${LIMIT_MIB} MiB: pack a subset (--per-class N)"
+        exit 2
+    }
+    return 0
+}
+
+restore() {  # here: the state and records that came back from $OUT, for the next call
+    local from="$1"
+    if ! ls "$from"/run-state.tgz.part-* >/dev/null 2>&1; then
+        say "--restore $from: no run-state.tgz.part-* there (the files a train stage puts in \$OUT)"
+        exit 2
+    fi
+    rm -rf "$RESUME.tmp"
+    mkdir -p "$RESUME.tmp"
+    cp "$from"/run-state.tgz.part-* "$RESUME.tmp/"
+    for f in gpu_check.json gpu_check.log; do
+        if [ -f "$from/$f" ]; then cp "$from/$f" "$RESUME.tmp/"; fi
+    done
+    rm -rf "$RESUME"
+    mv "$RESUME.tmp" "$RESUME"
+    echo "$RESUME: the run's state for the next call; it sends $(travel_mib) MiB of ${LIMIT_MIB}"
+}
+
+case "${1:-}" in
+    --pack) shift; pack "$@"; exit 0 ;;
+    --restore)
+        [ $# -eq 2 ] || { say "--restore takes one folder (where the device's files came back)"; exit 2; }
+        restore "$2"; exit 0 ;;
+    "" | -*)
+        say "usage: bash scripts/gpu_check.sh OUTDIR [tests] [train] [bench] | --pack | --restore FOLDER"
+        exit 2 ;;
+esac
+OUTDIR="$1"
+shift
+STAGES=("$@")
+[ ${#STAGES[@]} -gt 0 ] || STAGES=(tests train bench)
+for STAGE in "${STAGES[@]}"; do
+    case "$STAGE" in
+        tests | train | bench) ;;
+        *) say "unknown stage '$STAGE'; accepted: tests, train, bench"; exit 2 ;;
+    esac
+done
+
+DEVICE=cuda
+if [ -n "${VIT_GPU_CHECK_CPU:-}" ]; then DEVICE=cpu; fi
+# No GPU: one line, nothing written.
+if [ "$DEVICE" = cuda ] && ! "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" \
+    2>/dev/null; then
+    say "no CUDA GPU here (torch.cuda.is_available() is False, or no torch for $PYTHON); nothing was run"
+    exit 3
+fi
+
+mkdir -p "$OUTDIR"
+OUTDIR="$(cd "$OUTDIR" && pwd)"
+JSON="$OUTDIR/gpu_check.json"
+LOG="$OUTDIR/gpu_check.log"
+if [ ! -f "$JSON" ] && [ -f "$RESUME/gpu_check.json" ]; then  # a fresh machine: the records so far
+    cp "$RESUME/gpu_check.json" "$JSON"
+    if [ -f "$RESUME/gpu_check.log" ]; then cp "$RESUME/gpu_check.log" "$LOG"; fi
+fi
+exec > >(tee -a "$LOG") 2>&1
+copy_out() {  # $OUT is what comes back from the device tool's machine: the records, always
+    if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+        for f in "$JSON" "$LOG"; do
+            if [ -f "$f" ]; then cp "$f" "$OUT/"; fi
+        done
+    fi
+}
+trap copy_out EXIT
+echo "== gpu_check.sh $(date -u +%FT%TZ): stages ${STAGES[*]} into $OUTDIR"
+
+# The package from this checkout; albumentations & co from the carried wheels if missing here.
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export NO_ALBUMENTATIONS_UPDATE=1  # no network there: skip albumentations' version check
+if ! "$PYTHON" -c "import albumentations" 2>/dev/null; then
+    if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+        say "albumentations is missing and $WHEELS holds no wheels: run --pack here, carry $BUILD"
+        exit 2
+    fi
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "$WHEELS"/*.whl
+    export PYTHONPATH="$PYTHONPATH:$SITE"
+fi
+
+record() {  # record KEY VALUE_JSON_FILE [append]: put (or append) a value into gpu_check.json
+    "$PYTHON" - "$JSON" "$@" <<'EOF'
+import json, sys
+from pathlib import Path
+path, key, value_file = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+data = json.loads(path.read_text()) if path.is_file() else {}
+value = json.loads(Path(value_file).read_text())
+if sys.argv[4:] == ["append"]:
+    data.setdefault(key, []).append(value)
+else:
+    data[key] = value
+tmp = path.with_suffix(".tmp")
+tmp.write_text(json.dumps(data, indent=1))
+tmp.replace(path)
+EOF
+}
+
+"$PYTHON" - "$OUTDIR/environment.json" <<'EOF'
+import json, os, platform, subprocess, sys
+import timm, torch
+cuda = torch.cuda.is_available()
+props = torch.cuda.get_device_properties(0) if cuda else None
+try:
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+        capture_output=True, text=True, timeout=30,
+    ).stdout.strip()
+except OSError:
+    smi = None
+env = {
+    "gpu": torch.cuda.get_device_name(0) if cuda else None,
+    "gpu_memory_bytes": props.total_memory if cuda else None,
+    "multiprocessors": props.multi_processor_count if cuda else None,
+    "driver": smi,
+    "torch": torch.__version__,
+    "cuda": torch.version.cuda,
+    "cudnn": torch.backends.cudnn.version(),
+    "timm": timm.__version__,
+    "python": platform.python_version(),
+    "cpu_cores": len(os.sched_getaffinity(0)),
+}
+open(sys.argv[1], "w").write(json.dumps(env))
+print("environment:", env)
+EOF
+record environment "$OUTDIR/environment.json"
+
+FAILED=()
+
+run_tests() {
+    local xml="$OUTDIR/tests.xml" status=0
+    # shellcheck disable=SC2086  # VIT_GPU_TESTS: pytest flags, split on spaces
+    "$PYTHON" -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider -rs \
+        ${VIT_GPU_TESTS--k cuda} --junitxml "$xml" || status=$?
+    "$PYTHON" - "$xml" "$status" "$OUTDIR/tests.json" <<'EOF'
+import json, sys
+import xml.etree.ElementTree as ET
+try:
+    suite = ET.parse(sys.argv[1]).getroot()
+except (OSError, ET.ParseError):  # pytest stopped before writing it
+    suite = ET.Element("testsuite")
+suite = suite.find("testsuite") if suite.tag == "testsuites" else suite
+keys = ("tests", "failures", "errors", "skipped", "time")
+counts = {k: float(suite.get(k, 0)) if k == "time" else int(suite.get(k, 0)) for k in keys}
+failed = [
+    f"{case.get('classname')}::{case.get('name')}"
+    for case in suite.iter("testcase")
+    if case.find("failure") is not None or case.find("error") is not None
+]
+open(sys.argv[3], "w").write(json.dumps({**counts, "status": int(sys.argv[2]), "failed": failed}))
+EOF
+    record tests "$OUTDIR/tests.json"
+    [ "$status" -eq 0 ] || FAILED+=(tests)
+}
+
+run_train() {
+    local run="$OUTDIR/run" seconds="${VIT_GPU_TRAIN_SECONDS:-240}" status=0 args
+    local cores workers
+    cores="$(nproc)"
+    workers="${VIT_GPU_WORKERS:-$(( cores > 14 ? 12 : (cores > 2 ? cores - 2 : 0) ))}"
+    if [ ! -f "$PACKED" ]; then
+        say "no $PACKED: run 'bash scripts/gpu_check.sh --pack' where the data is, carry $BUILD"
+        FAILED+=(train)
+        return 0
+    fi
+    "$PYTHON" scripts/pack_cifar10.py --unpack "$PACKED" "$DATA"
+    if [ ! -f "$run/training_state.pt" ] && ls "$RESUME"/run-state.tgz.part-* >/dev/null 2>&1; then
+        echo "restoring the run from $RESUME (a fresh machine)"
+        mkdir -p "$run"
+        cat "$RESUME"/run-state.tgz.part-* | tar xz -C "$run"
+    fi
+    if [ -f "$run/training_state.pt" ] && "$PYTHON" - "$run" <<'EOF'; then
+import sys
+from pathlib import Path
+import torch, yaml
+run = Path(sys.argv[1])
+state = torch.load(run / "training_state.pt", map_location="cpu", weights_only=True, mmap=True)
+epochs = yaml.safe_load((run / "config.yaml").read_text())["epochs"]
+print(f"the run in {run} has done {state['epoch']} of its {epochs} epochs")
+sys.exit(0 if state["epoch"] >= epochs else 1)
+EOF
+        echo "nothing to train (VIT_GPU_EPOCHS=N and a new OUTDIR start another run)"
+        return 0
+    fi
+    if [ -f "$run/training_state.pt" ]; then
+        args=(--resume "$run" --workers "$workers" --device "$DEVICE")
+    else
+        # shellcheck disable=SC2206  # VIT_GPU_TRAIN_ARGS: flags, split on spaces
+        args=(--config configs/cifar10.yaml --amp --data "$DATA" --output-dir "$run" --overwrite
+              --workers "$workers" --device "$DEVICE" ${VIT_GPU_EPOCHS:+--epochs "$VIT_GPU_EPOCHS"}
+              ${VIT_GPU_TRAIN_ARGS:-})
+    fi
+    echo "train.py ${args[*]}   (time box ${seconds} s)"
+    # SIGINT at the time box: train.py stops as on Ctrl-C (status 130), its last complete
+    # epoch's checkpoint kept; the wrapper records the peak GPU memory of the process.
+    timeout --preserve-status -s INT -k 60 "$seconds" "$PYTHON" - "$OUTDIR/chunk.json" "${args[@]}" <<'EOF' || status=$?
+import importlib.util, json, sys, time
+import torch
+out, argv = sys.argv[1], sys.argv[2:]
+sys.argv = ["train.py", *argv]
+spec = importlib.util.spec_from_file_location("train_script", "train.py")
+train = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
+started, status = time.time(), 1
+try:
+    status = train.main(argv)
+finally:
+    chunk = {
+        "status": status,
+        "seconds": round(time.time() - started, 1),
+        "peak_memory_bytes": (
+            torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+        ),
+        "argv": argv,
+    }
+    open(out, "w").write(json.dumps(chunk))
+sys.exit(status)
+EOF
+    record train_chunks "$OUTDIR/chunk.json" append
+    if [ -f "$run/training_state.pt" ]; then
+        "$PYTHON" - "$run" "$OUTDIR/epochs.json" <<'EOF'
+import json, sys
+from pathlib import Path
+import torch
+# The epochs of the last complete checkpoint (metrics.csv may hold one more, stopped mid-save)
+state = torch.load(Path(sys.argv[1]) / "training_state.pt", weights_only=True, mmap=True)
+keys = ("epoch", "epoch_seconds", "train_images_per_s", "train_loss", "test_top1", "ema_top1", "lr")
+rows = [{k: row.get(k) for k in keys} for row in state["history"]]
+open(sys.argv[2], "w").write(json.dumps(rows))
+best = max((r["ema_top1"] or r["test_top1"] or 0 for r in rows), default=0)
+print(f"{len(rows)} epochs done; best top-1 {100 * best:.2f}%")
+EOF
+        record epochs "$OUTDIR/epochs.json"
+    fi
+    # 0: the run ended; 130: the time box stopped it (resume with the next train stage)
+    if [ "$status" -ne 0 ] && [ "$status" -ne 130 ]; then FAILED+=(train); fi
+    if [ -n "${OUT:-}" ] && [ -f "$run/training_state.pt" ]; then
+        tar cf - -C "$run" config.yaml training_state.pt metrics.csv | gzip -1 \
+            | split -b 15M - "$OUT/run-state.tgz.part-"
+    fi
+}
+
+run_bench() {
+    local status=0 defaults="--batch-size 256 --rounds 5 --iters 10 --dtypes float32 bfloat16
+        --models vit_small_patch16_224 vit_base_patch16_224 vit_cifar_patch4_32"
+    # shellcheck disable=SC2086  # flags, split on spaces
+    "$PYTHON" benchmarks/inference_throughput.py --device "$DEVICE" ${VIT_GPU_BENCH_ARGS:-$defaults} \
+        --json "$OUTDIR/bench.json" || status=$?
+    if [ -f "$OUTDIR/bench.json" ]; then record throughput "$OUTDIR/bench.json"; fi
+    [ "$status" -eq 0 ] || FAILED+=(bench)
+}
+
+for STAGE in "${STAGES[@]}"; do
+    echo "== stage $STAGE ($(date -u +%T))"
+    "run_$STAGE"
+done
+
+echo "== done ($(date -u +%T)); ${FAILED[*]:-no} failed stage(s); $JSON"
+[ ${#FAILED[@]} -eq 0 ]

@@ -1,0 +1,127 @@
+"""CIFAR-10's image folder as one compact file, to travel to a GPU machine, and back to a folder.
+
+    python scripts/pack_cifar10.py                  # ../shared/data/cifar10-jpg -> build/gpu/
+    python scripts/pack_cifar10.py --per-class 1000 # a class-balanced subset of train/
+    python scripts/pack_cifar10.py --unpack build/gpu/cifar10-jpg.npz /tmp/cifar10-jpg
+
+The GPU machine receives the working tree and the ignored paths named in `carry`, 64 MiB in
+all, and nothing else: 60,000 JPEG files of ~920 bytes are 55 MB of bytes, which one file holds
+without the per-file overhead of a tar (a 512-byte header and padding each). The file is a numpy
+`.npz` (read with no pickle): `paths` (N,) the files' paths under the folder (bytes),
+`offsets` (N + 1,) int64 and `data` the JPEG bytes one after another; `--unpack` writes the
+same image folder again, byte for byte, which train.py reads as it reads the original
+(`--data FOLDER`): the package needs no new data format. build/ is ignored by git: the file is
+never committed. scripts/gpu_check.sh unpacks it on the GPU machine.
+
+A mistake (no such folder, an output that exists as something else) is one line and status 2;
+nothing half-written is left (both directions write a temporary file or folder, then rename).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SOURCE = ROOT.parent / "shared" / "data" / "cifar10-jpg"
+DEFAULT_OUTPUT = ROOT / "build" / "gpu" / "cifar10-jpg.npz"
+SPLITS = ("train", "test")
+DONE = ".unpacked"  # written last into an unpacked folder: its image count
+
+
+def image_paths(source: Path, per_class: int | None) -> list[Path]:
+    """The folder's JPEGs, relative to it, sorted; with `per_class`, the first N of each class
+    of train/ (sorted names: the same subset every time); test/ whole."""
+    paths = []
+    for split in SPLITS:
+        classes = sorted(p for p in (source / split).iterdir() if p.is_dir())
+        if not classes:
+            raise ValueError(f"{source / split}: no class folders")
+        for folder in classes:
+            files = sorted(folder.glob("*.jpg"))
+            if split == "train" and per_class is not None:
+                files = files[:per_class]
+            paths += [f.relative_to(source) for f in files]
+    return paths
+
+
+def pack(source: Path, output: Path, per_class: int | None) -> tuple[int, int]:
+    """Write `output` from the image folder `source`; (images, bytes of the file)."""
+    if not all((source / split).is_dir() for split in SPLITS):
+        raise ValueError(f"--source {source}: not an image folder with train/ and test/ in it")
+    paths = image_paths(source, per_class)
+    blobs = [(source / p).read_bytes() for p in paths]
+    offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum([len(b) for b in blobs])
+    data = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+    names = np.array([str(p).encode() for p in paths])  # bytes: loads without pickle
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    with open(tmp, "wb") as f:  # a file object: np.savez would add .npz to a name
+        np.savez_compressed(f, paths=names, offsets=offsets, data=data)  # shared JPEG headers
+    os.replace(tmp, output)
+    return len(paths), output.stat().st_size
+
+
+def unpack(packed: Path, destination: Path) -> int:
+    """Write the image folder held in `packed` to `destination`; its image count. A folder
+    already unpacked from a file of the same count is kept as it is."""
+    with np.load(packed, allow_pickle=False) as archive:
+        names, offsets, data = archive["paths"], archive["offsets"], archive["data"]
+    marker = destination / DONE
+    if marker.is_file() and marker.read_text().strip() == str(len(names)):
+        return len(names)
+    if destination.exists():
+        raise ValueError(
+            f"{destination} exists and is not a folder unpacked from {packed}; remove it or "
+            f"unpack elsewhere"
+        )
+    tmp = destination.with_name(f".{destination.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # a previous unpack that was killed
+    for i, name in enumerate(names):
+        path = tmp / name.decode()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data[offsets[i] : offsets[i + 1]].tobytes())
+    (tmp / DONE).write_text(f"{len(names)}\n")
+    os.replace(tmp, destination)
+    return len(names)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="scripts/pack_cifar10.py",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="the image folder")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="the packed file")
+    parser.add_argument("--per-class", type=int, help="train images per class (default: all)")
+    parser.add_argument(
+        "--unpack", nargs=2, type=Path, metavar=("FILE", "FOLDER"), help="write FILE's images"
+    )
+    args = parser.parse_args(argv)
+    try:
+        if args.unpack:
+            packed, destination = args.unpack
+            if not packed.is_file():
+                raise ValueError(f"--unpack {packed}: no such file; make it with this script")
+            count = unpack(packed, destination)
+            print(f"{destination}: {count} images")
+        else:
+            if args.per_class is not None and args.per_class < 1:
+                raise ValueError(f"--per-class {args.per_class}: give a number >= 1")
+            count, size = pack(args.source, args.output, args.per_class)
+            print(f"{args.output}: {count} images, {size / 2**20:.1f} MiB")
+    except (ValueError, OSError) as e:
+        print(f"pack_cifar10.py: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

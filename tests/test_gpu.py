@@ -1,0 +1,673 @@
+"""The GPU path, over a `device` parameter: every test runs on the CPU here (the same code path
+with "cpu") and on CUDA where there is a GPU (its case is skipped, with the reason, elsewhere).
+
+    pytest -m gpu                        # all of them (scripts/gpu_check.sh runs this on a GPU)
+    pytest -m gpu --collect-only -q      # what there is
+
+Each test compares with something that would differ on a real fault: timm's logits, a float32
+reference, an uninterrupted run, the same run on the CPU, the kernel the profiler saw.
+Tolerances, where not exact, are stated beside each test with why they hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CLASSES, RTOL, relative_error
+from safetensors.torch import load_file
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+import vit
+from vit import engine
+from vit.distributed import DistInfo
+from vit.train_config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CUDA = torch.cuda.is_available()
+NO_CUDA = "CUDA is not available here (torch.cuda.is_available() is False)"
+
+pytestmark = pytest.mark.gpu
+
+# The model of the engine-level tests: the CIFAR geometry, small enough for seconds on a CPU;
+# head dim 32, which the flash and memory-efficient kernels take.
+TINY = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, num_classes=3)
+TINY_KWARGS = ("--model-kwargs", "depth=2", "embed_dim=64", "num_heads=2")
+
+# bf16 autocast against the float32 reference, relative to the largest logit: bf16 keeps 8 bits
+# of mantissa (rounding 2^-9 = 2e-3 per operand); measured on this CPU with TINY: 4e-3 to
+# 1.5e-2 over six seeds. CUDA's bf16 matrix products accumulate in float32 as the CPU's do, so
+# the same bound holds there; 5e-2 leaves room and still fails a model run in float16 that
+# overflows or a wrong dtype cast (an error of order 1).
+BF16_TOLERANCE = 5e-2
+# Our bf16 logits against timm's bf16 logits: the same operations in the same order under the
+# same autocast, so they agree far closer than either does with float32 (measured: 0 on CPU).
+BF16_SAME_OPS = 1e-2
+
+
+def _device_param(name: str):
+    marks = [pytest.mark.skipif(not CUDA, reason=NO_CUDA)] if name == "cuda" else []
+    return pytest.param(name, marks=marks, id=name)
+
+
+DEVICES = [_device_param("cpu"), _device_param("cuda")]
+
+
+@contextlib.contextmanager
+def float32_in_float32():
+    """float32 matrix products and convolutions in float32 on CUDA: TF32 (10 bits of mantissa,
+    cuDNN's default for convolutions such as the patch embedding) would be a 1e-3 error."""
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    """The device, TF32 off; on the CPU with one thread (tiny models gain nothing from more,
+    and lose much on shared cores)."""
+    previous = torch.get_num_threads()
+    if request.param == "cpu":
+        torch.set_num_threads(1)
+    with float32_in_float32():
+        yield torch.device(request.param)
+    torch.set_num_threads(previous)
+
+
+def tiny_pair(seed: int = 0) -> tuple[vit.VisionTransformer, TimmViT]:
+    """Our model and timm's with the same (random, head included) weights, in eval mode."""
+    torch.manual_seed(seed)
+    theirs = TimmViT(**TINY).eval()
+    torch.nn.init.normal_(theirs.head.weight, std=0.5)  # logits with signal, not ~0
+    ours = vit.VisionTransformer(**TINY).eval()
+    ours.load_state_dict(theirs.state_dict(), strict=True)
+    return ours, theirs
+
+
+def device_args(device: torch.device) -> list[str]:
+    """train.py flags for a tiny, deterministic run on `device` (one thread on the CPU, where
+    the thread count changes the order of float sums). No stochastic depth: its masks come
+    from the device's generator, so a run on CUDA and one on the CPU would train on different
+    masks (augmentation, MixUp and CutMix draw on the CPU either way:
+    `test_mixup_cutmix_on_the_device_draws_as_on_the_cpu`). No MixUp or CutMix: the tiny runs
+    learn in two epochs without them."""
+    threads = ["--threads", "1"] if device.type == "cpu" else []
+    no_draws = ["--mixup", "0", "--cutmix", "0", "--drop-path", "0"]
+    return ["--device", str(device), *threads, *no_draws]
+
+
+def read_rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def assert_close_weights(a: Path, b: Path, atol: float) -> None:
+    """Every tensor of two weight files within `atol` (0: identical bits)."""
+    wa, wb = load_file(a), load_file(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        if atol == 0:
+            assert torch.equal(wa[key], wb[key]), key
+        else:
+            assert torch.allclose(wa[key], wb[key], rtol=0, atol=atol), key
+
+
+# Across runs on a GPU (resume, another device), weights agree up to rounding amplified by Adam:
+# its step is ~lr wherever a gradient is pure rounding noise (the key part of the qkv bias, whose
+# true gradient is zero), so those are compared at lr x steps (3e-3 x 12), the others at `atol`:
+# 1e-4 on one GPU, 1e-3 between a GPU and the CPU (other kernels, other sums), both below what a
+# lost optimizer state or schedule does in these 12 steps (several steps of lr 3e-3).
+LR_STEPS = 3e-3 * 12
+
+
+def assert_weights_within_rounding(a: Path, b: Path, atol: float) -> None:
+    wa, wb = load_file(a), load_file(b)
+    for key in wa:
+        tolerance = LR_STEPS if key.endswith("qkv.bias") else atol
+        assert torch.allclose(wa[key], wb[key], rtol=0, atol=tolerance), key
+
+
+# -- equivalence with timm on the device ---------------------------------------------------------
+def test_float32_logits_match_timm_on_device(device):
+    ours, theirs = (m.to(device) for m in tiny_pair())
+    x = torch.randn(4, 3, 32, 32, device=device)
+    with torch.no_grad():
+        reference = theirs(x)
+        ours.set_fused_attn(True)
+        fused = ours(x)
+        ours.set_fused_attn(False)
+        explicit = ours(x)
+    assert fused.device == device and fused.dtype == torch.float32
+    assert relative_error(fused.cpu(), reference.cpu()) <= RTOL
+    assert relative_error(explicit.cpu(), reference.cpu()) <= RTOL
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bf16_autocast_logits_match_timm_within_tolerance(device, seed):
+    ours, theirs = (m.to(device) for m in tiny_pair(seed))
+    x = torch.randn(8, 3, 32, 32, device=device)
+    with torch.no_grad():
+        reference = theirs(x).float()  # float32
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            ours_bf16, theirs_bf16 = ours(x), theirs(x)
+    assert ours_bf16.dtype == torch.bfloat16  # autocast reached the head: the run was bf16
+    error = relative_error(ours_bf16.float().cpu(), reference.cpu())
+    assert 0 < error <= BF16_TOLERANCE  # > 0: not silently float32
+    assert relative_error(ours_bf16.float().cpu(), theirs_bf16.float().cpu()) <= BF16_SAME_OPS
+
+
+# -- training steps through the engine ----------------------------------------------------------
+def engine_run(device: torch.device, **settings) -> engine.Run:
+    """What train.py's epoch loop works with, around the TINY model on `device`, without data
+    (the tests feed batches themselves): constant learning rate, no MixUp, no EMA unless
+    asked."""
+    options = dict(
+        model_kwargs={k: TINY[k] for k in ("depth", "embed_dim", "num_heads")},
+        epochs=1,
+        warmup_epochs=0,
+        lr=3e-3,
+        min_lr=3e-3,
+        mixup=0.0,
+        cutmix=0.0,
+        drop_path=0.0,
+        model_ema=False,
+        device=str(device),
+    )
+    cfg = TrainConfig(**{**options, **settings})
+    info = DistInfo()
+    torch.manual_seed(0)
+    model = engine.build_training_model(cfg, list(CLASSES)).to(device)
+    torch.nn.init.normal_(model.head.weight, std=0.02)  # a zero head gives no gradient below it
+    state = engine.build_training_state(cfg, model, steps_per_epoch=8, device=device, info=info)
+    return engine.Run(
+        cfg=cfg,
+        info=info,
+        device=device,
+        model=model,
+        train_model=engine.wrap_model(model, cfg, info, device),
+        train_loader=None,
+        test_loader=None,
+        state=state,
+        mixup=engine.build_mixup(cfg, len(CLASSES)),
+        num_images=0,
+    )
+
+
+def fixed_batch(device: torch.device, size: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    images = torch.randn(size, 3, 32, 32, generator=generator)
+    labels = torch.randint(0, len(CLASSES), (size,), generator=generator)
+    return images.to(device), labels.to(device)
+
+
+def train_steps(run: engine.Run, steps: int) -> list[float]:
+    """`steps` optimizer steps on one fixed batch, through the engine; the losses."""
+    images, labels = fixed_batch(run.device)
+    run.train_model.train()
+    losses = []
+    for _ in range(steps):
+        logits, loss = engine.forward_loss(run, images, labels)
+        engine.optimizer_step(run.state, loss, run.cfg.clip_grad)
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_amp_steps_follow_float32_training(device, dtype):
+    """--amp: the forward runs in `dtype` (logits in it, loss in float32), the gradient scaler is
+    on for float16 only, and six steps on one batch track float32 training (within 5% of its
+    loss at each step: low precision moves the trajectory a little, a broken cast or a skipped
+    update moves it a lot) and learn the batch."""
+    reference = train_steps(engine_run(device), 6)
+    run = engine_run(device, amp=True, amp_dtype=dtype)
+    images, labels = fixed_batch(device)
+    logits, loss = engine.forward_loss(run, images, labels)
+    assert logits.dtype == getattr(torch, dtype) and loss.dtype == torch.float32
+    assert run.state.scaler.is_enabled() is (dtype == "float16")
+    losses = train_steps(run, 6)
+    assert losses == pytest.approx(reference, rel=5e-2)
+    assert losses[-1] < 0.85 * losses[0]  # it learns the batch
+    if dtype == "float16":
+        assert run.state.scaler.get_scale() == 2.0**16  # no overflow: the scale never dropped
+
+
+def test_float16_overflow_skips_the_step_and_lowers_the_scale(device):
+    """An overflowing float16 step (inf gradients) leaves the weights and the optimizer as
+    they were and halves the loss scale; the next finite step trains."""
+    run = engine_run(device, amp=True, amp_dtype="float16", clip_grad=1.0)
+    images, labels = fixed_batch(device)
+    before = copy.deepcopy(run.model.state_dict())
+    _, loss = engine.forward_loss(run, images, labels)
+    engine.optimizer_step(run.state, loss * 1e38, clip_grad=1.0)  # x 65536: inf in float32
+    assert run.state.scaler.get_scale() == 2.0**15
+    for key, value in run.model.state_dict().items():
+        assert torch.equal(value, before[key]), key  # skipped: not one weight moved
+    assert not run.state.optimizer.state  # AdamW never stepped: no moments
+    _, loss = engine.forward_loss(run, images, labels)
+    engine.optimizer_step(run.state, loss, clip_grad=1.0)
+    assert run.state.scaler.get_scale() == 2.0**15
+    moved = [k for k, v in run.model.state_dict().items() if not torch.equal(v, before[k])]
+    assert "head.weight" in moved and "blocks.0.attn.qkv.weight" in moved
+
+
+@pytest.mark.parametrize("switch", [0.0, 1.0], ids=["mixup", "cutmix"])
+def test_mixup_cutmix_on_the_device_draws_as_on_the_cpu(device, switch):
+    """The recipe's MixUp / CutMix on a batch on the device: the same draws (the CPU's RNG, so
+    a resumed or CPU run mixes alike) and the same soft-target loss as on the CPU."""
+    losses = {}
+    for where in (device, torch.device("cpu")):
+        run = engine_run(where, mixup=0.8, cutmix=1.0, mixup_switch_prob=switch)
+        images, labels = fixed_batch(where)
+        torch.manual_seed(3)
+        mixed, targets = run.mixup(images, labels)
+        assert mixed.device.type == targets.device.type == where.type
+        assert torch.allclose(targets.sum(dim=1).cpu(), torch.ones(len(labels)))
+        assert not torch.equal(mixed, images)  # mixed, not passed through
+        torch.manual_seed(3)
+        losses[where.type] = engine.forward_loss(run, images, labels)[1].item()
+    assert losses[device.type] == pytest.approx(losses["cpu"], rel=1e-5)
+
+
+def test_ema_lives_on_the_device_and_averages_each_step(device):
+    run = engine_run(device, model_ema=True, model_ema_decay=0.9)
+    ema = run.state.ema
+    expected = {k: v.detach().double().cpu() for k, v in ema.module.state_dict().items()}
+    images, labels = fixed_batch(device)
+    run.train_model.train()
+    for step in range(1, 4):
+        _, loss = engine.forward_loss(run, images, labels)
+        engine.optimizer_step(run.state, loss, clip_grad=None)
+        decay = min(0.9, (1 + step) / (10 + step))  # ModelEma's warmup
+        for key, value in run.model.state_dict().items():
+            if value.dtype.is_floating_point:
+                expected[key] += (value.detach().double().cpu() - expected[key]) * (1 - decay)
+    for key, value in ema.module.state_dict().items():
+        assert value.device.type == device.type, key
+        if value.dtype.is_floating_point:
+            assert torch.allclose(value.double().cpu(), expected[key], atol=1e-6), key
+    assert not torch.equal(ema.module.head.weight, run.model.head.weight)  # it lags
+
+
+@pytest.mark.slow  # torch.compile: ~40 s of compilation on a CPU (its C++ compiler)
+def test_compiled_steps_match_eager_steps(device):
+    eager = engine_run(device)
+    compiled = engine_run(device, compile=True)
+    assert compiled.train_model is not compiled.model  # wrapped by torch.compile
+    assert train_steps(compiled, 3) == pytest.approx(train_steps(eager, 3), rel=1e-4)
+    # Fused kernels sum in another order; Adam turns that into up to ~3% of a step (lr 3e-3)
+    # where a gradient is tiny, a whole step where it is rounding noise (the qkv key bias).
+    weights = eager.model.state_dict()
+    for key, value in compiled.model.state_dict().items():  # plain names: no `_orig_mod.`
+        atol = LR_STEPS if key.endswith("qkv.bias") else 1e-4
+        assert torch.allclose(value, weights[key], rtol=0, atol=atol), key
+
+
+# -- train.py on the device: batch augmentation, resume, save here and load there, DDP ----------
+def train_run(
+    train_script, image_folder: Path, run: Path, device, epochs: int, *extra, status: int = 0
+) -> Path:
+    args = [
+        "--data", str(image_folder), "--output-dir", str(run), "--epochs", str(epochs),
+        *TINY_KWARGS, "--batch-size", "8", "--lr", "3e-3", "--warmup-epochs", "1",
+        "--workers", "0", "--cache-dir", "none", *device_args(torch.device(device)), *extra,
+    ]  # fmt: skip
+    assert train_script.main(args) == status
+    return run
+
+
+def stopped_after_first_epoch(train_script, image_folder, run, device, monkeypatch) -> Path:
+    """A 2-epoch run stopped by Ctrl-C once its epoch-1 checkpoint is saved (status 130)."""
+    from vit import checkpoint
+
+    original = checkpoint.save_training_state
+
+    def save_then_stop(state: dict, path: Path) -> None:
+        original(state, path)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint, "save_training_state", save_then_stop)
+        train_run(train_script, image_folder, run, device, 2, status=130)
+    assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 1
+    return run
+
+
+def test_batch_augment_trains_on_the_device(device, image_folder, tmp_path, train_script):
+    """--batch-augment: uint8 batches augmented in memory, moved to the device, trained on."""
+    run = train_run(train_script, image_folder, tmp_path / "run", device, 2, "--batch-augment")
+    rows = read_rows(run / "metrics.csv")
+    assert len(rows) == 2 and float(rows[1]["train_loss"]) < float(rows[0]["train_loss"])
+    config = (run / "config.yaml").read_text()
+    assert "batch_augment: true" in config and f"device: {device.type}" in config
+
+
+@pytest.fixture(scope="module")
+def straight_runs(image_folder, tmp_path_factory, train_script):
+    """Two uninterrupted epochs per device, made once: what a resumed run must reproduce."""
+    made = {}
+
+    def get(device: torch.device) -> Path:
+        if device.type not in made:
+            run = tmp_path_factory.mktemp(f"straight-{device.type}") / "run"
+            made[device.type] = train_run(train_script, image_folder, run, device, 2)
+        return made[device.type]
+
+    return get
+
+
+def test_resume_on_the_device_reproduces_the_uninterrupted_run(
+    device, image_folder, tmp_path, train_script, straight_runs, monkeypatch
+):
+    """Bit-identical on the CPU; within rounding on CUDA (its kernels may sum in another order
+    from one launch to the next)."""
+    run = stopped_after_first_epoch(
+        train_script, image_folder, tmp_path / "run", device, monkeypatch
+    )
+    assert train_script.main(["--resume", str(run)]) == 0
+    straight = straight_runs(device)
+    if device.type == "cpu":
+        assert_close_weights(run / "model.safetensors", straight / "model.safetensors", atol=0)
+        assert (
+            read_rows(run / "metrics.csv")[1]["train_loss"]
+            == (read_rows(straight / "metrics.csv")[1]["train_loss"])
+        )
+    else:
+        assert_weights_within_rounding(
+            run / "model.safetensors", straight / "model.safetensors", atol=1e-4
+        )
+
+
+# (the ids say "host" for the CPU: `-k cuda` selects every CUDA case, `-k cpu` every CPU one)
+@pytest.mark.parametrize("direction", ["device-to-host", "host-to-device"])
+def test_state_saved_on_one_device_resumes_on_the_other(
+    device, direction, image_folder, tmp_path, train_script, straight_runs, monkeypatch
+):
+    """A run folder written on the device continues on the CPU, and the reverse (--device may
+    change on --resume): the checkpoint maps to where it is loaded, optimizer state included,
+    and the result is the uninterrupted run's (exactly when both are the CPU)."""
+    first, second = (device, "cpu") if direction == "device-to-host" else ("cpu", device)
+    run = stopped_after_first_epoch(
+        train_script, image_folder, tmp_path / "run", first, monkeypatch
+    )
+    saved = torch.load(run / "training_state.pt", weights_only=True)
+    assert all(t.device.type == "cpu" for t in saved["model"].values())  # read back on the CPU
+    resume = ["--resume", str(run), "--device", str(second)]
+    assert train_script.main(resume) == 0
+    reference = straight_runs(torch.device("cpu"))
+    if device.type == "cpu":
+        assert_close_weights(run / "model.safetensors", reference / "model.safetensors", atol=0)
+    else:
+        assert_weights_within_rounding(
+            run / "model.safetensors", reference / "model.safetensors", atol=1e-3
+        )
+    model = vit.load_model(run / "model.safetensors").to(device)  # and loads on the device
+    assert next(model.parameters()).device.type == device.type
+
+
+def test_ddp_under_torchrun_with_one_process_equals_one_process(
+    device, image_folder, tmp_path, straight_runs
+):
+    """torchrun, one process: DDP over NCCL on a GPU (gloo on the CPU, the same code path).
+    All-reducing one process's gradients changes nothing: the plain run's weights."""
+    run = tmp_path / "ddp"
+    args = [
+        "--data", str(image_folder), "--output-dir", str(run), "--epochs", "2", *TINY_KWARGS,
+        "--batch-size", "8", "--lr", "3e-3", "--warmup-epochs", "1", "--workers", "0",
+        "--cache-dir", "none", *device_args(device),
+    ]  # fmt: skip
+    command = [sys.executable, "-m", "vit.distributed", "--standalone", "--nproc_per_node", "1"]
+    # this checkout first, and whatever the environment adds (the GPU machine's carried wheels)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [*command, str(ROOT / "train.py"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected_device = "cuda:0" if device.type == "cuda" else "cpu"  # NCCL's branch: a GPU index
+    assert f"1 process(es), device {expected_device}" in done.stderr
+    straight = straight_runs(device)
+    if device.type == "cpu":
+        assert_close_weights(run / "model.safetensors", straight / "model.safetensors", atol=0)
+    else:
+        assert_weights_within_rounding(
+            run / "model.safetensors", straight / "model.safetensors", atol=1e-4
+        )
+
+
+# -- the commands with --device: predict (and its --explain), evaluate; export ------------------
+@pytest.fixture(scope="module")
+def weights_file(tmp_path_factory) -> Path:
+    """The TINY model (random weights, a head with signal) saved with the test classes."""
+    ours, _ = tiny_pair()
+    return vit.save_weights(
+        ours, tmp_path_factory.mktemp("weights") / "tiny.safetensors", class_names=list(CLASSES)
+    )
+
+
+def predictions(tmp_path: Path, weights: Path, images: Path, device: str, name: str) -> dict:
+    from vit import predict
+
+    output = tmp_path / f"{name}.json"
+    argv = [str(images), "--checkpoint", str(weights), "--device", device, "--workers", "0"]
+    assert predict.main([*argv, "--output", str(output), "--top-k", "3"]) == 0
+    return {Path(r["path"]).name: r for r in json.loads(output.read_text())}
+
+
+def test_predict_on_the_device_matches_the_cpu(device, weights_file, image_folder, tmp_path):
+    images = image_folder / "test" / "red"
+    here = predictions(tmp_path, weights_file, images, str(device), "device")
+    cpu = predictions(tmp_path, weights_file, images, "cpu", "cpu")
+    assert here.keys() == cpu.keys() and len(here) == 6
+    for name, record in here.items():
+        assert record["label"] == cpu[name]["label"], name
+        assert record["probability"] == pytest.approx(cpu[name]["probability"], abs=1e-4)
+
+
+def test_evaluate_on_the_device_matches_the_cpu(
+    device, weights_file, image_folder, tmp_path, evaluate_script
+):
+    reports = {}
+    for where in (str(device), "cpu"):
+        report = tmp_path / f"{where}.json"
+        argv = ["--checkpoint", str(weights_file), "--data", str(image_folder), "--workers", "0"]
+        argv += ["--device", where, "--json", str(report), "--output-dir", str(tmp_path / where)]
+        assert evaluate_script.main(argv) == 0
+        reports[where] = json.loads(report.read_text())
+    here, cpu = reports[str(device)], reports["cpu"]
+    assert here["top1"] == cpu["top1"] and here["num_images"] == cpu["num_images"] == 18
+    assert here["loss"] == pytest.approx(cpu["loss"], rel=1e-4)
+
+
+def test_explain_on_the_device_matches_the_cpu_and_takes_the_explicit_path(
+    device, weights_file, image_folder, tmp_path
+):
+    from vit import explain, predict
+
+    model = vit.load_model(weights_file)
+    x = torch.randn(2, 3, 32, 32)
+    cpu_map = explain.attention_rollout(model, x)
+    model.to(device)
+    with torch.profiler.profile() as profiler:
+        device_map = explain.attention_rollout(model, x.to(device))
+    ops = {event.key for event in profiler.key_averages()}
+    assert "aten::softmax" in ops or "aten::_softmax" in ops  # the explicit path's softmax
+    assert not [op for op in ops if "scaled_dot_product" in op]  # and no fused attention
+    assert all(attention.fused_attn for attention in _attentions(model))  # switched back
+    assert device_map.device.type == device.type
+    assert relative_error(device_map.cpu(), cpu_map) <= 1e-4
+    folder = tmp_path / "maps"
+    argv = [str(image_folder / "test" / "red"), "--checkpoint", str(weights_file)]
+    assert predict.main([*argv, "--device", str(device), "--explain", str(folder)]) == 0
+    assert len(list(folder.glob("*.png"))) == 6
+
+
+def test_weights_saved_on_the_device_export_verified(device, tmp_path):
+    """`python -m vit.export` (no --device: it loads and verifies on the CPU) takes weights
+    saved from a model on the device; the exported torchvision model gives the device model's
+    logits (export checks to 1e-5; here against the device's own output too)."""
+    from vit import export
+
+    ours, _ = tiny_pair()
+    ours.to(device)
+    weights = vit.save_weights(ours, tmp_path / "device.safetensors", class_names=list(CLASSES))
+    target = tmp_path / "tv.pt"
+    assert export.main([str(weights), "--torchvision", str(target), "--tolerance", "1e-5"]) == 0
+    assert target.is_file()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = ours(x.to(device)).cpu()
+        loaded = vit.load_model(weights)(x)
+    assert relative_error(loaded, expected) <= 1e-4
+
+
+# -- fused attention: which kernel runs, checked ------------------------------------------------
+def _attentions(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if hasattr(m, "fused_attn")]
+
+
+def sdpa_ops(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None) -> set[str]:
+    """The scaled-dot-product-attention ops the profiler saw in one forward pass."""
+    autocast = torch.autocast(x.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+    with torch.no_grad(), autocast, torch.profiler.profile() as profiler:
+        model(x)
+    return {e.key for e in profiler.key_averages() if "scaled_dot_product" in e.key}
+
+
+# The fused kernels each device has: flash on the CPU; on CUDA flash, memory-efficient or cuDNN.
+FUSED_OPS = {
+    "cpu": {"aten::_scaled_dot_product_flash_attention_for_cpu"},
+    "cuda": {
+        "aten::_scaled_dot_product_flash_attention",
+        "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_cudnn_attention",
+    },
+}
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16], ids=["float32", "bf16"])
+def test_fused_attention_takes_a_fused_kernel(device, dtype):
+    ours, _ = tiny_pair()
+    ours.to(device)
+    x = torch.randn(2, 3, 32, 32, device=device)
+    seen = sdpa_ops(ours, x, dtype)
+    assert seen & FUSED_OPS[device.type], seen  # not the math fallback (explicit ops)
+    ours.set_fused_attn(False)
+    assert sdpa_ops(ours, x, dtype) == set()  # the explicit path calls no fused op
+
+
+@pytest.mark.parametrize(
+    ("backend", "dtype"),
+    [("FLASH_ATTENTION", torch.bfloat16), ("FLASH_ATTENTION", None), ("EFFICIENT_ATTENTION", None)],
+    ids=["flash-bf16", "flash-float32", "efficient-float32"],
+)
+def test_flash_and_efficient_kernels_accept_our_attention(device, backend, dtype):
+    """Restricted to one backend, SDPA raises if it cannot use it: ours runs there, and gives
+    timm's logits under the same restriction. CUDA's flash kernel takes half precision only,
+    the CPU has no memory-efficient kernel: those cases are not kernels of the device."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    available = {"cpu": {"FLASH_ATTENTION"}, "cuda": {"FLASH_ATTENTION", "EFFICIENT_ATTENTION"}}
+    if backend not in available[device.type] or (device.type, backend, dtype) == (
+        "cuda",
+        "FLASH_ATTENTION",
+        None,
+    ):
+        pytest.skip(f"{device.type} has no {backend} kernel for {dtype or torch.float32}")
+    ours, theirs = (m.to(device) for m in tiny_pair())
+    x = torch.randn(4, 3, 32, 32, device=device)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+    with torch.no_grad(), sdpa_kernel(getattr(SDPBackend, backend)), autocast:
+        out, reference = ours(x), theirs(x)
+    assert relative_error(out.float().cpu(), reference.float().cpu()) <= 1e-5
+
+
+# -- scripts/gpu_check.sh ------------------------------------------------------------------------
+GPU_CHECK = ROOT / "scripts" / "gpu_check.sh"
+
+
+def gpu_check(*args: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "PYTHON": sys.executable, **env}
+    return subprocess.run(
+        ["bash", str(GPU_CHECK), *args],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.skipif(CUDA, reason="there is a GPU here: gpu_check.sh runs instead of refusing")
+def test_gpu_check_refuses_without_a_gpu_in_one_line_writing_nothing(tmp_path):
+    done = gpu_check(str(tmp_path / "out"))
+    assert done.returncode == 3
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "gpu_check.sh: no CUDA GPU here (torch.cuda.is_available() is False, or no torch for "
+        f"{sys.executable}); nothing was run"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # four starts of python and a 60-epoch tiny run: 1-2 minutes on a CPU
+def test_gpu_check_stages_time_box_and_resume_on_a_fresh_machine(image_folder, tmp_path):
+    """The script's mechanics on the CPU (VIT_GPU_CHECK_CPU=1): a time-boxed train stage stops
+    the run after a checkpoint (status 130, not a failure), hands its state to $OUT, and a
+    fresh OUTDIR (a new machine) given it back by --restore resumes the run to its end, the
+    records of both chunks in one JSON; a finished run is not trained again; bench writes its
+    rows."""
+    build, out = tmp_path / "build", tmp_path / "out"
+    packer = [sys.executable, str(ROOT / "scripts" / "pack_cifar10.py")]
+    packing = [*packer, "--source", str(image_folder), "--output", str(build / "cifar10-jpg.npz")]
+    subprocess.run(packing, check=True, capture_output=True)
+    out.mkdir()
+    settings = dict(
+        VIT_GPU_CHECK_CPU="1",
+        VIT_GPU_BUILD=str(build),
+        VIT_GPU_DATA=str(tmp_path / "data"),
+        VIT_GPU_EPOCHS="60",
+        VIT_GPU_TRAIN_ARGS=" ".join(
+            [*TINY_KWARGS, "--batch-size", "8", "--warmup-epochs", "1", "--cache-dir", "none"]
+            + ["--threads", "1"]
+        ),
+        VIT_GPU_BENCH_ARGS="--models vit_cifar_patch4_32 --batch-size 2 --rounds 1 --iters 1",
+    )
+    first = gpu_check(str(tmp_path / "machine1"), "train", OUT=str(out),
+                      VIT_GPU_TRAIN_SECONDS="18", **settings)  # fmt: skip
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert "no failed stage(s)" in first.stdout
+    assert sorted(p.name for p in out.iterdir())[:2] == ["gpu_check.json", "gpu_check.log"]
+    records = json.loads((out / "gpu_check.json").read_text())
+    assert records["train_chunks"][0]["status"] == 130  # the time box stopped it
+    done_first = len(records["epochs"])
+    assert 0 < done_first < 60
+
+    restored = gpu_check("--restore", str(out), **settings)
+    assert restored.returncode == 0, restored.stderr
+    second = gpu_check(str(tmp_path / "machine2"), "train", "bench",
+                       VIT_GPU_TRAIN_SECONDS="300", **settings)  # fmt: skip
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert "restoring the run from" in second.stdout
+    assert f"resumed {tmp_path / 'machine2' / 'run'} after epoch {done_first}" in second.stdout
+    records = json.loads((tmp_path / "machine2" / "gpu_check.json").read_text())
+    assert [chunk["status"] for chunk in records["train_chunks"]] == [130, 0]
+    assert [row["epoch"] for row in records["epochs"]] == list(range(1, 61))
+    assert records["throughput"]["rows"][0]["model"] == "vit_cifar_patch4_32"
+    assert records["environment"]["torch"] == torch.__version__
+
+    again = gpu_check(str(tmp_path / "machine2"), "train", **settings)
+    assert again.returncode == 0 and "nothing to train" in again.stdout
