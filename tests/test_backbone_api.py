@@ -159,7 +159,7 @@ def dinov2_intermediate_layers(output, layernorm, n, reshape, return_class_token
     if reshape:
         side = int(outputs[0].shape[1] ** 0.5)
         outputs = [out.reshape(len(out), side, side, -1).permute(0, 3, 1, 2) for out in outputs]
-    return tuple(zip(outputs, class_tokens)) if return_class_token else tuple(outputs)
+    return tuple(zip(outputs, class_tokens, strict=True)) if return_class_token else tuple(outputs)
 
 
 CASES = [  # n, reshape, return_class_token, norm
@@ -237,11 +237,15 @@ def test_get_intermediate_layers_refuses_a_class_token_the_model_lacks():
         model.get_intermediate_layers(images(16, 16), return_class_token=True)
 
 
-# -- timm: features_only, pretrained_cfg, set_input_size, resolve_model_data_config -----------------
+# -- timm: features_only, pretrained_cfg, set_input_size, resolve_model_data_config ---------------
 @pytest.mark.parametrize(
     ("name", "out_indices"),
-    [("vit_tiny_patch16_224", 3), ("vit_tiny_patch16_224", (0, 2)), ("vit_small_patch14_reg4_dinov2", (-2,))],
-)  # fmt: skip
+    [
+        ("vit_tiny_patch16_224", 3),
+        ("vit_tiny_patch16_224", (0, 2)),
+        ("vit_small_patch14_reg4_dinov2", (-2,)),
+    ],
+)
 def test_features_only_returns_timms_feature_maps(one_thread, name, out_indices):
     kwargs = dict(features_only=True, out_indices=out_indices, **dict(TIMM_TINY, depth=4))
     torch.manual_seed(0)
