@@ -89,6 +89,27 @@ def test_transformers_dinov2_folder_runs_any_size_as_transformers(tmp_path, one_
             assert relative_error(ours(x), reference.pooler_output) <= RTOL
 
 
+def test_dynamic_dinov2_keeps_its_resampling_by_name_and_through_save_weights(tmp_path, one_thread):
+    """The folder's weights by timm's name (create_model, dynamic_img_size=True), and the
+    loaded model saved as our .safetensors and loaded again: transformers' numbers at 448 px."""
+    theirs = tiny_dinov2(tmp_path / "hf")
+    arch = dict(embed_dim=32, depth=3, num_heads=4, num_classes=0)
+    named = vit.create_model(
+        "vit_small_patch14_dinov2",
+        pretrained=tmp_path / "hf" / "model.safetensors",
+        dynamic_img_size=True,
+        **arch,
+    )
+    vit.save_weights(vit.load_model(tmp_path / "hf"), tmp_path / "ours.safetensors")
+    reloaded = vit.load_model(tmp_path / "ours.safetensors")
+    assert named.config.pos_embed_resample == reloaded.config.pos_embed_resample == "transformers"
+    x = images(448, 448)
+    with torch.no_grad():
+        reference = theirs(pixel_values=x).pooler_output
+        assert relative_error(named.eval()(x), reference) <= RTOL
+        assert relative_error(reloaded(x), reference) <= RTOL
+
+
 def test_flag_set_by_hand_resamples_an_already_resampled_grid(tmp_path, one_thread):
     """Why setting `patch_embed.dynamic_img_size` by hand was off: the model was built at
     224 px, its 37x37 embeddings resampled once to 16x16 at load, then resampled again from
