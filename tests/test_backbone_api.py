@@ -248,6 +248,11 @@ def test_registers_are_left_out_of_intermediate_layers_and_kept_in_the_dict(tmp_
     assert features["masks"] is None and torch.equal(tensor, ours.norm(features["x_prenorm"]))
 
 
+def test_an_unknown_resampling_is_refused_at_construction():
+    with pytest.raises(ValueError, match="pos_embed_resample must be one of"):
+        vit.VisionTransformer(img_size=16, patch_size=8, depth=1, pos_embed_resample="bilinear")
+
+
 def test_get_intermediate_layers_refuses_a_class_token_the_model_lacks():
     model = vit.VisionTransformer(
         img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2, class_token=False,

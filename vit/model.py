@@ -36,7 +36,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .configs import pretrained_cfg_of
-from .pos_embed import resample_pos_embed
+from .pos_embed import RESAMPLERS, resample_pos_embed
 
 
 def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
@@ -820,6 +820,11 @@ def _check_config(cfg: ViTConfig) -> None:
     _check_pool(cfg.global_pool, cfg.class_token)
     if cfg.act_layer not in ACT_LAYERS:
         raise ValueError(f"act_layer must be one of {sorted(ACT_LAYERS)}, got {cfg.act_layer!r}")
+    if cfg.pos_embed_resample not in RESAMPLERS:
+        raise ValueError(
+            f"pos_embed_resample must be one of {sorted(RESAMPLERS)}, got "
+            f"{cfg.pos_embed_resample!r}"
+        )
     if cfg.distilled and (cfg.global_pool != "token" or cfg.reg_tokens):
         raise ValueError(
             "distilled=True reads the class and distillation tokens: it needs "
