@@ -28,6 +28,7 @@ _EXPORTS = {
     "load_model": "factory",
     "load_weights": "weights",
     "resample_abs_pos_embed": "pos_embed",
+    "resolve_model_data_config": "configs",
     "resolve_model": "factory",
     "save_weights": "weights",
 }
@@ -57,7 +58,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static tools (type checkers, IDEs) see the names directly
-    from .configs import Preprocess, list_models  # noqa: F401
+    from .configs import Preprocess, list_models, resolve_model_data_config  # noqa: F401
     from .factory import create_model, create_transform, load_model, resolve_model  # noqa: F401
     from .model import Attention, Block, Mlp, PatchEmbed, VisionTransformer, ViTConfig  # noqa: F401
     from .pos_embed import resample_abs_pos_embed  # noqa: F401

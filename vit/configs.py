@@ -47,6 +47,48 @@ class Preprocess:
             values[key] = tuple(values[key])
         return cls(**values)
 
+    def data_config(self, in_chans: int = 3) -> dict:
+        """timm's data config dict: input_size (C, H, W), interpolation, mean, std, crop_pct,
+        crop_mode ("center": the shorter side resized for square inputs, as our eval does)."""
+        return dict(
+            input_size=(in_chans, *self.input_size),
+            interpolation=self.interpolation,
+            mean=tuple(self.mean),
+            std=tuple(self.std),
+            crop_pct=self.crop_pct,
+            crop_mode="center",
+        )
+
+
+def model_preprocess(model) -> Preprocess:
+    """A model's stored `preprocess`; for a bare `VisionTransformer` (none stored), the default
+    preprocessing at its input size, as `vit.load_model` assumes for files that name none."""
+    return model.preprocess or Preprocess(input_size=model.patch_embed.img_size)
+
+
+def pretrained_cfg_of(model) -> dict:
+    """`model.pretrained_cfg`: timm's dict of a model's weights and preprocessing, from our
+    `model.preprocess`, `model_name` and config."""
+    name = model.model_name
+    architecture, tag = split_tag(name) if name and split_tag(name)[0] in MODELS else (name, None)
+    config = model.config
+    return dict(
+        architecture=architecture,
+        tag=tag,
+        **model_preprocess(model).data_config(config.in_chans),
+        fixed_input_size=not config.dynamic_img_size,
+        num_classes=model.num_classes,
+        first_conv="patch_embed.proj",
+        classifier=("head", "head_dist") if config.distilled else "head",
+    )
+
+
+def resolve_model_data_config(model) -> dict:
+    """timm's `resolve_model_data_config` for our models: the preprocessing stored with the
+    weights (input_size (C, H, W), mean, std, interpolation, crop_pct, crop_mode). timm's own
+    falls back to 224 px and ImageNet statistics for a model without its pretrained_cfg."""
+    return model_preprocess(model).data_config(model.config.in_chans)
+
 
 @dataclass
 class Weights:

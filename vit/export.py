@@ -103,12 +103,18 @@ def require(module: str, purpose: str) -> ModuleType:
         ) from e
 
 
+def input_size(model: VisionTransformer) -> tuple[int, int]:
+    """(H, W) the model is exported for: a dynamic model's preprocessing size (a transformers
+    DINOv2 folder keeps its 518-px grid and is fed 224 px), else its img_size."""
+    if model.patch_embed.dynamic_img_size and model.preprocess is not None:
+        return model.preprocess.input_size
+    return model.patch_embed.img_size
+
+
 def sample_images(model: VisionTransformer, batch: int, seed: int = 0) -> torch.Tensor:
     """Seeded random normalised images (B, C, H, W) of the model's input size."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(
-        batch, model.config.in_chans, *model.patch_embed.img_size, generator=generator
-    )
+    return torch.randn(batch, model.config.in_chans, *input_size(model), generator=generator)
 
 
 def cpu_float32(model: VisionTransformer) -> VisionTransformer:

@@ -6,7 +6,7 @@ import argparse
 import os
 import re
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 from . import layouts
 from .cli import pretrained_weights
 from .configs import MODELS, Preprocess, close_model_names, get_spec, split_tag
-from .layouts import hf_common
+from .feature_maps import FeatureMaps
+from .layouts import hf_common, hf_dinov2
 from .model import VisionTransformer, ViTConfig, model_class, to_pair
 from .weights import load_weights, read_checkpoint, read_metadata
 
@@ -44,8 +45,10 @@ def create_model(
     pretrained: bool | str | Path = False,
     num_classes: int | None = None,
     img_size: int | tuple[int, int] | None = None,
+    features_only: bool = False,
+    out_indices: int | Sequence[int] = 3,
     **overrides,
-) -> VisionTransformer:
+) -> VisionTransformer | FeatureMaps:
     """Build a named ViT, e.g. `create_model("vit_base_patch16_224", pretrained=True)`.
 
     name: one of `vit.list_models()`, optionally with one of timm's pretrained tags
@@ -57,7 +60,12 @@ def create_model(
         `vit.load_weights` reads (timm, transformers, torchvision, Google JAX).
     num_classes: replace the classifier (a pretrained head of another size is dropped).
     img_size: another input size; pretrained position embeddings are resampled to it.
-    overrides: any other `ViTConfig` field, e.g. drop_path_rate=0.1.
+    features_only, out_indices: timm's: instead of the model, a `vit.feature_maps.FeatureMaps`
+        whose forward gives the outputs of blocks `out_indices` (the last n if an int) as
+        (B, D, gh, gw) maps, the blocks after them, the final norm and the head pruned.
+    overrides: any other `ViTConfig` field, e.g. drop_path_rate=0.1, or dynamic_img_size=True
+        (any input size that is a multiple of the patch size; the position embeddings are
+        resampled per call the way the weights' source library does, `pos_embed_resample`).
     The model comes back in training mode, as timm's `create_model` (and any new nn.Module):
     call `.eval()` before inference, or use `vit.load_model`, which returns an eval model.
     The model's `preprocess` attribute says how to prepare images (see `create_transform`):
@@ -86,6 +94,8 @@ def create_model(
         checkpoint = read_checkpoint(pretrained)
     if checkpoint is not None and checkpoint.norm_eps is not None and "norm_eps" not in overrides:
         kwargs["norm_eps"] = checkpoint.norm_eps
+    if checkpoint is not None and "pos_embed_resample" not in overrides:
+        kwargs["pos_embed_resample"] = checkpoint.pos_embed  # the weights' source library's way
     model = model_class(kwargs)(**kwargs)
     layout = layouts.BY_NAME[checkpoint.layout] if checkpoint is not None else None
     if layout is not None and layout.preprocess is not None:  # the weights' own (torchvision's)
@@ -94,7 +104,7 @@ def create_model(
     model.model_name = name
     if checkpoint is not None:
         load_weights(model, checkpoint)
-    return model
+    return FeatureMaps(model, out_indices) if features_only else model
 
 
 def _timm_pretrained(name: str, tag: str | None):
@@ -156,7 +166,10 @@ def _hub_offline_reason(timeout: float = 3.0) -> str | None:
 
 
 def load_model(
-    path: str | Path, num_classes: int | None = None, img_size: int | tuple[int, int] | None = None
+    path: str | Path,
+    num_classes: int | None = None,
+    img_size: int | tuple[int, int] | None = None,
+    dynamic_img_size: bool | None = None,
 ) -> VisionTransformer:
     """Rebuild a model from a file or folder that says what architecture it holds.
 
@@ -167,7 +180,14 @@ def load_model(
     num_classes: replace the classifier (the stored head is then dropped).
     img_size: build the model for this input size (position embeddings resampled the way the
         weights' source library does). A transformers folder defaults to the size its
-        preprocessing produces (DINOv2: 224 px, though config.json says 518).
+        preprocessing produces, except DINOv2's (below).
+    dynamic_img_size: accept any input size that is a multiple of the patch size, the
+        position embeddings resampled per call the way the weights' source library does
+        (timm's option). None: as stored (our files), or as transformers runs the folder's
+        model: True for DINOv2 (+- registers), which transformers resamples in every forward,
+        so the model keeps the stored 518-px grid (37x37) and equals transformers at any
+        size; its preprocessing stays 224 px (DINOv2's transform when the folder has no
+        preprocessor_config.json). False for the other transformers families.
     The result is ready for inference, as transformers' `from_pretrained`: in eval mode
     (dropout, stochastic depth and patch dropout off; `.train()` turns them back on for
     fine-tuning). It carries `model.class_names` (None when unknown), `model.model_name` and
@@ -175,7 +195,7 @@ def load_model(
     """
     path = Path(path)
     if path.is_dir():
-        return _load_transformers_folder(path, num_classes, img_size).eval()
+        return _load_transformers_folder(path, num_classes, img_size, dynamic_img_size).eval()
     if not path.is_file():
         raise FileNotFoundError(
             f"{path}: no such file or folder; vit.load_model reads our .safetensors files and "
@@ -198,6 +218,8 @@ def load_model(
         config["num_classes"] = num_classes
     if img_size is not None:
         config["img_size"] = img_size
+    if dynamic_img_size is not None:
+        config["dynamic_img_size"] = dynamic_img_size
     model = model_class(config)(**config)
     load_weights(model, path)
     model.class_names = metadata.get("vit.class_names")
@@ -212,7 +234,10 @@ def load_model(
 
 
 def _load_transformers_folder(
-    folder: Path, num_classes: int | None, img_size: int | tuple[int, int] | None
+    folder: Path,
+    num_classes: int | None,
+    img_size: int | tuple[int, int] | None,
+    dynamic_img_size: bool | None,
 ) -> VisionTransformer:
     """A transformers folder -> our model, architecture and class names from config.json, at
     the input size of its preprocessing unless `img_size` says otherwise."""
@@ -224,15 +249,23 @@ def _load_transformers_folder(
         )
     hf_config = hf_common.read_json(folder / "config.json")
     config, class_names = layouts.config_from_transformers(hf_config, source=str(folder))
+    dinov2 = hf_config.get("model_type") in hf_dinov2.MODEL_TYPES
     processor = folder / "preprocessor_config.json"
     settings = hf_common.read_json(processor) if processor.is_file() else {}
+    settings = settings or (hf_dinov2.PREPROCESSOR if dinov2 else {})
     preprocess = hf_common.preprocess_from_hf(settings, config["img_size"])
     if num_classes is not None:
         config["num_classes"] = num_classes
-    config["img_size"] = to_pair(img_size, "img_size") if img_size else preprocess["input_size"]
-    preprocess["input_size"] = config["img_size"]
+    checkpoint = read_checkpoint(folder)
+    dynamic = dinov2 if dynamic_img_size is None else dynamic_img_size
+    config.update(dynamic_img_size=dynamic, pos_embed_resample=checkpoint.pos_embed)
+    if img_size:
+        config["img_size"] = preprocess["input_size"] = to_pair(img_size, "img_size")
+    elif not dynamic:
+        config["img_size"] = preprocess["input_size"]
+    # else the stored grid is kept and resampled to each input, as the source library does
     model = model_class(config)(**config)
-    load_weights(model, folder)
+    load_weights(model, checkpoint)
     model.class_names = class_names if len(class_names or ()) == model.num_classes else None
     model.model_name = hf_config.get("_name_or_path") or folder.name
     model.preprocess = Preprocess.from_dict(preprocess)

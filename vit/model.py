@@ -27,7 +27,7 @@ Shape legend used in comments:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import torch
@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .pos_embed import resample_abs_pos_embed
+from .configs import pretrained_cfg_of
+from .pos_embed import RESAMPLERS, resample_pos_embed
 
 
 def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
@@ -85,6 +86,9 @@ class ViTConfig:
     drop_path_rate: float = 0.0  # stochastic depth, rising linearly with depth to this value
     patch_drop_rate: float = 0.0  # in training, drop this fraction of patch tokens at random
     dynamic_img_size: bool = False  # accept any multiple of the patch size; resample pos_embed
+    # how pos_embed is resampled to another grid (dynamic_img_size, set_input_size): the way the
+    # weights' source library does it, so other sizes give its numbers (vit.pos_embed.RESAMPLERS)
+    pos_embed_resample: Literal["timm", "transformers", "dinov2"] = "timm"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -109,8 +113,15 @@ class PatchEmbed(nn.Module):
     ) -> None:
         super().__init__()
         self.dynamic_img_size = dynamic_img_size
-        self.img_size = to_pair(img_size, "img_size")
         self.patch_size = to_pair(patch_size, "patch_size")
+        self.set_input_size(img_size)
+        self.proj = nn.Conv2d(
+            in_chans, embed_dim, self.patch_size, stride=self.patch_size, bias=bias
+        )
+
+    def set_input_size(self, img_size) -> None:
+        """The fixed input size (H, W) and its patch grid (gh, gw); a multiple of the patch."""
+        self.img_size = to_pair(img_size, "img_size")
         for side, image, patch in zip(
             ("height", "width"), self.img_size, self.patch_size, strict=True
         ):
@@ -123,9 +134,6 @@ class PatchEmbed(nn.Module):
             self.img_size[1] // self.patch_size[1],
         )
         self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.proj = nn.Conv2d(
-            in_chans, embed_dim, self.patch_size, stride=self.patch_size, bias=bias
-        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
@@ -138,8 +146,9 @@ class PatchEmbed(nn.Module):
         elif (H, W) != self.img_size:
             raise ValueError(
                 f"input image size ({H}x{W}) does not match the model's img_size "
-                f"({self.img_size[0]}x{self.img_size[1]}); resize the images or create the "
-                f"model with img_size=({H}, {W}) or dynamic_img_size=True"
+                f"({self.img_size[0]}x{self.img_size[1]}); resize the images, or build the "
+                f"model with img_size=({H}, {W}) or dynamic_img_size=True (vit.create_model "
+                f"and vit.load_model take both)"
             )
         x = self.proj(x)  # (B, D, gh, gw)
         return x.flatten(2).transpose(1, 2)  # (B, gh*gw, D)
@@ -533,15 +542,54 @@ class VisionTransformer(nn.Module):
     def grid_size(self) -> tuple[int, int]:
         return self.patch_embed.grid_size
 
+    @property
+    def pretrained_cfg(self) -> dict:
+        """timm's `pretrained_cfg` dict (input_size (C, H, W), mean, std, interpolation,
+        crop_pct, num_classes, ...) from `preprocess`, so timm's data helpers read it too."""
+        return pretrained_cfg_of(self)
+
+    def set_input_size(self, img_size=None, patch_size=None) -> None:
+        """timm's: rebuild for another fixed input size, the position embeddings resampled
+        once (`config.pos_embed_resample`'s way); `preprocess` follows the new size."""
+        if (
+            patch_size is not None
+            and to_pair(patch_size, "patch_size") != self.patch_embed.patch_size
+        ):
+            raise ValueError(
+                f"set_input_size cannot change patch_size {self.patch_embed.patch_size} (that "
+                f"needs a resampled patch projection, FlexiViT's); give img_size only"
+            )
+        if img_size is None:
+            return
+        old_grid = self.grid_size
+        self.patch_embed.set_input_size(img_size)
+        pos_embed = self._resampled_pos_embed(self.pos_embed.detach(), self.grid_size, old_grid)
+        self.pos_embed = nn.Parameter(pos_embed, requires_grad=self.pos_embed.requires_grad)
+        self.config.img_size = self.patch_embed.img_size
+        if self.preprocess is not None:
+            self.preprocess = replace(self.preprocess, input_size=self.patch_embed.img_size)
+
+    def prune_intermediate_layers(
+        self, indices: int | Sequence[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's: drop the blocks after the last of `indices` (and the final norm, the head)
+        that feature extraction does not use; returns the indices, counted from the start."""
+        take = _take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max(take) + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0, "token" if self.config.distilled else "")
+        return take
+
     # -- forward -----------------------------------------------------------------------------
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """Patch tokens (B, gh*gw, D) -> prefix tokens first, position embeddings added."""
         pos_embed = self.pos_embed  # (1, gh*gw + P or gh*gw, D) for the model's own grid
         if grid != self.grid_size:  # only with dynamic_img_size: another input size
             # Differentiable, so training at a smaller size still trains the full-size embeddings.
-            pos_embed = resample_abs_pos_embed(
-                pos_embed, grid, self.grid_size, num_prefix_tokens=self.pos_embed_prefix_tokens
-            )
+            pos_embed = self._resampled_pos_embed(pos_embed, grid, self.grid_size)
         tokens = self._prefix_tokens()
         if not tokens:  # SigLIP: no prefix tokens
             return self.pos_drop(x + pos_embed)
@@ -551,6 +599,19 @@ class VisionTransformer(nn.Module):
         else:
             x = torch.cat([prefix, x], dim=1) + pos_embed  # (B, N, D)
         return self.pos_drop(x)
+
+    def _resampled_pos_embed(
+        self, pos_embed: torch.Tensor, grid: tuple[int, int], old_grid: tuple[int, int]
+    ) -> torch.Tensor:
+        """Position embeddings (1, P' + old gh*gw, D) -> (1, P' + gh*gw, D), resampled the way
+        the weights' source library does (config.pos_embed_resample)."""
+        return resample_pos_embed(
+            pos_embed,
+            grid,
+            old_grid,
+            num_prefix_tokens=self.pos_embed_prefix_tokens,
+            method=self.config.pos_embed_resample,
+        )
 
     def _prefix_tokens(self) -> list[nn.Parameter]:
         """The learned prefix tokens in order, each (1, t, D): class, registers."""
@@ -572,15 +633,56 @@ class VisionTransformer(nn.Module):
             return checkpoint(block, x, use_reentrant=False)
         return block(x)
 
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """Images (B, C, H, W) -> normalised tokens (B, N, D), prefix tokens first.
+    def forward_features(
+        self, x: torch.Tensor, return_dict: bool = False
+    ) -> torch.Tensor | dict[str, torch.Tensor | None]:
+        """Images (B, C, H, W) -> normalised tokens (B, N, D), prefix tokens first (timm's).
 
+        return_dict: DINOv2's dict instead: `x_norm_clstoken` (B, D) (None without a class
+        token), `x_norm_regtokens` (B, R, D), `x_norm_patchtokens` (B, gh*gw, D), `x_prenorm`
+        (B, N, D) and `masks` (None: no masking here).
         In training with patch_drop_rate > 0, N counts only the kept patch tokens.
         """
         x = self._embed(x)
         for block in self.blocks:
             x = self._run_block(block, x)
-        return self.norm(x)
+        if not return_dict:
+            return self.norm(x)
+        x_norm, P = self.norm(x), self.num_prefix_tokens  # prefix: class, (dist,) registers
+        return {
+            "x_norm_clstoken": x_norm[:, 0] if self.cls_token is not None else None,
+            "x_norm_regtokens": x_norm[:, P - self.num_reg_tokens : P],
+            "x_norm_patchtokens": x_norm[:, P:],
+            "x_prenorm": x,
+            "masks": None,
+        }
+
+    def get_intermediate_layers(
+        self,
+        x: torch.Tensor,
+        n: int | Sequence[int] = 1,
+        reshape: bool = False,
+        return_class_token: bool = False,
+        norm: bool = True,
+    ) -> tuple:
+        """DINOv2's: the outputs of the last n blocks (n an int) or of blocks n (a sequence),
+        in block order, as patch tokens (B, gh*gw, D) without the prefix tokens, after the
+        final norm if `norm`; (B, D, gh, gw) maps if `reshape`; each a pair (patch tokens,
+        class token (B, D)) if `return_class_token`. A tuple, one item per block."""
+        if return_class_token and self.cls_token is None:
+            raise ValueError("return_class_token=True needs a model with a class token")
+        outputs = self.forward_intermediates(
+            x,
+            indices=n,
+            return_prefix_tokens=return_class_token,
+            norm=norm,
+            stop_early=True,
+            output_fmt="NCHW" if reshape else "NLC",
+            intermediates_only=True,
+        )
+        if return_class_token:  # the prefix (B, P, D) -> its class token (B, D)
+            return tuple((patches, prefix[:, 0]) for patches, prefix in outputs)
+        return tuple(outputs)
 
     def forward_intermediates(
         self,
@@ -718,6 +820,11 @@ def _check_config(cfg: ViTConfig) -> None:
     _check_pool(cfg.global_pool, cfg.class_token)
     if cfg.act_layer not in ACT_LAYERS:
         raise ValueError(f"act_layer must be one of {sorted(ACT_LAYERS)}, got {cfg.act_layer!r}")
+    if cfg.pos_embed_resample not in RESAMPLERS:
+        raise ValueError(
+            f"pos_embed_resample must be one of {sorted(RESAMPLERS)}, got "
+            f"{cfg.pos_embed_resample!r}"
+        )
     if cfg.distilled and (cfg.global_pool != "token" or cfg.reg_tokens):
         raise ValueError(
             "distilled=True reads the class and distillation tokens: it needs "

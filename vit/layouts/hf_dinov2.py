@@ -146,3 +146,21 @@ def write_config(config, hf_class: str, class_names: list[str] | None) -> dict:
     if registers:
         out["num_register_tokens"] = config.reg_tokens
     return out
+
+
+# transformers' Dinov2Model (and with registers) resamples its position embeddings to the input
+# in every forward: any size that is a multiple of the patch size runs, as with
+# dynamic_img_size=True, which `vit.load_model` sets for these folders.
+MODEL_TYPES = ("dinov2", "dinov2_with_registers")
+# The preprocessing of a folder saved without preprocessor_config.json: DINOv2's own evaluation
+# transform, as the published folders' BitImageProcessor spells it (shorter side to 256,
+# bicubic, centre crop 224, ImageNet statistics), not the 518 px of config.json's image_size
+# (the grid the position embeddings are stored at).
+PREPROCESSOR = {
+    "size": {"shortest_edge": 256},
+    "crop_size": {"height": 224, "width": 224},
+    "do_center_crop": True,
+    "resample": 3,
+    "image_mean": [0.485, 0.456, 0.406],
+    "image_std": [0.229, 0.224, 0.225],
+}
