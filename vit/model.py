@@ -6,13 +6,13 @@ of pre-norm transformer blocks mixes the tokens. The class token (or the mean of
 tokens) is classified by a linear head.
 
 The ViT families in use today are this model with a few switches (timm's names), each a small
-module or a few lines below: LayerScale `init_values` (DINOv2, DeiT III), register tokens
-`reg_tokens` and patch-only position embeddings `no_embed_class` (DINOv2 with registers,
-DeiT III), a LayerNorm before the blocks `pre_norm` (CLIP), the MLP activation `act_layer`
-(QuickGELU: OpenAI CLIP) and an attention-pool readout `global_pool="map"` (SigLIP). DeiT's
-distillation token with its own head (`distilled`) is more than a switch: the small subclass
-`VisionTransformerDistilled` at the end, as timm's. `vit.families` says which switches make
-which family.
+module (here or in `vit.layers`) or a few lines: LayerScale `init_values` (DINOv2, DeiT III),
+register tokens `reg_tokens` and patch-only position embeddings `no_embed_class` (DINOv2 with
+registers, DeiT III), a LayerNorm before the blocks `pre_norm` (CLIP), the MLP activation
+`act_layer` (QuickGELU: OpenAI CLIP) and an attention-pool readout `global_pool="map"`
+(SigLIP). DeiT's distillation token with its own head (`distilled`) is more than a switch: the
+small subclass `VisionTransformerDistilled` at the end, as timm's. `vit.families` says which
+switches make which family.
 
 Parameter names are timm's (`patch_embed.proj`, `blocks.{i}.attn.qkv`, `blocks.{i}.ls1.gamma`,
 `reg_token`, `norm_pre`, `attn_pool.*`, `dist_token`, `head_dist`, ...), so a timm
@@ -36,6 +36,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .configs import pretrained_cfg_of
+
+# QuickGELU re-exported with the others: `vit.model.<layer>` names keep working.
+from .layers import ACT_LAYERS, DropPath, LayerScale, PatchDropout, QuickGELU  # noqa: F401
 from .pos_embed import RESAMPLERS, resample_pos_embed
 
 
@@ -201,21 +204,6 @@ class Attention(nn.Module):
         return self.proj_drop(self.proj(x))
 
 
-class QuickGELU(nn.Module):
-    """x * sigmoid(1.702 x): the GELU approximation OpenAI's CLIP was trained with."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.sigmoid(1.702 * x)
-
-
-# act_layer names (timm's) -> activation modules; a checkpoint needs the one it was trained with
-ACT_LAYERS = {
-    "gelu": nn.GELU,  # exact (erf) GELU: ViT, DeiT, DINOv2, timm's CLIP and SigLIP
-    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # transformers' SigLIP
-    "quick_gelu": QuickGELU,  # OpenAI CLIP
-}
-
-
 class Mlp(nn.Module):
     """Two linear layers with an activation between: D -> hidden -> D."""
 
@@ -231,22 +219,6 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
-
-
-class LayerScale(nn.Module):
-    """A learned per-channel scale on a residual branch, starting small (DINOv2, DeiT III).
-
-    Deep ViTs train more stably when each block starts close to the identity (Touvron et al.
-    2021, "Going deeper with image transformers").
-    """
-
-    def __init__(self, dim: int, init_values: float) -> None:
-        super().__init__()
-        self.init_values = init_values
-        self.gamma = nn.Parameter(torch.full((dim,), init_values))  # (D,)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.gamma  # (B, N, D)
 
 
 class AttentionPoolLatent(nn.Module):
@@ -285,58 +257,6 @@ class AttentionPoolLatent(nn.Module):
         x = self.proj(x.transpose(1, 2).reshape(B, 1, D))  # (B, 1, D)
         x = x + self.mlp(self.norm(x))  # (B, 1, D)
         return x[:, 0]  # (B, D)
-
-
-class DropPath(nn.Module):
-    """Stochastic depth: in training, skip a residual branch for a random subset of samples.
-
-    Kept samples are scaled by 1/keep_prob so the expected output is unchanged.
-    """
-
-    def __init__(self, drop_prob: float = 0.0) -> None:
-        super().__init__()
-        self.drop_prob = drop_prob
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.drop_prob == 0.0 or not self.training:
-            return x
-        keep_prob = 1.0 - self.drop_prob
-        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep_prob)  # (B, 1, 1)
-        if keep_prob > 0.0:  # with drop_prob 1 every branch is dropped: nothing to rescale
-            mask.div_(keep_prob)
-        return x * mask
-
-    def extra_repr(self) -> str:
-        return f"drop_prob={self.drop_prob}"
-
-
-class PatchDropout(nn.Module):
-    """In training, keep a random subset of the patch tokens of each image (prefix tokens stay).
-
-    Fewer tokens make every block cheaper, so more images fit in the same time (Liu et al.
-    2023, "PatchDropout"). Evaluation always sees every token.
-    """
-
-    def __init__(self, prob: float, num_prefix_tokens: int) -> None:
-        super().__init__()
-        if not 0.0 <= prob < 1.0:
-            raise ValueError(f"patch_drop_rate must be in [0, 1), got {prob}")
-        self.prob = prob
-        self.num_prefix_tokens = num_prefix_tokens
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.prob == 0.0:
-            return x
-        prefix, patches = x[:, : self.num_prefix_tokens], x[:, self.num_prefix_tokens :]
-        B, L, D = patches.shape
-        keep = max(1, int(L * (1.0 - self.prob)))
-        # A random permutation per image; its first `keep` entries are the kept tokens.
-        kept = torch.randn(B, L, device=x.device).argsort(dim=1)[:, :keep]  # (B, keep)
-        patches = patches.gather(1, kept[:, :, None].expand(-1, -1, D))  # (B, keep, D)
-        return torch.cat([prefix, patches], dim=1)  # (B, prefix + keep, D)
-
-    def extra_repr(self) -> str:
-        return f"prob={self.prob}"
 
 
 class Block(nn.Module):
