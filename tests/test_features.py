@@ -341,3 +341,26 @@ def test_a_headless_backbone_explains_with_last_block_maps(backbone, tmp_path, o
     assert len(fig.axes) == 1 + 2 + 1  # the image, one panel per head, the colour bar
     assert fig.axes[-1].get_ylabel().startswith("attention")
     assert "Weights: backbone.safetensors" in fig._suptitle.get_text()
+
+
+def test_dinov2_linear_protocol_features_equal_transformers_tokens(tmp_path, one_thread):
+    """../shared/data/dinov2-small: clstoken_avgpool is transformers' last_hidden_state class
+    token beside the mean of its patch tokens; clstoken its pooler_output."""
+    folder = Path(os.environ.get("VIT_DINOV2", ROOT.parent / "shared" / "data" / "dinov2-small"))
+    if not folder.is_dir():
+        pytest.skip(f"the shared DINOv2 folder is not at {folder}")
+    from transformers import Dinov2Model
+
+    image = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (240, 300, 3), np.uint8)).save(image)
+    model = vit.load_model(folder)
+    pixels = vit.create_transform(model.preprocess)(Image.open(image).convert("RGB"))[None]
+    with torch.no_grad():
+        theirs = Dinov2Model.from_pretrained(folder).eval()(pixel_values=pixels)
+    tokens = theirs.last_hidden_state  # (1, 1 + 256, 384)
+    expected = torch.cat([tokens[:, 0], tokens[:, 1:].mean(dim=1)], dim=-1)
+    for name, reference in (("clstoken_avgpool", expected), ("clstoken", theirs.pooler_output)):
+        out = tmp_path / f"{name}.npz"
+        assert main([str(image), "--checkpoint", str(folder), "--features", str(out),
+                     "--embedding", name]) == 0  # fmt: skip
+        np.testing.assert_allclose(read_features(out)[1], reference.numpy(), rtol=1e-4, atol=1e-4)

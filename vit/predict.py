@@ -290,7 +290,7 @@ def head_maps_figure(image: np.ndarray, head_maps: torch.Tensor, title: str) -> 
     """The DINO picture as notebooks/attention_maps.ipynb draws it: the image, then one map
     (gh, gw) per head of `head_maps` (nh, gh, gw) over it, with a colour bar."""
     fig = plot_head_attention(head_maps, image=image, title=title)
-    add_colorbar(fig, cmap=HEAD_MAP_CMAP, label="attention (each head scaled to its maximum)")
+    add_colorbar(fig, cmap=HEAD_MAP_CMAP, label="attention / head max")
     return fig
 
 
@@ -318,7 +318,8 @@ def save_explanations(
         else:
             title = Path(path).name
         if method == "last_block":
-            title = f"{title}: last block, readout to patches, per head. Weights: {weights}"
+            reader = "class token" if model.cls_token is not None else "readout"
+            title = f"{title}: last block, {reader} to patches, per head. Weights: {weights}"
             fig = head_maps_figure(image, heatmap, title)
         else:
             fig = explanation_figure(image, heatmap, title, method)
