@@ -121,10 +121,12 @@ def check_embedding(model: torch.nn.Module, embedding: str) -> str:
     if embedding == "image_embeds" and not (
         family_of(model).name == "clip" and model.num_classes > 0
     ):
+        outputs = model.num_classes
+        head = " without a head" if outputs == 0 else f" with a head of {outputs} outputs"
         raise FeaturesError(
             f"--embedding image_embeds: CLIP's projected embedding needs a CLIP image tower "
-            f"with its projection as head; this model is a {family_of(model).title} with "
-            f"{model.num_classes} outputs; use --embedding pooled (or output)"
+            f"with its projection as head; this model is a {family_of(model).title}{head}; "
+            "use --embedding pooled (or output)"
         )
     return embedding
 
@@ -284,7 +286,8 @@ def extract_features(
     done = _on_rank0_first(rank, world, lambda: _prepare_parts(out, manifest, overwrite))
     shards = range(-(-len(keys) // shard_images))  # ceiling division
     todo = [s for s in shards if s % world == rank and not _shard_path(parts, s).exists()]
-    transform = create_transform(model.preprocess) if model.preprocess is not None else None
+    preprocess = getattr(model, "preprocess", None)
+    transform = create_transform(preprocess) if preprocess is not None else None
     reporter = _Progress(
         total=sum(_shard_len(s, shard_images, len(keys)) for s in todo),
         shards=len(todo),
@@ -350,7 +353,11 @@ def _embed_items(
             item = load(i)
         except (CorruptImageError, OSError) as e:
             return str(e) or type(e).__name__
-        return transform(item) if isinstance(item, Image.Image) else item
+        if not isinstance(item, Image.Image):
+            return item  # already prepared, (3, H, W)
+        if transform is None:
+            raise FeaturesError("the model has no preprocess: load(i) must return tensors")
+        return transform(item)
 
     batches = [indices[s : s + batch_size] for s in range(0, len(indices), batch_size)]
     with ThreadPoolExecutor(max(1, workers)) as pool:  # PIL decodes without holding the GIL
