@@ -105,6 +105,30 @@ def test_images_are_streamed_a_few_batches_at_a_time(tmp_path, one_thread):
     assert keys.tolist() == [str(p) for p in paths] and features.shape == (60, 16)
 
 
+def test_a_dataset_by_index_with_prepared_tensors(tmp_path, one_thread):
+    """evaluate's use: keys are indices, load(i) returns a prepared (3, H, W) tensor; a load
+    that raises OSError skips its item, listed with its key."""
+    model = tiny_model()
+    images = torch.randn(7, 3, 16, 16)
+
+    def load(i: int) -> torch.Tensor:
+        if i == 5:
+            raise OSError("disk said no")
+        return images[i]
+
+    out = tmp_path / "train.npz"
+    result = extract_features(
+        model, [str(i) for i in range(7)], load, out, embedding="clstoken", shard_images=3
+    )
+    assert (result.count, result.dim, result.errors) == (6, 16, [("5", "disk said no")])
+    keys, features = read_features(out)
+    assert keys.tolist() == ["0", "1", "2", "3", "4", "6"]
+    with torch.no_grad():
+        expected = model.forward_features(images[[0, 1, 2, 3, 4, 6]])[:, 0]
+    np.testing.assert_allclose(features, expected.numpy(), rtol=1e-5, atol=1e-6)
+    assert (tmp_path / "train.npz.errors.txt").read_text() == "5\tdisk said no\n"
+
+
 # -- the feature choices -----------------------------------------------------------------------
 def test_every_embedding_choice_is_what_its_source_computes():
     model = tiny_model(reg_tokens=2, no_embed_class=True)  # DINOv2 with registers: 3 prefix tokens
