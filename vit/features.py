@@ -399,14 +399,16 @@ def _write_shard(path: Path, data: _ShardData) -> None:
     atomic_write(path, save)
 
 
-def _read_shards(parts: Path, count: int) -> Iterator[tuple[np.ndarray, np.ndarray, list]]:
-    """(indices, features, [(index, reason)]) of each shard, in order."""
+def _read_shards(
+    parts: Path, count: int, features: bool = True
+) -> Iterator[tuple[np.ndarray, np.ndarray | None, list]]:
+    """(indices, features or None, [(index, reason)]) of each shard, in order."""
     for shard in range(count):
         with np.load(_shard_path(parts, shard)) as saved:
             errors = list(
                 zip(saved["error_indices"].tolist(), saved["error_reasons"].tolist(), strict=True)
             )
-            yield saved["indices"], saved["features"], errors
+            yield saved["indices"], saved["features"] if features else None, errors
 
 
 def _assemble(
@@ -416,7 +418,7 @@ def _assemble(
     rows, dim = 0, 0
     for indices, features, errors in _read_shards(parts, count):
         rows += len(indices)
-        dim = features.shape[1] if len(indices) else dim
+        dim = features.shape[1] if len(indices) else dim  # (n, D); (0, 0) for an empty shard
         result.errors += [(keys[i], reason) for i, reason in errors]
     result.count, result.dim = rows, dim
     errors_path = errors_file(out)
@@ -439,13 +441,14 @@ def _assemble(
 def _write_npz(tmp: Path, keys, parts: Path, count: int, rows: int, dim: int) -> None:
     """np.savez's layout (paths.npy, features.npy in a zip), the features streamed shard by
     shard: the whole (N, D) array is never in memory."""
-    width = max((len(keys[i]) for indices, _, _ in _read_shards(parts, count) for i in indices))
+    shards = _read_shards(parts, count, features=False)
+    width = max(len(keys[i]) for indices, _, _ in shards for i in indices)
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
         with archive.open("paths.npy", "w", force_zip64=True) as f:
             np.lib.format.write_array_header_2_0(
                 f, {"descr": f"<U{width}", "fortran_order": False, "shape": (rows,)}
             )
-            for indices, _, _ in _read_shards(parts, count):
+            for indices, _, _ in _read_shards(parts, count, features=False):
                 f.write(np.asarray([keys[i] for i in indices], dtype=f"<U{width}").tobytes())
         with archive.open("features.npy", "w", force_zip64=True) as f:
             header = {"descr": "<f4", "fortran_order": False, "shape": (rows, dim)}
