@@ -410,8 +410,15 @@ def test_features_of_a_classifier_are_its_pre_logits(
     with torch.no_grad():
         torch.testing.assert_close(features, vit.explain.embed(model, images))
         torch.testing.assert_close(model.head(features), model(images))  # the head's input
-    # --embedding output: the model's output instead (a CLIP tower's projection, here logits)
-    assert main([*args, "--features", str(out), "--embedding", "output"]) == 0
+    # --embedding output: the model's output instead (a CLIP tower's projection, here logits);
+    # the finished file is replaced only with --overwrite
+    assert main([*args, "--features", str(out), "--embedding", "output"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"error: --features {out}: exists; add --overwrite to replace it, or choose "
+        "another file\n"
+    )
+    assert main([*args, "--features", str(out), "--embedding", "output", "--overwrite"]) == 0
     assert "(3 values each, the model's output)" in capsys.readouterr().err
     with np.load(out) as saved:
         assert saved["paths"].tolist() == paths
@@ -431,9 +438,9 @@ def test_a_headless_model_embeds_and_explains_but_does_not_classify(
     maps = tmp_path / "maps"
     assert main([*base, "--explain", str(maps), "--method", "relevance"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "use --method rollout" in err
+    assert err.count("\n") == 1 and "use --method last_block (the default) or rollout" in err
     assert not maps.exists() and not (tmp_path / "p.csv").exists()
-    assert main([*base, "--explain", str(maps)]) == 0  # rollout needs no class
+    assert main([*base, "--explain", str(maps), "--method", "rollout"]) == 0  # needs no class
     assert [p.name for p in maps.iterdir()] == ["rgb.png"]
     with pytest.raises(SystemExit):
         main([*base, "--features", str(tmp_path / "f.txt")])
@@ -445,10 +452,17 @@ def test_features_are_not_written_when_no_image_was_read(headless_checkpoint, tm
     broken.write_bytes(b"not an image")
     out = tmp_path / "features.npz"
     out.write_bytes(b"an earlier run's embeddings")
-    code = main([str(broken), "--checkpoint", str(headless_checkpoint), "--features", str(out)])
-    assert code == 1
+    args = [str(broken), "--checkpoint", str(headless_checkpoint), "--features", str(out)]
+    assert main(args) == 2  # without --overwrite: refused before any work
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main([*args, "--overwrite"]) == 1
     assert out.read_bytes() == b"an earlier run's embeddings"  # left as it was
-    assert "wrote" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "wrote" not in err and f"--features {out} was not written" in err
+    assert (tmp_path / "features.npz.errors.txt").read_text().startswith(f"{broken}\tcannot read")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "backbone.safetensors", "broken.jpg", "features.npz", "features.npz.errors.txt"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -470,10 +484,10 @@ def test_explain_and_features_work_for_every_family(family, tmp_path, one_thread
     checkpoint = vit.save_weights(model, tmp_path / "family.safetensors", class_names=NAMES)
     tree = make_tree(tmp_path / "tree", sizes=((40, 56),))
     out, features = tmp_path / "maps", tmp_path / "features.npz"
-    for method in ("rollout", "gradient_rollout", "relevance"):
+    for method in ("rollout", "gradient_rollout", "relevance", "last_block"):
         code = main(
             [str(tree), "--checkpoint", str(checkpoint), "--explain", str(out), "--method", method,
-             "--features", str(features)]
+             "--features", str(features), "--overwrite"]
         )  # fmt: skip
         assert code == 0
         assert len(list(out.rglob("*.png"))) == 3
@@ -502,5 +516,5 @@ def test_predict_embeds_and_explains_the_real_dinov2_folder(tmp_path, one_thread
     with torch.no_grad():
         theirs = Dinov2Model.from_pretrained(folder).eval()(pixel_values=pixels).pooler_output
     np.testing.assert_allclose(record["embedding"], theirs[0].numpy(), rtol=1e-4, atol=1e-4)
-    assert main([*args, "--explain", str(out), "--method", "relevance"]) == 2
-    assert "use --method rollout" in capsys.readouterr().err
+    assert main([*args, "--explain", str(out), "--method", "relevance", "--overwrite"]) == 2
+    assert "use --method last_block (the default) or rollout" in capsys.readouterr().err

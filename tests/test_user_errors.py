@@ -108,10 +108,19 @@ def test_predict_with_nothing_readable_keeps_the_existing_output(tmp_path, capsy
     output = tmp_path / "preds.csv"
     output.write_text("path,label,probability\nkept.jpg,a,0.9\n")
     argv = [str(tmp_path / "nope.jpg"), "--checkpoint", str(checkpoint), "--output", str(output)]
-    assert predict_main(argv) == 1
+    assert predict_main(argv) == 2  # an existing file is replaced only with --overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    assert predict_main([*argv, "--overwrite"]) == 2  # no image at all: one line
+    assert (
+        capsys.readouterr().err
+        == f"error: cannot read image {tmp_path / 'nope.jpg'}: no such file\n"
+    )
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(b"not a jpeg")
+    assert predict_main([str(broken), *argv[1:], "--overwrite"]) == 1
     assert output.read_text() == "path,label,probability\nkept.jpg,a,0.9\n"
     err = capsys.readouterr().err
-    assert f"--output {output} was not written" in err and "nope.jpg" in err
+    assert f"--output {output} was not written" in err and "broken.jpg" in err
 
 
 # -- 4, 7, 8, 9. values refused when the flags are read ------------------------------------------

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from matplotlib.axes import Axes
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -243,6 +245,16 @@ def plot_head_attention(
     if title:
         fig.suptitle(title, fontsize=9)
     return fig
+
+
+def add_colorbar(fig: Figure, cmap: str = "inferno", label: str = "") -> None:
+    """A colour bar for maps drawn in [0, 1] with `cmap` (as `draw_overlay` and
+    `plot_head_attention` draw them), beside all of the figure's panels."""
+    mappable = ScalarMappable(norm=Normalize(vmin=0, vmax=1), cmap=cmap)
+    bar = fig.colorbar(mappable, ax=fig.axes, shrink=0.8, fraction=0.04)
+    if label:
+        bar.set_label(label, fontsize=8)
+    bar.ax.tick_params(labelsize=7)
 
 
 def plot_attention_distance(distances: torch.Tensor, patch_size: int | None = None) -> Figure:

@@ -1,10 +1,10 @@
-"""Classify images from the command line: files, folders and glob patterns, in batches.
+"""Classify, embed and explain images from the command line: files, folders and glob patterns.
 
     python -m vit.predict IMAGE|FOLDER|GLOB ... (--checkpoint SRC [--model NAME] | --model NAME)
         [--pretrained [PATH]] [--top-k 5] [--batch-size 32] [--device auto]
-        [--output preds.csv|preds.json]
-        [--explain DIR [--method rollout|gradient_rollout|relevance]]
-        [--features FILE.npz|.csv|.json [--embedding pooled|output]]
+        [--output preds.csv|preds.json] [--overwrite]
+        [--explain DIR [--method rollout|gradient_rollout|relevance|last_block]]
+        [--features FILE.npz|.csv|.json [--embedding pooled|clstoken|...] [--shard-size N]]
 
 The model argument is read as by evaluate.py and `vit.export` (`vit.factory.resolve_model`):
 --checkpoint is a train.py run folder (its model.safetensors) or a weights file in it, one of
@@ -16,18 +16,25 @@ PATH. --model NAME alone means timm's pretrained weights for that name (download
 Images are prepared exactly as `evaluate.py` prepares them (the model's resize, centre crop and
 normalisation), so the top-1 class here is evaluate's, under the class names evaluate
 reports (`vit.factory.class_names_for`). Without --output the top-k classes are printed per
-image; with it, one record per image is written (CSV or JSON: path, label, probability,
-label_2, probability_2, ...). A file that cannot be read is named on stderr, the
-other images are still classified, and the exit status is 1 at the end.
+image; with it, one record per image is written as it goes (CSV or JSON: path, label,
+probability, label_2, probability_2, ...), then put in place at the end. A file that cannot be
+read is named on stderr, the other images are still classified, and the exit status is 1 at
+the end. An existing --output or --features file is replaced only with --overwrite.
 
---features FILE writes one pooled embedding per image with its path: the model's pre-logits
-features (`forward_head(x, pre_logits=True)`, what a headless backbone such as DINOv2 returns
-as `model(x)`), or with --embedding output the model's output itself (for a CLIP image tower
-whose head is the projection into the text space, `image_embeds`). FILE.npz holds two arrays,
-`paths` (N,) and `features` (N, D) float32 (`np.load(FILE)`, no pickle); FILE.csv one row per
-image, `path, f0, ..., f{D-1}`; FILE.json a list of {"path", "embedding"}. A model without a
-classifier head (num_classes=0) classifies nothing: it takes --features and --explain (rollout)
-only. Nothing is written when no image could be read.
+--features FILE writes one embedding per image with its path, through the embedding engine
+`vit.features` (docs/embeddings.md): memory flat in the number of images, work saved in shards
+of --shard-size images as it goes (the same command run again after a kill continues from the
+last complete shard), unreadable images listed in FILE.errors.txt, and under torchrun
+(`torchrun --nproc_per_node M -m vit.predict ...`) the images split between the processes into
+one file. --embedding: pooled (default; the pre-logits features, what a headless backbone such
+as DINOv2 returns as `model(x)`), clstoken, clstoken_avgpool, lastN_clstoken (e.g.
+last4_clstoken), image_embeds (a CLIP tower's projection) or output (the model's output).
+FILE.npz holds two arrays, `paths` (N,) and `features` (N, D) float32 (`np.load(FILE)`, no
+pickle; the format for large jobs); FILE.csv one row per image, `path, f0, ..., f{D-1}`;
+FILE.json a list of {"path", "embedding"}. With a classifier, the classes are computed in a
+second pass. A model without a classifier head (num_classes=0) classifies nothing: it takes
+--features and --explain (last_block by default, or rollout) only. Nothing is written when no
+image could be read.
 """
 
 from __future__ import annotations
@@ -38,16 +45,32 @@ from pathlib import Path
 
 from .cli import TTA_CHOICES, ArgumentParser, add_model_arguments
 
-METHOD_NAMES = ("gradient_rollout", "relevance", "rollout")  # --method: maps of vit.explain
+METHOD_NAMES = ("gradient_rollout", "last_block", "relevance", "rollout")  # --method
 OUTPUT_SUFFIXES = (".csv", ".json")
 FEATURE_SUFFIXES = (".npz", ".csv", ".json")
-EMBEDDINGS = {"pooled": "pooled pre-logits features", "output": "the model's output"}
+# vit.features.DEFAULT_SHARD_IMAGES, not imported here: --help answers before torch is loaded
+DEFAULT_SHARD_IMAGES = 2048
+EMBEDDING_HELP = (
+    "for --features: pooled (default: the pre-logits features, timm's; DINOv2's pooler "
+    "output), clstoken (DINOv2's x_norm_clstoken), clstoken_avgpool (DINOv2's linear protocol: "
+    "class token + mean patch token, 2D values), last4_clstoken or any lastN_clstoken (DINO's "
+    "n_last_blocks: the last N blocks' class tokens, N*D values), image_embeds (a CLIP tower's "
+    "projection into the text space), output (the model's output)"
+)
+METHOD_HELP = (
+    "map for --explain: rollout (a classifier's default), gradient_rollout and relevance "
+    "(explain the predicted class), last_block (a headless backbone's default: the DINO "
+    "picture, one map per head of the last block, registers left out). Rollout on a DINOv2 "
+    "model without registers lights a few high-norm artifact patches, a property of the model "
+    "(Darcet et al. 2024, 'Vision Transformers Need Registers'); last_block shows the heads"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(  # a bad flag: one line, not the usage text
         prog="python -m vit.predict",
-        description="Top-k classes for each image.",
+        description="Top-k classes, embeddings (--features) or attention maps (--explain) for "
+        "each image.",
     )
     parser.add_argument(
         "images", nargs="+", help="image files, folders (searched recursively) or glob patterns"
@@ -58,10 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=4, help="threads decoding images")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0")
     parser.add_argument("--output", type=Path, help="write the predictions to FILE.csv or .json")
-    parser.add_argument("--explain", type=Path, metavar="DIR", help="one attention PNG per image")
     parser.add_argument(
-        "--method", choices=sorted(METHOD_NAMES), default="rollout", help="map for --explain"
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output or --features file (refused otherwise)",
     )
+    parser.add_argument("--explain", type=Path, metavar="DIR", help="one attention PNG per image")
+    parser.add_argument("--method", choices=sorted(METHOD_NAMES), help=METHOD_HELP)
     parser.add_argument(
         "--tta",
         choices=TTA_CHOICES,
@@ -73,15 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--features",
         type=Path,
         metavar="FILE",
-        help="write one pooled embedding per image with its path: FILE.npz (arrays paths, "
-        "features), .csv (path, f0, f1, ...) or .json",
+        help="write one embedding per image with its path: FILE.npz (arrays paths, features; "
+        "use it for large jobs), .csv (path, f0, f1, ...) or .json; resumable after a kill, "
+        "split between processes under torchrun",
     )
+    parser.add_argument("--embedding", default="pooled", metavar="NAME", help=EMBEDDING_HELP)
     parser.add_argument(
-        "--embedding",
-        choices=("pooled", "output"),
-        default="pooled",
-        help="for --features: the pooled pre-logits features (default) or the model's output "
-        "(a CLIP tower's projection into the text space)",
+        "--shard-size",
+        type=int,
+        default=DEFAULT_SHARD_IMAGES,
+        metavar="N",
+        help="for --features: images per shard of saved work (default "
+        f"{DEFAULT_SHARD_IMAGES}); a rerun after a kill continues from the last complete shard",
     )
     return parser
 
@@ -93,11 +122,11 @@ if __name__ == "__main__":
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
 import csv
-import io
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TextIO
 
 import numpy as np
 import torch
@@ -107,23 +136,30 @@ from tqdm import tqdm
 
 from . import explain
 from .cli import missing_model_argument, unwritable
-from .distributed import DistInfo, resolve_device
+from .distributed import DistInfo, cleanup, from_env, resolve_device, setup
 from .factory import class_names_for, create_transform, model_from_flags
+from .families import family_of
+from .features import FeaturesError, check_embedding, describe, extract_features
 from .images import CorruptImageError, expand_image_paths, open_image
-from .io import atomic_write, atomic_write_text
+from .io import atomic_write
 from .model import VisionTransformer
-from .plots import denormalize, draw_overlay, save_figure
+from .plots import add_colorbar, denormalize, draw_overlay, plot_head_attention, save_figure
 from .tta import mean_probability
 
-METHODS = {
+METHODS: dict[str, Callable[[VisionTransformer, torch.Tensor], torch.Tensor]] = {
     "rollout": explain.attention_rollout,
     "gradient_rollout": explain.gradient_rollout,
     "relevance": explain.relevance,
 }
+HEAD_MAP_CMAP = "inferno"  # plot_head_attention's colours, for the colour bar
 
 
 class InputError(Exception):
     """A problem with what the user passed, reported as one line without a traceback."""
+
+
+class _NothingRead(Exception):
+    """No image was read: the --output file being written is dropped, an earlier one kept."""
 
 
 @torch.inference_mode()
@@ -145,49 +181,6 @@ def best_of(logits: torch.Tensor, top_k: int) -> tuple:
     """Logits (B, num_classes) -> (probabilities, class indices), each (B, k), best first."""
     probs = logits.float().softmax(dim=-1)  # (B, num_classes)
     return probs.topk(min(top_k, probs.shape[-1]), dim=-1)
-
-
-@torch.inference_mode()
-def logits_and_features(
-    model: VisionTransformer, batch: torch.Tensor, embedding: str | None
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """One pass over a prepared batch (B, 3, H, W): logits (B, num_classes), None for a headless
-    model; and the embeddings (B, D) when `embedding` is "pooled" (pre-logits features) or
-    "output" (the model's output), None when it is None."""
-    tokens = model.eval().forward_features(batch)  # (B, N, D)
-    output = model.forward_head(tokens)  # logits, or a headless model's pooled features
-    features = None
-    if embedding == "pooled":
-        features = model.forward_head(tokens, pre_logits=True).float()
-    elif embedding == "output":
-        features = output.float()
-    return (output if model.num_classes > 0 else None), features
-
-
-def write_features(path: Path, paths: Sequence[str], features: torch.Tensor) -> None:
-    """One embedding per image, with its path, as .npz, .csv or .json (see the module
-    docstring), written atomically."""
-    values = features.cpu().numpy().astype(np.float32)  # (N, D)
-    suffix = path.suffix.lower()
-    if suffix == ".npz":
-
-        def save(tmp: Path) -> None:
-            with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a name
-                np.savez(f, paths=np.array(paths, dtype=str), features=values)
-
-        atomic_write(path, save)
-        return
-    # 9 significant digits: every float32 reads back exactly
-    rows = [[float(f"{v:.9g}") for v in row] for row in values.tolist()]
-    if suffix == ".json":
-        records = [{"path": p, "embedding": row} for p, row in zip(paths, rows, strict=True)]
-        atomic_write_text(path, json.dumps(records) + "\n")
-        return
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["path", *(f"f{i}" for i in range(values.shape[1]))])
-    writer.writerows([p, *row] for p, row in zip(paths, rows, strict=True))
-    atomic_write_text(path, buffer.getvalue())
 
 
 def prepared_batches(
@@ -224,20 +217,32 @@ def records_for(paths, probs, indices, names: list[str]) -> list[dict]:
     return records
 
 
-def write_records(path: Path, records: list[dict], top_k: int) -> None:
-    """CSV (header row, one row per image) or JSON (a list of objects), written atomically."""
-    if path.suffix.lower() == ".json":
-        atomic_write_text(path, json.dumps(records, indent=2) + "\n")
-        return
-    fields = ["path", "label", "probability"]
-    fields += [
-        f"{name}_{rank}" for rank in range(2, top_k + 1) for name in ("label", "probability")
-    ]
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=fields, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(records)
-    atomic_write_text(path, buffer.getvalue())
+class RecordWriter:
+    """Records streamed to an open file as they come: CSV (a header row, one row per image) or
+    JSON (a list of objects, as json.dumps(records, indent=2) writes it)."""
+
+    def __init__(self, file: TextIO, top_k: int, as_json: bool) -> None:
+        self.file, self.as_json, self.count = file, as_json, 0
+        fields = ["path", "label", "probability"]
+        fields += [
+            f"{name}_{rank}" for rank in range(2, top_k + 1) for name in ("label", "probability")
+        ]
+        self.csv = None if as_json else csv.DictWriter(file, fieldnames=fields, lineterminator="\n")
+        if self.csv is not None:
+            self.csv.writeheader()
+
+    def write(self, records: list[dict]) -> None:
+        for record in records:
+            if self.csv is not None:
+                self.csv.writerow(record)
+            else:
+                indented = json.dumps(record, indent=2).replace("\n", "\n  ")
+                self.file.write(("[\n  " if self.count == 0 else ",\n  ") + indented)
+            self.count += 1
+
+    def close(self) -> None:
+        if self.as_json and self.count:
+            self.file.write("\n]\n")
 
 
 def print_records(records: list[dict], top_k: int) -> None:
@@ -281,6 +286,14 @@ def explanation_figure(image: np.ndarray, heatmap: torch.Tensor, title: str, met
     return fig
 
 
+def head_maps_figure(image: np.ndarray, head_maps: torch.Tensor, title: str) -> Figure:
+    """The DINO picture as notebooks/attention_maps.ipynb draws it: the image, then one map
+    (gh, gw) per head of `head_maps` (nh, gh, gw) over it, with a colour bar."""
+    fig = plot_head_attention(head_maps, image=image, title=title)
+    add_colorbar(fig, cmap=HEAD_MAP_CMAP, label="attention / head max")
+    return fig
+
+
 def save_explanations(
     model: VisionTransformer,
     batch: torch.Tensor,
@@ -288,24 +301,46 @@ def save_explanations(
     targets: dict[Path, Path],
     paths: Sequence[Path],
     method: str,
+    weights: str,
 ) -> None:
-    """Explain the batch's predicted classes with `method` and write one PNG per image (a
-    headless model's records have no label: the title is the file name)."""
-    maps = METHODS[method](model, batch).detach().cpu()  # (B, gh, gw)
+    """Explain the batch with `method` (the predicted classes, or the last block's heads) and
+    write one PNG per image (a headless model's records have no label: the title is the file
+    name); `weights` names where the weights came from, for last_block's title."""
     pixels = denormalize(batch.cpu(), model.preprocess.mean, model.preprocess.std)  # (B, H, W, 3)
+    if method == "last_block":
+        heads = explain.last_block_attention(model, batch, include_registers=False)
+        maps = heads.detach().cpu()  # (B, nh, gh, gw)
+    else:
+        maps = METHODS[method](model, batch).detach().cpu()  # (B, gh, gw)
     for path, record, image, heatmap in zip(paths, records, pixels, maps, strict=True):
         if "label" in record:
             title = f"{record['label']} ({record['probability']:.1%})"
         else:
             title = Path(path).name
-        fig = explanation_figure(image, heatmap, title, method)
+        if method == "last_block":
+            reader = "class token" if model.cls_token is not None else "readout"
+            title = f"{title}: last block, {reader} to patches, per head. Weights: {weights}"
+            fig = head_maps_figure(image, heatmap, title)
+        else:
+            fig = explanation_figure(image, heatmap, title, method)
         save_figure(fig, targets[path], dpi=100)
+
+
+def weights_label(args: argparse.Namespace, model: VisionTransformer) -> str:
+    """Where the weights came from, for figure titles: the model's name and the checkpoint."""
+    source = str(args.checkpoint) if args.checkpoint else None
+    if args.pretrained not in (None, False, True):
+        source = str(args.pretrained)
+    names = [n for n in (model.model_name, source) if n]
+    if len(names) == 2 and names[0] != names[1]:
+        return f"{names[0]} ({names[1]})"
+    return names[0] if names else "unnamed weights"
 
 
 # -- command line ----------------------------------------------------------------------------------
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse bad flags before any work is done (output locations: InputError, one line)."""
-    for flag in ("top_k", "batch_size"):
+    for flag in ("top_k", "batch_size", "shard_size"):
         if getattr(args, flag) < 1:
             parser.error(
                 f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}"
@@ -325,10 +360,17 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                 f"--features {args.features}: the file name must end in .npz, .csv or .json"
             )
         writable_location("--features", args.features, folder=False)
+    for flag in ("output", "features"):
+        path = getattr(args, flag)
+        if path is not None and path.is_file() and not args.overwrite:
+            raise InputError(
+                f"--{flag} {path}: exists; add --overwrite to replace it, or choose another file"
+            )
 
 
 def check_headless(args: argparse.Namespace, model: VisionTransformer) -> None:
-    """A model without a classifier head embeds and explains (rollout) but classifies nothing."""
+    """A model without a classifier head embeds and explains (last_block, rollout) but
+    classifies nothing."""
     if model.num_classes > 0:
         return
     what = "the model has no classifier head (num_classes=0, a feature extractor)"
@@ -336,11 +378,25 @@ def check_headless(args: argparse.Namespace, model: VisionTransformer) -> None:
         raise InputError(f"{what}: nothing to classify; use --features FILE or --explain DIR")
     if args.output is not None:
         raise InputError(f"--output {args.output}: {what}; use --features FILE for embeddings")
-    if args.explain is not None and args.method != "rollout":
+    if args.explain is not None and args.method not in (None, "last_block", "rollout"):
         raise InputError(
-            f"--method {args.method} explains a class and {what}: use --method rollout "
-            "(or vit.explain with direction= to explain a similarity)"
+            f"--method {args.method} explains a class and {what}: use --method last_block (the "
+            "default) or rollout (or vit.explain with direction= to explain a similarity)"
         )
+
+
+def check_distributed(args: argparse.Namespace, info: DistInfo) -> None:
+    """Under torchrun the processes split the --features work; nothing else is split."""
+    if not info.enabled:
+        return
+    if args.features is None:
+        raise InputError("under torchrun, predict splits --features FILE only; add it")
+    for flag in ("output", "explain"):
+        if getattr(args, flag) is not None:
+            raise InputError(
+                f"--{flag}: under torchrun, predict splits --features only; "
+                f"run --{flag} in a single process"
+            )
 
 
 def writable_location(flag: str, path: Path, folder: bool) -> None:
@@ -350,24 +406,168 @@ def writable_location(flag: str, path: Path, folder: bool) -> None:
         raise InputError(problem)
 
 
+def rollout_note(model: VisionTransformer, method: str) -> str | None:
+    """The note for rollout on DINOv2 without registers: its few lit patches are the model's."""
+    if method == "rollout" and family_of(model).name == "dinov2":
+        return (
+            "note: rollout on DINOv2 without registers lights a few high-norm artifact patches, "
+            "a property of the model (Darcet et al. 2024, 'Vision Transformers Need "
+            "Registers'); --method last_block draws the heads"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    info = from_env()
     try:
         check_args(parser, args)
-        device = resolve_device(args.device, DistInfo())
+        check_distributed(args, info)
+        paths, problems = expand_image_paths(args.images)
+        if not paths:  # before the model is loaded: nothing to do
+            raise InputError("; ".join(problems))
+        device = resolve_device(args.device, info)
+        setup(info, device)  # torchrun: join the others (gloo on CPU); nothing otherwise
         model = model_from_flags(args).to(device)
         check_headless(args, model)
+        if args.features is not None:
+            args.embedding = check_embedding(model, args.embedding)
     except (InputError, ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        code = 0
+        if args.features is not None:
+            code = embed_images(args, model, paths, device, problems if info.is_main else [])
+            problems = []  # said by embed_images
+        if code != 2 and not info.enabled and (model.num_classes > 0 or args.explain):
+            # with --features, the unreadable images are already said
+            quiet = args.features is not None
+            code = max(code, classify_images(args, model, paths, device, problems, quiet))
+        return code
+    finally:
+        cleanup()
+
+
+def embed_images(
+    args: argparse.Namespace,
+    model: VisionTransformer,
+    paths: list[Path],
+    device: torch.device,
+    problems: list[str],
+) -> int:
+    """--features through the embedding engine; the lines to say and the exit status."""
+    try:
+        result = extract_features(
+            model,
+            [str(p) for p in paths],
+            lambda i: open_image(paths[i]),
+            args.features,
+            embedding=args.embedding,
+            batch_size=args.batch_size,
+            workers=args.workers,
+            device=device,
+            shard_images=args.shard_size,
+            overwrite=args.overwrite,
+        )
+    except FeaturesError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: --features {args.features}: cannot write it ({e})", file=sys.stderr)
+        return 2
+    if not from_env().is_main:
+        return 0
+    if result.path is not None:
+        resumed = f"; {result.resumed_shards} shards from an earlier run" * bool(
+            result.resumed_shards
+        )
+        print(
+            f"wrote {result.count} embeddings ({result.dim} values each, "
+            f"{describe(args.embedding)}) to {args.features}{resumed}",
+            file=sys.stderr,
+        )
+    else:
+        problems.append(f"no image was read; --features {args.features} was not written")
+    problems = [reason for _, reason in result.errors[:5]] + problems
+    if len(result.errors) > 5:
+        problems.append(f"{len(result.errors) - 5} more unreadable images")
+    if result.errors_path is not None:
+        problems.append(f"{len(result.errors)} unreadable images listed in {result.errors_path}")
+    for message in problems:
+        print(f"error: {message}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def classify_images(
+    args: argparse.Namespace,
+    model: VisionTransformer,
+    paths: list[Path],
+    device: torch.device,
+    problems: list[str],
+    quiet: bool = False,
+) -> int:
+    """Classes (printed, or streamed to --output) and --explain maps; the exit status. quiet:
+    the unreadable images are not said again (--features said them)."""
     top_k = min(args.top_k, model.num_classes)
-    paths, problems = expand_image_paths(args.images)
+    method = args.method or ("rollout" if model.num_classes > 0 else "last_block")
+    note = rollout_note(model, method) if args.explain else None
+    if note:
+        print(note, file=sys.stderr)
+
+    unreadable: list[str] = []
+
+    def run(sink: Callable[[list[dict]], None]) -> int:
+        return classify_batches(args, model, paths, device, unreadable, top_k, method, sink)
+
+    if args.output is None:
+        count = run(lambda records: print_records(records, top_k))
+    else:
+        count = 0
+
+        def write(tmp: Path) -> None:
+            nonlocal count
+            with open(tmp, "w", newline="", encoding="utf-8") as f:
+                writer = RecordWriter(f, top_k, as_json=args.output.suffix.lower() == ".json")
+                count = run(writer.write)
+                writer.close()
+            if count == 0:
+                raise _NothingRead
+
+        try:
+            atomic_write(args.output, write)
+            print(f"wrote {count} predictions to {args.output}", file=sys.stderr)
+        except _NothingRead:
+            problems.append(f"no image was read; --output {args.output} was not written")
+        except OSError as e:
+            print(f"error: --output {args.output}: cannot write it ({e})", file=sys.stderr)
+            return 2
+    if args.explain and count:
+        print(f"wrote {count} attention maps to {args.explain}", file=sys.stderr)
+    problems = problems + ([] if quiet else unreadable)
+    for message in problems:
+        print(f"error: {message}", file=sys.stderr)
+    return 1 if problems or not count else 0
+
+
+def classify_batches(
+    args: argparse.Namespace,
+    model: VisionTransformer,
+    paths: list[Path],
+    device: torch.device,
+    unreadable: list[str],
+    top_k: int,
+    method: str,
+    sink: Callable[[list[dict]], None],
+) -> int:
+    """Classify (and explain) batch by batch, handing each batch's records to `sink` (nothing
+    kept); unreadable images are added to `unreadable`. Returns the number of images read."""
     names = class_names_for(model)
     transform = create_transform(model.preprocess)
     targets = explanation_paths(paths, args.explain) if args.explain else {}
-    records: list[dict] = []
-    features: list[torch.Tensor] = []  # (B, D) per batch, with --features
+    weights = weights_label(args, model) if args.explain else ""
+    count = 0
     progress = tqdm(
         total=len(paths),
         unit="img",
@@ -377,71 +577,29 @@ def main(argv: list[str] | None = None) -> int:
     for batch_paths, batch, errors in prepared_batches(
         paths, transform, args.batch_size, args.workers
     ):
-        problems += errors
+        unreadable += errors
         if batch is not None:
             batch = batch.to(device)
-            embedding = args.embedding if args.features is not None else None
-            logits, batch_features = logits_and_features(model, batch, embedding)
-            if args.tta == "flip" and logits is not None:  # add the mirror images' view
+            if model.num_classes > 0:
                 with torch.inference_mode():
-                    mirrored = model(batch.flip(-1)).float()  # (B, K)
-                    logits = mean_probability(logits.float(), mirrored)
-            if logits is None:  # a headless model: paths only
-                batch_records = [{"path": str(path)} for path in batch_paths]
-            else:
+                    logits = model.eval()(batch)  # (B, K)
+                    if args.tta == "flip":  # add the mirror images' view
+                        mirrored = model(batch.flip(-1)).float()  # (B, K)
+                        logits = mean_probability(logits.float(), mirrored)
                 probs, indices = best_of(logits, top_k)
                 batch_records = records_for(batch_paths, probs, indices, names)
-            records += batch_records
-            if batch_features is not None:
-                features.append(batch_features.cpu())
+            else:  # a headless model: paths only
+                batch_records = [{"path": str(path)} for path in batch_paths]
+            if model.num_classes > 0:
+                sink(batch_records)
             if args.explain:
-                save_explanations(model, batch, batch_records, targets, batch_paths, args.method)
+                save_explanations(
+                    model, batch, batch_records, targets, batch_paths, method, weights
+                )
+            count += len(batch_paths)
         progress.update(len(batch_paths) + len(errors))
     progress.close()
-    return finish(args, records, problems, top_k, features)
-
-
-def finish(
-    args: argparse.Namespace,
-    records: list[dict],
-    problems: list[str],
-    top_k: int,
-    features: list[torch.Tensor] | None = None,
-) -> int:
-    """Print or write the records and features, then the problems; the exit status. With
-    nothing classified nothing is written: earlier --output/--features files stay as they were."""
-    if not records:
-        for flag in ("output", "features"):
-            if getattr(args, flag) is not None:
-                problems.append(
-                    f"no image was read; --{flag} {getattr(args, flag)} was not written"
-                )
-    if args.features is not None and records:
-        embeddings = torch.cat(features)  # (N, D)
-        try:
-            write_features(args.features, [r["path"] for r in records], embeddings)
-        except OSError as e:
-            print(f"error: --features {args.features}: cannot write it ({e})", file=sys.stderr)
-            return 2
-        print(
-            f"wrote {len(records)} embeddings ({embeddings.shape[1]} values each, "
-            f"{EMBEDDINGS[args.embedding]}) to {args.features}",
-            file=sys.stderr,
-        )
-    if args.output is not None and records:
-        try:
-            write_records(args.output, records, top_k)
-        except OSError as e:
-            print(f"error: --output {args.output}: cannot write it ({e})", file=sys.stderr)
-            return 2
-        print(f"wrote {len(records)} predictions to {args.output}", file=sys.stderr)
-    elif top_k > 0:  # a headless model (top_k 0) classifies nothing: nothing to print
-        print_records(records, top_k)
-    if args.explain and records:
-        print(f"wrote {len(records)} attention maps to {args.explain}", file=sys.stderr)
-    for message in problems:
-        print(f"error: {message}", file=sys.stderr)
-    return 1 if problems or not records else 0
+    return count
 
 
 if __name__ == "__main__":

@@ -1,0 +1,390 @@
+"""`vit.features`, the embedding engine, and `python -m vit.predict --features` on it: features
+copied out of the batch, images streamed, shards resumed after a kill, unreadable images listed,
+the feature choices of DINOv2, DINO and CLIP, torchrun's two processes writing the one file;
+and predict's last_block maps of a headless backbone."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vit
+from vit.features import (
+    DEFAULT_SHARD_IMAGES,
+    FeaturesError,
+    check_embedding,
+    embed_batch,
+    extract_features,
+    parts_folder,
+    read_features,
+)
+from vit.predict import DEFAULT_SHARD_IMAGES as PREDICT_SHARD_IMAGES
+from vit.predict import head_maps_figure, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_model(num_classes: int = 0, **kwargs) -> vit.VisionTransformer:
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(
+        img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=num_classes,
+        **kwargs,
+    )  # fmt: skip
+    model.preprocess = vit.Preprocess(input_size=(16, 16), crop_pct=1.0)
+    return model.eval()
+
+
+@pytest.fixture
+def backbone(tmp_path) -> Path:
+    """A tiny headless backbone file: 16x16 images, 4 patches, 16 values per embedding."""
+    model = tiny_model()
+    return vit.save_weights(
+        model, tmp_path / "backbone.safetensors", preprocess=model.preprocess.to_dict()
+    )
+
+
+def write_images(folder: Path, count: int, seed: int = 0, start: int = 0) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(start, start + count):
+        path = folder / f"{i:04d}.png"
+        Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def subprocess_env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+# -- memory that does not grow with the number of images ---------------------------------------
+@pytest.mark.parametrize(
+    "embedding", ["pooled", "clstoken", "clstoken_avgpool", "last2_clstoken", "output"]
+)
+def test_embeddings_are_copied_out_of_the_token_tensor(embedding):
+    """A view of the (B, N, D) tokens would keep them all alive; each embedding owns its
+    storage, exactly its own size (the pooled class token of a forward pass is such a view)."""
+    model = tiny_model()
+    batch = torch.randn(4, 3, 16, 16)
+    features = embed_batch(model, batch, embedding)
+    assert features.dtype == torch.float32 and features.device.type == "cpu"
+    assert features.untyped_storage().nbytes() == features.numel() * 4
+    with torch.no_grad():
+        view = model.forward_head(model.forward_features(batch), pre_logits=True)
+    assert view.untyped_storage().nbytes() > view.numel() * 4  # what the copy avoids
+
+
+def test_images_are_streamed_a_few_batches_at_a_time(tmp_path, one_thread):
+    """At most about two batches of decoded images are alive at once, whatever the count."""
+    model = tiny_model()
+    paths = write_images(tmp_path / "images", 60)
+    alive, most = set(), [0]
+
+    def load(i: int) -> Image.Image:
+        image = Image.open(paths[i]).convert("RGB")
+        alive.add(i)
+        weakref.finalize(image, alive.discard, i)
+        most[0] = max(most[0], len(alive))
+        return image
+
+    out = tmp_path / "f.npz"
+    result = extract_features(
+        model, [str(p) for p in paths], load, out, batch_size=4, workers=2, shard_images=20
+    )
+    assert result.count == 60 and most[0] <= 2 * 4 + 2
+    keys, features = read_features(out)
+    assert keys.tolist() == [str(p) for p in paths] and features.shape == (60, 16)
+
+
+def test_a_dataset_by_index_with_prepared_tensors(tmp_path, one_thread):
+    """evaluate's use: keys are indices, load(i) returns a prepared (3, H, W) tensor; a load
+    that raises OSError skips its item, listed with its key."""
+    model = tiny_model()
+    images = torch.randn(7, 3, 16, 16)
+
+    def load(i: int) -> torch.Tensor:
+        if i == 5:
+            raise OSError("disk said no")
+        return images[i]
+
+    out = tmp_path / "train.npz"
+    result = extract_features(
+        model, [str(i) for i in range(7)], load, out, embedding="clstoken", shard_images=3
+    )
+    assert (result.count, result.dim, result.errors) == (6, 16, [("5", "disk said no")])
+    keys, features = read_features(out)
+    assert keys.tolist() == ["0", "1", "2", "3", "4", "6"]
+    with torch.no_grad():
+        expected = model.forward_features(images[[0, 1, 2, 3, 4, 6]])[:, 0]
+    np.testing.assert_allclose(features, expected.numpy(), rtol=1e-5, atol=1e-6)
+    assert (tmp_path / "train.npz.errors.txt").read_text() == "5\tdisk said no\n"
+
+
+# -- the feature choices -----------------------------------------------------------------------
+def test_every_embedding_choice_is_what_its_source_computes():
+    model = tiny_model(reg_tokens=2, no_embed_class=True)  # DINOv2 with registers: 3 prefix tokens
+    batch = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():
+        tokens = model.forward_features(batch)  # (3, 3 + 4, 16)
+        x, normed = model._embed(batch), []
+        for block in model.blocks:
+            x = block(x)
+            normed.append(model.norm(x))
+    by_hand = {
+        "pooled": model.forward_head(tokens, pre_logits=True),
+        "clstoken": tokens[:, 0],
+        # DINOv2's linear protocol: class token, then the mean patch token (registers left out)
+        "clstoken_avgpool": torch.cat([tokens[:, 0], tokens[:, 3:].mean(dim=1)], dim=-1),
+        # DINO's n_last_blocks: the last n blocks' normed class tokens, in block order
+        "last2_clstoken": torch.cat([normed[0][:, 0], normed[1][:, 0]], dim=-1),
+        "last1_clstoken": normed[1][:, 0],
+        "output": model(batch),
+    }
+    shapes = {"clstoken_avgpool": (3, 32), "last2_clstoken": (3, 32)}
+    for name, expected in by_hand.items():
+        features = embed_batch(model, batch, check_embedding(model, name))
+        assert features.shape == shapes.get(name, (3, 16)), name
+        torch.testing.assert_close(features, expected, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_clip_image_embeds_is_the_projection_and_is_refused_elsewhere():
+    clip = tiny_model(num_classes=8, pre_norm=True, act_layer="quick_gelu")  # head: projection
+    batch = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(embed_batch(clip, batch, "image_embeds"), clip(batch))
+    for model, names in (
+        (tiny_model(num_classes=8), ["image_embeds"]),  # a classifier: logits, no projection
+        (tiny_model(pre_norm=True), ["image_embeds"]),  # a CLIP tower without its projection
+        (tiny_model(class_token=False, global_pool="avg"), ["clstoken", "last4_clstoken"]),
+        (tiny_model(), ["last3_clstoken", "last0_clstoken", "lastN_clstoken", "cls", ""]),
+    ):
+        for name in names:
+            with pytest.raises(FeaturesError) as caught:
+                check_embedding(model, name)
+            message = str(caught.value)
+            assert "\n" not in message and message.startswith(f"--embedding {name}: "), message
+    with pytest.raises(FeaturesError, match="the model has no class token"):
+        check_embedding(tiny_model(class_token=False, global_pool="map"), "clstoken")
+
+
+def test_predict_takes_every_embedding_choice(backbone, tmp_path, one_thread, capsys):
+    write_images(tmp_path / "images", 3)
+    for name, dim in (("clstoken_avgpool", 32), ("last2_clstoken", 32), ("clstoken", 16)):
+        out = tmp_path / f"{name}.npz"
+        args = [str(tmp_path / "images"), "--checkpoint", str(backbone), "--features", str(out)]
+        assert main([*args, "--embedding", name]) == 0
+        assert read_features(out)[1].shape == (3, dim)
+    assert "(32 values each, the last 2 blocks' class tokens)" in capsys.readouterr().err
+    args = [str(tmp_path / "images"), "--checkpoint", str(backbone)]
+    assert main([*args, "--features", str(tmp_path / "x.npz"), "--embedding", "image_embeds"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --embedding image_embeds: CLIP's")
+    assert not (tmp_path / "x.npz").exists() and not parts_folder(tmp_path / "x.npz").exists()
+
+
+# -- files: overwrite, unreadable images, empty folders, formats -------------------------------
+def test_a_finished_file_is_replaced_only_with_overwrite(tmp_path, one_thread):
+    model = tiny_model()
+    paths = write_images(tmp_path / "images", 5)
+    keys = [str(p) for p in paths]
+    out = tmp_path / "f.csv"
+    out.write_text("precious\n")
+
+    def load(i):
+        return Image.open(paths[i]).convert("RGB")
+
+    with pytest.raises(FeaturesError, match=f"^{out} exists .*add --overwrite"):
+        extract_features(model, keys, load, out)
+    assert out.read_text() == "precious\n" and not parts_folder(out).exists()
+    result = extract_features(model, keys, load, out, overwrite=True)
+    assert result.count == 5 and read_features(out)[0].tolist() == keys
+
+
+def test_predict_refuses_to_replace_an_output_file(tmp_path, one_thread, capsys):
+    model = tiny_model(num_classes=3)
+    checkpoint = vit.save_weights(
+        model, tmp_path / "c.safetensors", preprocess=model.preprocess.to_dict()
+    )
+    write_images(tmp_path / "images", 2)
+    out = tmp_path / "preds.json"
+    args = [str(tmp_path / "images"), "--checkpoint", str(checkpoint), "--output", str(out)]
+    assert main(args) == 0
+    first = out.read_text()
+    assert main(args) == 2
+    assert capsys.readouterr().err.endswith(
+        f"error: --output {out}: exists; add --overwrite to replace it, or choose another file\n"
+    )
+    assert main([*args, "--overwrite"]) == 0 and out.read_text() == first
+
+
+def test_unreadable_images_are_listed_beside_the_file_and_skipped(backbone, tmp_path, capsys):
+    paths = write_images(tmp_path / "images", 6)
+    paths[2].write_bytes(b"not a png")
+    paths[4].write_bytes(b"")
+    out = tmp_path / "out" / "f.npz"
+    code = main(
+        [str(tmp_path / "images"), "--checkpoint", str(backbone), "--features", str(out),
+         "--shard-size", "4", "--batch-size", "3"]
+    )  # fmt: skip
+    assert code == 1  # some images were skipped
+    keys, features = read_features(out)
+    assert keys.tolist() == [str(p) for i, p in enumerate(paths) if i not in (2, 4)]
+    lines = (tmp_path / "out" / "f.npz.errors.txt").read_text().splitlines()
+    assert [line.split("\t")[0] for line in lines] == [str(paths[2]), str(paths[4])]
+    assert all(line.split("\t")[1].startswith("cannot read image") for line in lines)
+    err = capsys.readouterr().err
+    assert "wrote 4 embeddings" in err and f"2 unreadable images listed in {out}.errors" in err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["f.npz", "f.npz.errors.txt"]
+
+
+def test_a_folder_without_images_is_one_line_and_nothing_written(backbone, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "f.npz"
+    assert (
+        main([str(tmp_path / "empty"), "--checkpoint", str(backbone), "--features", str(out)]) == 2
+    )
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {tmp_path / 'empty'}: a folder without")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backbone.safetensors", "empty"]
+
+
+def test_formats_hold_the_same_rows_and_progress_is_a_line_per_shard(
+    backbone, tmp_path, one_thread, capsys
+):
+    write_images(tmp_path / "images", 7)
+    base = [str(tmp_path / "images"), "--checkpoint", str(backbone), "--shard-size", "3"]
+    read = {}
+    for suffix in (".npz", ".csv", ".json"):
+        assert main([*base, "--features", str(tmp_path / f"f{suffix}")]) == 0
+        read[suffix] = read_features(tmp_path / f"f{suffix}")
+    for suffix in (".csv", ".json"):
+        assert read[suffix][0].tolist() == read[".npz"][0].tolist()
+        assert np.array_equal(read[suffix][1], read[".npz"][1])  # 9 digits: exact float32
+    err = capsys.readouterr().err  # not a terminal: a line per shard, no bar
+    assert "shard 1/3: 3/7 images" in err and "shard 3/3: 7/7 images" in err
+    assert "images/s" in err and "left" in err
+    assert DEFAULT_SHARD_IMAGES == PREDICT_SHARD_IMAGES  # predict's --help states it
+
+
+# -- kill and continue -------------------------------------------------------------------------
+def test_a_killed_run_continues_from_its_last_shard_to_the_uninterrupted_file(
+    backbone, tmp_path, one_thread, capsys
+):
+    """A run killed in the middle, run again, writes the file an uninterrupted run writes: the
+    same rows in the same order, the same values. The kill comes while the run waits on a named
+    pipe (an image that never arrives), after the shards before it were written."""
+    write_images(tmp_path / "a", 30)
+    write_images(tmp_path / "b", 69, seed=1, start=31)
+    pipe = tmp_path / "0030.png"
+    os.mkfifo(pipe)
+    out = tmp_path / "f.npz"
+    job = [str(tmp_path / "a"), str(pipe), str(tmp_path / "b"), "--checkpoint", str(backbone),
+           "--shard-size", "10", "--batch-size", "4", "--workers", "1"]  # fmt: skip
+    args = [*job, "--features", str(out)]
+    command = [sys.executable, "-m", "vit.predict", *args]
+    process = subprocess.Popen(command, env=subprocess_env(), stderr=subprocess.PIPE)
+    parts = parts_folder(out)
+    deadline = time.monotonic() + 120
+    while len(list(parts.glob("shard-*.npz"))) < 3:  # items 0-29; item 30 never comes
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.monotonic() < deadline, "no shard was written"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    process.stderr.close()
+    assert not out.exists() and len(list(parts.glob("shard-*.npz"))) == 3
+    pipe.unlink()
+    write_images(tmp_path, 1, seed=2, start=30)  # the image arrives: 0030.png
+
+    # another job's parts are refused in one line, and left as they are
+    assert main([*args, "--embedding", "clstoken"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{parts} holds the parts of another job" in err
+    assert len(list(parts.glob("shard-*.npz"))) == 3
+
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "wrote 100 embeddings" in err and "3 shards from an earlier run" in err
+    assert not parts.exists()
+    whole = tmp_path / "whole.npz"
+    assert main([*job, "--features", str(whole)]) == 0
+    resumed_keys, resumed = read_features(out)
+    keys, features = read_features(whole)
+    assert resumed_keys.tolist() == keys.tolist() and len(set(keys.tolist())) == 100
+    assert keys[30] == str(tmp_path / "0030.png")
+    assert np.array_equal(resumed, features)
+
+
+# -- torchrun ----------------------------------------------------------------------------------
+def test_two_processes_under_torchrun_write_the_single_process_file(backbone, tmp_path):
+    write_images(tmp_path / "images", 13)
+    common = [str(tmp_path / "images"), "--checkpoint", str(backbone), "--device", "cpu",
+              "--shard-size", "3", "--batch-size", "2"]  # fmt: skip
+    single, double = tmp_path / "single.npz", tmp_path / "two.npz"
+    done = subprocess.run(
+        [sys.executable, "-m", "vit.predict", *common, "--features", str(single)],
+        env=subprocess_env(), capture_output=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    done = subprocess.run(
+        [sys.executable, "-m", "vit.distributed", "--standalone", "--nproc_per_node", "2",
+         "-m", "vit.predict", *common, "--features", str(double)],
+        env=subprocess_env(), capture_output=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert done.stderr.decode().count("wrote 13 embeddings") == 1  # rank 0 says it
+    assert double.read_bytes() == single.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "backbone.safetensors", "images", "single.npz", "two.npz"
+    ]  # fmt: skip
+
+
+# -- the picture of a backbone -----------------------------------------------------------------
+def test_a_headless_backbone_explains_with_last_block_maps(backbone, tmp_path, one_thread, capsys):
+    write_images(tmp_path / "images", 2)
+    maps = tmp_path / "maps"
+    assert (
+        main([str(tmp_path / "images"), "--checkpoint", str(backbone), "--explain", str(maps)]) == 0
+    )
+    pngs = sorted(p.name for p in maps.iterdir())
+    assert pngs == ["0000.png", "0001.png"]
+    assert "wrote 2 attention maps" in capsys.readouterr().err
+    with Image.open(maps / "0000.png") as png:
+        assert png.width > 200 and png.height > 100
+    heads = vit.explain.last_block_attention(tiny_model(), torch.randn(1, 3, 16, 16))
+    fig = head_maps_figure(np.zeros((16, 16, 3)), heads[0], "x. Weights: backbone.safetensors")
+    assert len(fig.axes) == 1 + 2 + 1  # the image, one panel per head, the colour bar
+    assert fig.axes[-1].get_ylabel().startswith("attention")
+    assert "Weights: backbone.safetensors" in fig._suptitle.get_text()
+
+
+def test_dinov2_linear_protocol_features_equal_transformers_tokens(tmp_path, one_thread):
+    """../shared/data/dinov2-small: clstoken_avgpool is transformers' last_hidden_state class
+    token beside the mean of its patch tokens; clstoken its pooler_output."""
+    folder = Path(os.environ.get("VIT_DINOV2", ROOT.parent / "shared" / "data" / "dinov2-small"))
+    if not folder.is_dir():
+        pytest.skip(f"the shared DINOv2 folder is not at {folder}")
+    from transformers import Dinov2Model
+
+    image = tmp_path / "photo.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (240, 300, 3), np.uint8)).save(image)
+    model = vit.load_model(folder)
+    pixels = vit.create_transform(model.preprocess)(Image.open(image).convert("RGB"))[None]
+    with torch.no_grad():
+        theirs = Dinov2Model.from_pretrained(folder).eval()(pixel_values=pixels)
+    tokens = theirs.last_hidden_state  # (1, 1 + 256, 384)
+    expected = torch.cat([tokens[:, 0], tokens[:, 1:].mean(dim=1)], dim=-1)
+    for name, reference in (("clstoken_avgpool", expected), ("clstoken", theirs.pooler_output)):
+        out = tmp_path / f"{name}.npz"
+        assert main([str(image), "--checkpoint", str(folder), "--features", str(out),
+                     "--embedding", name]) == 0  # fmt: skip
+        np.testing.assert_allclose(read_features(out)[1], reference.numpy(), rtol=1e-4, atol=1e-4)
