@@ -8,9 +8,9 @@ kNN, as DINO's `eval_knn.py` and DINOv2's `dinov2/eval/knn.py` evaluate (Caron e
 Wu et al. 2018): features L2-normalised, cosine similarity to every training image, the k most
 similar vote for their class with weight exp(similarity / T), T = 0.07; the class with the
 largest vote is the prediction (ties: the lower class index). Test images are taken in blocks
-whose similarity matrix (block, N_train) stays under a fixed number of elements, so memory is
-bounded for any number of training images. k larger than the training set is refused, as
-both sources refuse it (their `topk` fails).
+whose similarity matrix (block, N_train) and votes (block, k, classes) stay under a fixed
+number of elements, so memory is bounded for any number of training images. k larger than
+the training set is refused, as both sources refuse it (their `topk` fails).
 
 Linear probe, the CLIP protocol (Radford et al. 2021, appendix A.3): multinomial logistic
 regression on the raw frozen features (CLIP standardises nothing), L2 penalty λ/2 ||W||² on the
@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 KNN_KS = (10, 20, 100, 200)  # DINO's and DINOv2's
 KNN_LEAD_K = 20  # the figure reports lead with
 KNN_TEMPERATURE = 0.07
-# At most this many similarities (test block x training images) at once: 256 MB of float32,
-# e.g. 64 test images against 1M training images.
+# At most this many similarities (test block x training images), and votes (test block x k x
+# classes), at once: 256 MB of float32, e.g. 64 test images against 1M training images.
 SIMILARITY_BUDGET = 1 << 26
 
 HELDOUT_FRACTION = 0.2
@@ -242,7 +242,8 @@ def knn_rankings(
     check_ks(ks, len(train))
     num_classes = int(labels.max()) + 1 if num_classes is None else num_classes
     max_k = max(ks)
-    block = block_size or max(1, SIMILARITY_BUDGET // len(train))
+    # the similarities (b, N) and the votes (b, max_k, C) both within the budget
+    block = block_size or max(1, SIMILARITY_BUDGET // max(len(train), max_k * num_classes))
     rankings: dict[int, list[torch.Tensor]] = {k: [] for k in ks}
     for start in range(0, len(test), block):
         similarity = test[start : start + block] @ train.T  # (b, N)
