@@ -322,10 +322,11 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
             f"feature extractor): nothing to evaluate; score its features with --knn and/or "
             f"--linear-probe, or embed images with python -m vit.predict --features FILE"
         )
-    features = None
-    if probing:  # the features first: a mistake is said before anything is written
-        features = split_features(args, model, device, out_dir)
-    report = evaluate_head(args, model, device, out_dir) if model.num_classes > 0 else {}
+    # Every mistake is said before anything is written: the head's data (its classes must be
+    # the model's) and the features (k, finite values) are checked before the head is scored.
+    scored_data = head_data(args, model) if model.num_classes > 0 else None
+    features = split_features(args, model, device, out_dir) if probing else None
+    report = {} if scored_data is None else evaluate_head(args, model, device, out_dir, scored_data)
     report.update(checkpoint=model_argument(args), data=args.data, split=args.split)
     if features is not None:
         report.update(score_features(args, *features))
@@ -333,17 +334,11 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     return report
 
 
-def evaluate_head(
-    args: argparse.Namespace, model: VisionTransformer, device: torch.device, out_dir: Path
-) -> dict:
-    """The head's top-1, top-5, per-class accuracy and confusion matrix on --split; writes
-    the confusion matrix PNG into `out_dir`."""
+def head_data(args: argparse.Namespace, model: VisionTransformer) -> tuple[ImageDataset, list[int]]:
+    """The --split images the head is scored on, labelled in the model's index space, and the
+    map from the data's classes to the model's (a mismatch raises ValueError)."""
     from vit.data import load_split
-    from vit.distributed import DistInfo
-    from vit.engine import evaluate
     from vit.factory import class_names_for
-    from vit.loaders import eval_loader
-    from vit.plots import plot_confusion_matrix, save_figure
     from vit.transforms import EvalTransform
 
     data = load_split(
@@ -355,9 +350,26 @@ def evaluate_head(
         transform=EvalTransform(model.preprocess),
     )
     mapping = label_mapping(data.class_names, model)
-    class_names = class_names_for(model)  # the names predict prints
     # Labels in the model's index space; the confusion matrix is over the model's classes.
-    dataset = data.relabel(mapping, class_names)
+    return data.relabel(mapping, class_names_for(model)), mapping
+
+
+def evaluate_head(
+    args: argparse.Namespace,
+    model: VisionTransformer,
+    device: torch.device,
+    out_dir: Path,
+    data: tuple[ImageDataset, list[int]],
+) -> dict:
+    """The head's top-1, top-5, per-class accuracy and confusion matrix on `data` (from
+    `head_data`); writes the confusion matrix PNG into `out_dir`."""
+    from vit.distributed import DistInfo
+    from vit.engine import evaluate
+    from vit.loaders import eval_loader
+    from vit.plots import plot_confusion_matrix, save_figure
+
+    dataset, mapping = data
+    class_names = dataset.class_names
     loader = eval_loader(
         dataset,
         batch_size=args.batch_size,

@@ -264,7 +264,9 @@ def test_mistakes_are_one_line_and_write_nothing(
         broken.norm.weight.fill_(float("nan"))
     vit.save_weights(broken, tmp_path / "nan.safetensors", ["blue", "green", "red"], "tiny")
     head = checkpoint / "head.safetensors"
+    other_classes = make_images(tmp_path / "cats", classes=("cat", "dog"), train_per_class=2)
     cases = [
+        (head, other_classes, ["--knn", "--knn-k", "1"], "are not among the model's class names"),
         (head, no_train, ["--knn"], "has no train/ subfolder"),
         (head, image_folder, ["--knn"], "k = 100, 200: k must be between 1 and the number of "),
         (head, image_folder, ["--knn", "--knn-k", "20", "49"], "k = 49: k must be between 1"),
