@@ -267,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     print_probes(report)
     written = [report["confusion_matrix_png"]] if "confusion_matrix_png" in report else []
     written += [split["path"] for split in report.get("features", {}).get("splits", {}).values()]
-    print(f"evaluate.py: wrote {', '.join([*written, str(json_path)])}", file=sys.stderr)
+    print(
+        f"evaluate.py: wrote {', '.join(written) + ' and ' if written else ''}{json_path}",
+        file=sys.stderr,
+    )
     return 0
 
 
