@@ -69,7 +69,7 @@ def model_digest(model: torch.nn.Module) -> str:
     digest = hashlib.sha256(type(model).__name__.encode())
     for name, tensor in model.state_dict().items():
         digest.update(f"{name}\0{tuple(tensor.shape)}\0{tensor.dtype}\n".encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:32]
 
 
