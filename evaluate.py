@@ -14,6 +14,20 @@ model's classes by name; on a 1000-class ImageNet head without stored names, by 
 (folders n01440764, ...: whichever subset of the 1000 is present), reported under the labels
 predict prints ("tench, Tinca tinca").
 
+A backbone's features, headless or not, are scored with --knn (weighted kNN, DINO's protocol:
+cosine similarity, the k nearest training images vote with weight exp(similarity / 0.07),
+k = 10, 20, 100, 200) and --linear-probe (CLIP's: logistic regression, its L2 strength chosen
+on a held-out part of the training split, refitted on all of it); both fit on the data's
+train/ split and score its test/ (or val/) split (`vit.probe`):
+
+    python evaluate.py --checkpoint path/to/dinov2-folder --data path/to/folder --knn --linear-probe
+
+The pooled embedding of each image is extracted once per split and kept beside the report
+(OUTPUT_DIR/features-train.npz, features-test.npz, with the model's and data's digests): a
+second evaluation of the same model on the same data reuses them. --subset N bounds both
+splits for a quick look (stratified by class), --train-subset N the training split alone. A
+model with a head is scored by its head too, beside its features.
+
 Outputs (confusion_matrix.png, report.json) go to --output-dir, by default RUN/eval-DATA/ for a
 run folder or a run's weights file, and ./eval-NAME-DATA/ for any other file or a model name
 (never silently into a folder of weights); the last line says where they went.
@@ -25,6 +39,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +57,10 @@ from vit.cli import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from vit.data import ImageDataset
     from vit.model import VisionTransformer
 
 RUN_WEIGHTS = ("model.safetensors", "best.safetensors")  # the names a run folder's weights have
@@ -62,7 +81,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-root", default="data", help="where CIFAR is downloaded")
     p.add_argument("--split", default="test", choices=("test", "train"))
     p.add_argument(
-        "--subset", type=number_in(AT_LEAST_1), help="evaluate on N images, stratified by class"
+        "--subset",
+        type=number_in(AT_LEAST_1),
+        help="evaluate on N images, stratified by class (with --knn/--linear-probe also N "
+        "training images, unless --train-subset says otherwise)",
+    )
+    p.add_argument(
+        "--train-subset",
+        type=number_in(AT_LEAST_1),
+        help="--knn/--linear-probe: fit on N training images, stratified by class",
+    )
+    p.add_argument(
+        "--knn",
+        action="store_true",
+        help="score the model's features by weighted kNN against the train split (DINO's "
+        "protocol; see vit.probe)",
+    )
+    p.add_argument(
+        "--knn-k",
+        type=number_in(AT_LEAST_1),
+        nargs="+",
+        default=[10, 20, 100, 200],
+        metavar="K",
+        help="the k of --knn (default: 10 20 100 200; the report leads with 20)",
+    )
+    p.add_argument(
+        "--linear-probe",
+        action="store_true",
+        help="score the model's features by logistic regression fitted on the train split, "
+        "its L2 strength chosen on a held-out part of it (CLIP's protocol; see vit.probe)",
+    )
+    p.add_argument(
+        "--seed",
+        type=number_in(AT_LEAST_0),
+        default=0,
+        help="picks --subset/--train-subset images and the linear probe's held-out part",
     )
     p.add_argument("--batch-size", type=number_in(AT_LEAST_1), default=256)
     workers = default_workers()
@@ -181,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     problem = missing_model_argument(args)
     if problem:
         parser.error(problem)
+    if (args.knn or args.linear_probe) and args.split == "train":
+        parser.error(
+            f"{probe_flags(args)} fit on the train split and score the test split: leave out "
+            f"--split train"
+        )
     out_dir = args.output_dir or default_output_dir(model_argument(args), args.data, args.split)
     json_path = args.json or out_dir / "report.json"
     for flag, path, folder in (("--output-dir", out_dir, True), ("--json", json_path, False)):
@@ -195,55 +253,126 @@ def main(argv: list[str] | None = None) -> int:
     except (CorruptImageError, FileNotFoundError, ValueError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2
-    print(
-        f"top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
-        f"on {report['num_images']} images"
-    )
+    if "top1" in report:
+        print(
+            f"top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
+            f"on {report['num_images']} images"
+        )
     if "tta" in report:
         tta = report["tta"]
         print(
             f"top-1 {100 * tta['top1']:.2f}%  top-5 {100 * tta['top5']:.2f}%  "
             f"with {tta['method']} test-time augmentation"
         )
-    print(f"evaluate.py: wrote {report['confusion_matrix_png']} and {json_path}", file=sys.stderr)
+    print_probes(report)
+    written = [report["confusion_matrix_png"]] if "confusion_matrix_png" in report else []
+    written += [split["path"] for split in report.get("features", {}).get("splits", {}).values()]
+    print(
+        f"evaluate.py: wrote {', '.join(written) + ' and ' if written else ''}{json_path}",
+        file=sys.stderr,
+    )
     return 0
 
 
-def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
-    """Evaluate, then write the confusion matrix PNG into `out_dir` and the report to
-    `json_path`; returns the report."""
-    from vit.data import load_split
-    from vit.distributed import DistInfo, resolve_device
-    from vit.engine import evaluate
-    from vit.factory import class_names_for, model_from_flags
-    from vit.io import atomic_write
-    from vit.loaders import eval_loader
-    from vit.plots import plot_confusion_matrix, save_figure
-    from vit.transforms import EvalTransform
+def probe_flags(args: argparse.Namespace) -> str:
+    """The feature-scoring flags given, as the user wrote them: "--knn and --linear-probe"."""
+    given = (("--knn", args.knn), ("--linear-probe", args.linear_probe))
+    return " and ".join(flag for flag, on in given if on)
 
+
+def print_probes(report: dict) -> None:
+    """The kNN table (k | top-1 | top-5) and the linear probe's line, for what was run."""
+    if "knn" in report:
+        knn = report["knn"]
+        print(
+            f"kNN on {knn['embedding']} features: {knn['train_images']} train / "
+            f"{knn['test_images']} test images, cosine, T = {knn['temperature']:g}"
+        )
+        print(f"{'k':>5}  {'top-1':>7}  {'top-5':>7}")
+        for k, scores in knn["by_k"].items():
+            print(f"{k:>5}  {100 * scores['top1']:6.2f}%  {100 * scores['top5']:6.2f}%")
+    if "linear_probe" in report:
+        probe = report["linear_probe"]
+        print(
+            f"linear probe: top-1 {100 * probe['top1']:.2f}%  top-5 {100 * probe['top5']:.2f}%  "
+            f"(L2 {probe['l2']:.3g}, chosen among {len(probe['search'])} on "
+            f"{probe['heldout_images']} held-out training images)"
+        )
+
+
+def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
+    """Evaluate the model's head (if it has one) and, with --knn/--linear-probe, its features;
+    write the report to `json_path` (and the confusion matrix PNG, feature caches into
+    `out_dir`); returns the report."""
+    from vit.distributed import DistInfo, resolve_device
+    from vit.factory import model_from_flags
+    from vit.io import atomic_write
+
+    probing = args.knn or args.linear_probe
     problem = data_problem(args.data, args.split)
     if problem:  # before the model: loading one can take a while
         raise FileNotFoundError(problem)
+    if probing:
+        problem = data_problem(args.data, "train")
+        if problem:
+            raise FileNotFoundError(f"{problem} ({probe_flags(args)} fit on the training split)")
     device = resolve_device(args.device, DistInfo())
     model = model_from_flags(args).to(device)
-    if model.num_classes == 0:
+    if model.num_classes == 0 and not probing:
         flag = "--checkpoint" if args.checkpoint is not None else "--model"
         raise ValueError(
             f"{flag} {model_argument(args)}: the model has no classifier head (num_classes=0, a "
-            f"feature extractor): nothing to evaluate; python -m vit.predict --features FILE "
-            f"embeds images with it"
+            f"feature extractor): nothing to evaluate; score its features with --knn and/or "
+            f"--linear-probe, or embed images with python -m vit.predict --features FILE"
         )
+    # Every mistake is said before anything is written: the head's data (its classes must be
+    # the model's) and the features (k, finite values) are checked before the head is scored.
+    scored_data = head_data(args, model) if model.num_classes > 0 else None
+    features = split_features(args, model, device, out_dir) if probing else None
+    report = {} if scored_data is None else evaluate_head(args, model, device, out_dir, scored_data)
+    report.update(checkpoint=model_argument(args), data=args.data, split=args.split)
+    if features is not None:
+        report.update(score_features(args, *features))
+    atomic_write(Path(json_path), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
+    return report
+
+
+def head_data(args: argparse.Namespace, model: VisionTransformer) -> tuple[ImageDataset, list[int]]:
+    """The --split images the head is scored on, labelled in the model's index space, and the
+    map from the data's classes to the model's (a mismatch raises ValueError)."""
+    from vit.data import load_split
+    from vit.factory import class_names_for
+    from vit.transforms import EvalTransform
+
     data = load_split(
         args.data,
         args.split,
         args.data_root,
         subset=args.subset,
+        seed=args.seed,
         transform=EvalTransform(model.preprocess),
     )
     mapping = label_mapping(data.class_names, model)
-    class_names = class_names_for(model)  # the names predict prints
     # Labels in the model's index space; the confusion matrix is over the model's classes.
-    dataset = data.relabel(mapping, class_names)
+    return data.relabel(mapping, class_names_for(model)), mapping
+
+
+def evaluate_head(
+    args: argparse.Namespace,
+    model: VisionTransformer,
+    device: torch.device,
+    out_dir: Path,
+    data: tuple[ImageDataset, list[int]],
+) -> dict:
+    """The head's top-1, top-5, per-class accuracy and confusion matrix on `data` (from
+    `head_data`); writes the confusion matrix PNG into `out_dir`."""
+    from vit.distributed import DistInfo
+    from vit.engine import evaluate
+    from vit.loaders import eval_loader
+    from vit.plots import plot_confusion_matrix, save_figure
+
+    dataset, mapping = data
+    class_names = dataset.class_names
     loader = eval_loader(
         dataset,
         batch_size=args.batch_size,
@@ -277,9 +406,6 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
         "per_class": {class_names[i]: result["per_class"][i] for i in present},
         "num_images": result["num_images"],
         "loss": result["loss"],
-        "checkpoint": model_argument(args),
-        "data": args.data,
-        "split": args.split,
         "confusion_matrix": confusion.tolist(),
         "confusion_matrix_png": str(png),
     }
@@ -290,7 +416,106 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
             **{key: tta[key] for key in ("top1", "top5", "loss")},
             "per_class": {class_names[i]: tta["per_class"][i] for i in present},
         }
-    atomic_write(Path(json_path), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
+    return report
+
+
+def probe_splits(args: argparse.Namespace, model: VisionTransformer) -> dict[str, ImageDataset]:
+    """The train and test splits the features are taken from, both labelled by the train
+    split's classes (--train-subset, else --subset, bounds the first; --subset the second)."""
+    from vit.data import load_split
+    from vit.transforms import EvalTransform
+
+    splits = {}
+    for split, subset in (("train", args.train_subset or args.subset), ("test", args.subset)):
+        splits[split] = load_split(
+            args.data,
+            split,
+            args.data_root,
+            subset=subset,
+            seed=args.seed,
+            transform=EvalTransform(model.preprocess),
+        )
+    train, test = splits["train"], splits["test"]
+    unknown = [name for name in test.class_names if name not in train.class_names]
+    if unknown:
+        raise ValueError(
+            f"--data {args.data}: test classes {unknown[:10]} have no training images; the "
+            f"train split's classes are {train.class_names[:10]}"
+        )
+    mapping = [train.class_names.index(name) for name in test.class_names]
+    splits["test"] = test.relabel(mapping, train.class_names)
+    return splits
+
+
+def split_features(
+    args: argparse.Namespace, model: VisionTransformer, device: torch.device, out_dir: Path
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict]:
+    """The model's pooled features (N, D) and labels (N,) of the train and test splits, by
+    split name, extracted once into OUTPUT_DIR/features-{train,test}.npz (reused when they
+    match), and what the extraction took."""
+    from vit.probe import check_ks, dataset_features
+
+    splits = probe_splits(args, model)
+    if args.knn:  # before the extraction: a mistake is said at once
+        check_ks(args.knn_k, len(splits["train"]))
+    features, labels, extraction = {}, {}, {}
+    for split, dataset in splits.items():
+        cache = out_dir / f"features-{split}.npz"
+        before = cache.stat().st_mtime_ns if cache.is_file() else None
+        start = time.perf_counter()
+        features[split], labels[split] = dataset_features(
+            model,
+            dataset,
+            cache,
+            identity={"embedding": "pooled"},
+            batch_size=args.batch_size,
+            workers=args.workers,
+            device=device,
+            amp=args.amp,
+        )
+        seconds = time.perf_counter() - start
+        reused = before is not None and cache.stat().st_mtime_ns == before
+        extraction[split] = {
+            "path": str(cache),
+            "images": len(dataset),
+            "dim": int(features[split].shape[1]),
+            "reused": reused,
+            "seconds": seconds,
+            **({} if reused else {"images_per_s": len(dataset) / seconds}),
+        }
+    return features, labels, {"embedding": "pooled", "splits": extraction}
+
+
+def score_features(
+    args: argparse.Namespace,
+    features: dict[str, np.ndarray],
+    labels: dict[str, np.ndarray],
+    extraction: dict,
+) -> dict:
+    """The report's `features`, and with --knn `knn_top1` and `knn`, with --linear-probe
+    `linear_probe_top1` and `linear_probe`."""
+    from vit.probe import KNN_LEAD_K, KNN_TEMPERATURE, knn_accuracy, linear_probe
+
+    report: dict = {"features": extraction}
+    train, test = (features["train"], labels["train"]), (features["test"], labels["test"])
+    if args.knn:
+        ks = sorted(set(args.knn_k))
+        by_k = knn_accuracy(*train, *test, ks=ks)
+        lead = KNN_LEAD_K if KNN_LEAD_K in by_k else ks[0]
+        report["knn_top1"] = by_k[lead]["top1"]
+        report["knn"] = {
+            "lead_k": lead,
+            "by_k": {str(k): scores for k, scores in by_k.items()},
+            "temperature": KNN_TEMPERATURE,
+            "similarity": "cosine (L2-normalised features)",
+            "embedding": extraction["embedding"],
+            "train_images": len(train[1]),
+            "test_images": len(test[1]),
+        }
+    if args.linear_probe:
+        probe = linear_probe(*train, *test, seed=args.seed)
+        report["linear_probe_top1"] = probe["top1"]
+        report["linear_probe"] = {"embedding": extraction["embedding"], **probe}
     return report
 
 

@@ -266,8 +266,9 @@ def test_feature_extractor_folders_of_every_family_are_read_by_every_command(
     err = capsys.readouterr().err
     assert err == (
         f"evaluate.py: error: --checkpoint {folder}: the model has no classifier head "
-        f"(num_classes=0, a feature extractor): nothing to evaluate; python -m vit.predict "
-        f"--features FILE embeds images with it\n"
+        f"(num_classes=0, a feature extractor): nothing to evaluate; score its features with "
+        f"--knn and/or --linear-probe, or embed images with python -m vit.predict --features "
+        f"FILE\n"
     )
 
 
