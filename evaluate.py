@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
         "its L2 strength chosen on a held-out part of it (CLIP's protocol; see vit.probe)",
     )
     p.add_argument(
+        "--embedding",
+        default="pooled",
+        metavar="NAME",
+        help="the features --knn and --linear-probe score: pooled (default: the pre-logits "
+        "features), clstoken, clstoken_avgpool (DINOv2's linear protocol), last4_clstoken "
+        "(DINO's; any lastN_clstoken), image_embeds (CLIP's projection), output",
+    )
+    p.add_argument(
         "--seed",
         type=number_in(AT_LEAST_0),
         default=0,
@@ -453,8 +461,10 @@ def split_features(
     """The model's pooled features (N, D) and labels (N,) of the train and test splits, by
     split name, extracted once into OUTPUT_DIR/features-{train,test}.npz (reused when they
     match), and what the extraction took."""
+    from vit.features import check_embedding
     from vit.probe import check_ks, dataset_features
 
+    check_embedding(model, args.embedding)  # before the data is read: a mistake is said at once
     splits = probe_splits(args, model)
     if args.knn:  # before the extraction: a mistake is said at once
         check_ks(args.knn_k, len(splits["train"]))
@@ -467,7 +477,7 @@ def split_features(
             model,
             dataset,
             cache,
-            identity={"embedding": "pooled"},
+            identity={"embedding": args.embedding},
             batch_size=args.batch_size,
             workers=args.workers,
             device=device,
@@ -483,7 +493,7 @@ def split_features(
             "seconds": seconds,
             **({} if reused else {"images_per_s": len(dataset) / seconds}),
         }
-    return features, labels, {"embedding": "pooled", "splits": extraction}
+    return features, labels, {"embedding": args.embedding, "splits": extraction}
 
 
 def score_features(

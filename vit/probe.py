@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -115,47 +114,47 @@ def read_cached_features(cache_path: Path, identity: dict) -> tuple[np.ndarray, 
 def extract_features(
     model: VisionTransformer,
     dataset: ImageDataset,
+    work_path: Path,
     *,
+    embedding: str = "pooled",
     batch_size: int = 256,
     workers: int = 0,
     device: torch.device | str = "cpu",
     amp: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The pooled pre-logits embedding (`forward_head(tokens, pre_logits=True)`) of every image
-    of `dataset`, in its order: features (N, D) float32 and labels (N,) int64. Each batch's
-    features are copied into one preallocated array, so memory does not grow with N beyond it."""
-    from .distributed import DistInfo
+    """The embedding (`vit.features.EMBEDDINGS`, the pooled pre-logits one by default) of every
+    image of `dataset` (prepared by its own transform), in its order: features (N, D) float32
+    and labels (N,) int64. Extracted by the resumable engine `vit.features.extract_features`:
+    its shards are kept beside `work_path` as they are done, so a killed extraction continues
+    where it stopped when run again; memory does not grow with N beyond the result."""
     from .engine import autocast
-    from .loaders import eval_loader
+    from .features import extract_features as embed_items
+    from .features import read_features
 
-    device = torch.device(device)
-    loader = eval_loader(
-        dataset, batch_size=batch_size, workers=workers, info=DistInfo(), pin=device.type == "cuda"
-    )
-    model = model.eval()
-    features: np.ndarray | None = None
-    done, start, last_log = 0, time.perf_counter(), time.perf_counter()
-    with torch.inference_mode():
-        for images, _ in loader:
-            with autocast(device, amp, "bfloat16"):
-                tokens = model.forward_features(images.to(device))  # (B, N, D)
-                pooled = model.forward_head(tokens, pre_logits=True)  # (B, D)
-            if pooled.ndim != 2 or pooled.shape[1] == 0:
-                raise ValueError(
-                    f"the model gives no pooled embedding (its pre-logits output has shape "
-                    f"{tuple(pooled.shape)}, not (images, features)): kNN and the linear probe "
-                    f"need one feature vector per image"
-                )
-            if features is None:
-                features = np.empty((len(dataset), pooled.shape[1]), dtype=np.float32)
-            features[done : done + len(pooled)] = pooled.float().cpu().numpy()
-            done += len(pooled)
-            if time.perf_counter() - last_log > 30:
-                last_log = time.perf_counter()
-                rate = done / (last_log - start)
-                log.info("features: %d/%d images, %.0f images/s", done, len(dataset), rate)
-    if features is None:
+    if len(dataset) == 0:
         raise ValueError("no images to extract features from")
+    # A finished work file is an earlier job's whose cache was never written: not resumable work.
+    work_path.unlink(missing_ok=True)
+    device = torch.device(device)
+    with autocast(device, amp, "bfloat16"):
+        result = embed_items(
+            model,
+            keys=[str(i) for i in range(len(dataset))],
+            load=lambda i: dataset[i][0],  # a prepared (3, H, W) tensor
+            out=work_path,
+            embedding=embedding,
+            batch_size=batch_size,
+            workers=max(1, workers),
+            device=device,
+        )
+    if result.errors:
+        index, reason = result.errors[0]
+        raise ValueError(
+            f"{len(result.errors)} image(s) could not be read (listed in {result.errors_path}); "
+            f"the first, image {index}: {reason}"
+        )
+    _, features = read_features(work_path)
+    work_path.unlink()
     if not np.isfinite(features).all():
         raise ValueError(
             "the model's features hold NaN or infinite values: its weights cannot be scored "
@@ -196,7 +195,14 @@ def dataset_features(
     if cache_path.exists():
         log.info("features: %s was made for another model or data; extracting anew", cache_path)
     features, labels = extract_features(
-        model, dataset, batch_size=batch_size, workers=workers, device=device, amp=amp
+        model,
+        dataset,
+        cache_path.with_name(f"{cache_path.stem}.extracting.npz"),
+        embedding=identity.get("embedding", "pooled"),
+        batch_size=batch_size,
+        workers=workers,
+        device=device,
+        amp=amp,
     )
 
     def save(tmp: Path) -> None:
