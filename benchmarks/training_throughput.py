@@ -4,10 +4,14 @@ machine, and how close it comes to the machine's float32 matmul peak.
     python benchmarks/training_throughput.py                       # the default grid
     python benchmarks/training_throughput.py --threads 1 --sizes 16 32 --patch-drop 0 0.5
     python benchmarks/training_throughput.py --threads 1 --sizes 32 --opt adamw muon
+    python benchmarks/training_throughput.py --threads 1 --sizes 32 --dtypes float32 bfloat16
 
 GFLOP/s counts the step's matmul, convolution and attention FLOPs (forward and backward, as
 torch.utils.flop_counter counts them) per second; "% peak" divides it by the float32 matmul
-peak measured first, in the same run, with the same threads (a 1024^3 matmul).
+peak measured first, in the same run, with the same threads (a 1024^3 matmul); bfloat16 rows
+(`--dtypes bfloat16`: the step under `torch.autocast("cpu", torch.bfloat16)`, as `train.py --amp`
+runs it) are also set against the bfloat16 matmul peak, measured the same way. The processor's
+instruction sets are printed first: bfloat16 is fast only where the CPU has AVX512-BF16 or AMX.
 
 Every (shape, image size, patch-drop rate) row is timed in alternating rounds with the others,
 so that a change in machine load hits every row alike; each row reports its median round.
@@ -17,6 +21,7 @@ Compare rows of one run, not figures across runs.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 
@@ -38,9 +43,9 @@ SHAPES = {
 }
 
 
-def matmul_peak_gflops(size: int = 1024, repeats: int = 20) -> float:
-    """The best of `repeats` float32 (size x size) @ (size x size) matmuls, in GFLOP/s."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+def matmul_peak_gflops(size: int = 1024, repeats: int = 20, dtype=torch.float32) -> float:
+    """The best of `repeats` (size x size) @ (size x size) matmuls in `dtype`, in GFLOP/s."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
@@ -57,8 +62,22 @@ def step_flops(step) -> int:
     return counter.get_total_flops()
 
 
-def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float, opt: str):
-    """A closure running one training step on a fixed random batch; returns the model too."""
+def cpu_flags() -> str:
+    """The vector instruction sets of this CPU that matter here (from /proc/cpuinfo)."""
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next(
+                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
+            )
+    except OSError:
+        return "unknown"
+    return " ".join(flag for flag in wanted if flag in flags) or "none of " + " ".join(wanted)
+
+
+def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float, opt: str, dtype: str):
+    """A closure running one training step on a fixed random batch (the forward pass and loss
+    under bfloat16 autocast for dtype "bfloat16"); returns the model too."""
     torch.manual_seed(0)
     model = vit.create_model(
         "vit_cifar_patch4_32",
@@ -72,7 +91,8 @@ def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float, op
     labels = torch.randint(0, 10, (batch_size,))
 
     def step() -> None:
-        loss = F.cross_entropy(model(images), labels)
+        with torch.autocast("cpu", torch.bfloat16, enabled=dtype == "bfloat16"):
+            loss = F.cross_entropy(model(images), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -87,22 +107,25 @@ def main() -> None:
     parser.add_argument("--patch-drop", nargs="+", type=float, default=[0.0])
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--opt", nargs="+", default=["adamw"], choices=["adamw", "muon"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="training steps per round")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    peak = matmul_peak_gflops()
+    peaks = {"float32": matmul_peak_gflops()}
+    if "bfloat16" in args.dtypes:
+        peaks["bfloat16"] = matmul_peak_gflops(dtype=torch.bfloat16)
     rows = {}
     for label in args.shapes:
         for size in args.sizes:
             for drop in args.patch_drop:
-                for opt in args.opt:
-                    model, step = make_step(SHAPES[label], size, args.batch_size, drop, opt)
+                for opt, dtype in itertools.product(args.opt, args.dtypes):
+                    model, step = make_step(SHAPES[label], size, args.batch_size, drop, opt, dtype)
                     step()  # warm-up: allocator, kernels
                     params = sum(p.numel() for p in model.parameters()) / 1e6
-                    rows[(label, size, drop, opt)] = {
+                    rows[(label, size, drop, opt, dtype)] = {
                         "step": step,
                         "times": [],
                         "params": params,
@@ -115,23 +138,26 @@ def main() -> None:
                 row["step"]()
             row["times"].append(time.perf_counter() - started)
 
+    shown = ", ".join(
+        f"{dtype} matmul peak {gflops:.1f} GFLOP/s" for dtype, gflops in peaks.items()
+    )
     print(
         f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch_size}, "
-        f"float32, median of {args.rounds} rounds of {args.steps} steps; "
-        f"float32 matmul peak {peak:.1f} GFLOP/s"
+        f"median of {args.rounds} rounds of {args.steps} steps; CPU flags: {cpu_flags()}; {shown}"
     )
     print(
-        "| shape | params | image | tokens | patch drop | optimizer | img/s | GFLOP/s | % peak |\n"
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|"
+        "| shape | params | image | tokens | patch drop | optimizer | dtype | img/s | GFLOP/s "
+        "| % fp32 peak | % own peak |\n|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|"
     )
-    for (label, size, drop, opt), row in rows.items():
+    for (label, size, drop, opt, dtype), row in rows.items():
         tokens = (size // 4) ** 2
         kept = tokens - int(tokens * drop)
         seconds = statistics.median(row["times"]) / args.steps  # one step
         gflops = row["flops"] / seconds / 1e9
         print(
-            f"| {label} | {row['params']:.2f}M | {size} | {kept}+1 | {drop:.2f} | {opt} | "
-            f"{args.batch_size / seconds:.0f} | {gflops:.1f} | {100 * gflops / peak:.0f}% |"
+            f"| {label} | {row['params']:.2f}M | {size} | {kept}+1 | {drop:.2f} | {opt} | {dtype} "
+            f"| {args.batch_size / seconds:.0f} | {gflops:.1f} "
+            f"| {100 * gflops / peaks['float32']:.0f}% | {100 * gflops / peaks[dtype]:.0f}% |"
         )
 
 
