@@ -9,8 +9,9 @@
 The model argument is read as by `python -m vit.predict` and `vit.export`: a run folder (its
 model.safetensors) or a weights file in it, our .safetensors, a transformers folder, a weights
 file of another layout with --model NAME, or a model name with --pretrained (timm's weights) or
---pretrained PATH (--model NAME alone: timm's weights). Class folders are matched to the
-model's classes by name; on a 1000-class ImageNet head without stored names, by WordNet id
+--pretrained PATH (--model NAME alone: timm's weights). An ONNX file exported by `vit.export`
+is run in onnxruntime, with the same report (--amp, --knn and --linear-probe need the PyTorch
+model). Class folders are matched to the model's classes by name; on a 1000-class ImageNet head without stored names, by WordNet id
 (folders n01440764, ...: whichever subset of the 1000 is present), reported under the labels
 predict prints ("tench, Tinca tinca").
 
@@ -50,6 +51,7 @@ from vit.cli import (
     TTA_CHOICES,
     ArgumentParser,
     add_model_arguments,
+    add_threads_argument,
     default_workers,
     missing_model_argument,
     number_in,
@@ -134,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"data loader processes (default: one per spare core, at most 4: {workers} here)",
     )
     p.add_argument("--device", default="auto")
+    add_threads_argument(p)
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast")
     p.add_argument(
         "--tta",
@@ -313,8 +316,10 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     write the report to `json_path` (and the confusion matrix PNG, feature caches into
     `out_dir`); returns the report."""
     from vit.distributed import DistInfo, resolve_device
+    from vit.cli import use_threads
     from vit.factory import model_from_flags
     from vit.io import atomic_write
+    from vit.onnx_model import onnx_device, refuse_flags
 
     probing = args.knn or args.linear_probe
     problem = data_problem(args.data, args.split)
@@ -324,8 +329,10 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
         problem = data_problem(args.data, "train")
         if problem:
             raise FileNotFoundError(f"{problem} ({probe_flags(args)} fit on the training split)")
-    device = resolve_device(args.device, DistInfo())
-    model = model_from_flags(args).to(device)
+    use_threads(args.threads)
+    device = resolve_device(onnx_device(args), DistInfo())
+    model = model_from_flags(args, onnx=True).to(device)
+    refuse_flags(model, {"--amp": args.amp, "--knn": args.knn, "--linear-probe": args.linear_probe})
     if model.num_classes == 0 and not probing:
         flag = "--checkpoint" if args.checkpoint is not None else "--model"
         raise ValueError(

@@ -141,6 +141,25 @@ def add_model_arguments(parser: argparse.ArgumentParser, positional: bool = Fals
     )
 
 
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """--threads: one setting for both runtimes (`use_threads`)."""
+    parser.add_argument(
+        "--threads",
+        type=number_in(AT_LEAST_1),
+        metavar="N",
+        help="CPU threads for inference, PyTorch's (torch.set_num_threads) and onnxruntime's "
+        "(intra_op_num_threads) alike (default: torch's, the machine's physical cores)",
+    )
+
+
+def use_threads(threads: int | None) -> None:
+    """--threads N for PyTorch and, read from torch when a session is made, for onnxruntime."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
 def missing_model_argument(args: argparse.Namespace) -> str | None:
     """The one-line complaint when neither --checkpoint nor --model names a model."""
     if args.checkpoint is None and args.model is None:

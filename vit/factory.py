@@ -316,15 +316,19 @@ def command_arguments(source: str = "--checkpoint") -> ArgumentNames:
     return ArgumentNames(source=source, model="--model", pretrained="--pretrained", keywords=False)
 
 
-def model_from_flags(args: argparse.Namespace, source: str = "--checkpoint") -> VisionTransformer:
+def model_from_flags(
+    args: argparse.Namespace, source: str = "--checkpoint", onnx: bool = False
+) -> VisionTransformer:
     """`resolve_model` of a command's --checkpoint (`source`: how the command names it, e.g.
     export's positional "CHECKPOINT"), --model and --pretrained (`vit.cli.add_model_arguments`),
-    its messages spelt with those flags."""
+    its messages spelt with those flags. onnx: an exported ONNX file is run (a
+    `vit.onnx_model.OnnxModel`) rather than refused."""
     return resolve_model(
         args.checkpoint,
         model=args.model,
         pretrained=pretrained_weights(args.pretrained),
         names=command_arguments(source),
+        onnx=onnx,
     )
 
 
@@ -335,6 +339,7 @@ def resolve_model(
     pretrained: bool | str | Path | None = None,
     names: ArgumentNames = PYTHON_ARGUMENTS,
     random_init: bool = False,
+    onnx: bool = False,
 ) -> VisionTransformer:
     """The model an argument means, the same for every command and the Python API: in eval
     mode, with `class_names` (None when the weights name no classes, see `class_names_for`),
@@ -354,8 +359,9 @@ def resolve_model(
     names: how messages spell the arguments (`command_arguments()` for a command's flags).
     random_init: accept a model name without weights (a freshly initialised model), which is
         otherwise refused: random weights classify nothing.
-    Anything else raises `ModelArgumentError` in one line; an ONNX file is refused (no command
-    runs ONNX models yet).
+    onnx: an ONNX file exported by `vit.export` is run in onnxruntime (a
+        `vit.onnx_model.OnnxModel`: inference only); refused otherwise.
+    Anything else raises `ModelArgumentError` in one line.
     """
     role = "source"
     if source is None:
@@ -369,7 +375,7 @@ def resolve_model(
         pretrained = pretrained or True
     path = Path(source)
     if path.exists():
-        return _model_from_path(path, model, pretrained, names).eval()
+        return _model_from_path(path, model, pretrained, names, onnx).eval()
     if _looks_like_path(str(source)):
         raise ModelArgumentError(f"{names.given(role, source)}: no such file or folder")
     if model is not None:
@@ -464,9 +470,14 @@ def _model_from_name(
 
 
 def _model_from_path(
-    path: Path, model: str | None, pretrained: bool | str | Path | None, names: ArgumentNames
+    path: Path,
+    model: str | None,
+    pretrained: bool | str | Path | None,
+    names: ArgumentNames,
+    onnx: bool = False,
 ) -> VisionTransformer:
-    """Our .safetensors, a run folder, a transformers folder, or a foreign file with `model`."""
+    """Our .safetensors, a run folder, a transformers folder, a foreign file with `model`, or
+    (`onnx`) an exported ONNX file."""
     given = names.given("source", path)
     weights = _run_weights(path)
     if weights.is_dir() and not (weights / "config.json").is_file():
@@ -474,7 +485,8 @@ def _model_from_path(
             f"{given}: a folder with neither config.json (a transformers folder) nor "
             f"model.safetensors (a train.py run folder)"
         )
-    _refuse_onnx(weights, given)
+    if not onnx:
+        _refuse_onnx(weights, given)
     if pretrained:  # it would be ignored: say so rather than load other weights
         shown = names.timm_weights if pretrained is True else names.given("pretrained", pretrained)
         raise ModelArgumentError(
@@ -485,11 +497,16 @@ def _model_from_path(
         says_architecture = weights.is_dir() or (
             weights.suffix == ".safetensors" and "vit.config" in read_metadata(weights)
         )
+        says_architecture = says_architecture or weights.suffix.lower() == ".onnx"
         if says_architecture and model is not None:
             raise ModelArgumentError(
                 f"{names.given('model', model)} names the architecture of a weights file that "
                 f"does not record it; {given} records its own: leave out {names.model}"
             )
+        if weights.suffix.lower() == ".onnx":
+            from .onnx_model import OnnxModel
+
+            return OnnxModel(weights)
         if says_architecture:
             return load_model(weights)
         if model is None:
@@ -516,8 +533,9 @@ def _first_items(match: re.Match, shown: int = 4) -> str:
 def _refuse_onnx(path: Path, given: str) -> None:
     if path.suffix.lower() == ".onnx":
         raise ModelArgumentError(
-            f"{given}: an ONNX file, which no command runs yet; pass the weights it was "
-            f"exported from (our .safetensors, a run folder, a transformers folder)"
+            f"{given}: an ONNX file, which only evaluate.py and python -m vit.predict run; pass "
+            f"the weights it was exported from (our .safetensors, a run folder, a transformers "
+            f"folder)"
         )
 
 

@@ -11,7 +11,9 @@ The model argument is read as by evaluate.py and `vit.export` (`vit.factory.reso
 our `.safetensors` files, a transformers folder (their architecture and class names are
 stored), a weights file of another layout (timm, torchvision, transformers state dicts, Google
 .npz) with --model NAME, or a model name with --pretrained (timm's weights) or --pretrained
-PATH. --model NAME alone means timm's pretrained weights for that name (downloaded once).
+PATH. --model NAME alone means timm's pretrained weights for that name (downloaded once). An
+ONNX file exported by `vit.export` is run in onnxruntime (`vit.onnx_model`), with the same
+classes, probabilities and --output files; --explain and --features need the PyTorch model.
 
 Images are prepared exactly as `evaluate.py` prepares them (the model's resize, centre crop and
 normalisation), so the top-1 class here is evaluate's, under the class names evaluate
@@ -43,7 +45,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli import TTA_CHOICES, ArgumentParser, add_model_arguments
+from .cli import TTA_CHOICES, ArgumentParser, add_model_arguments, add_threads_argument
 
 METHOD_NAMES = ("gradient_rollout", "last_block", "relevance", "rollout")  # --method
 OUTPUT_SUFFIXES = (".csv", ".json")
@@ -80,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=32, help="images per forward pass")
     parser.add_argument("--workers", type=int, default=4, help="threads decoding images")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0")
+    add_threads_argument(parser)
     parser.add_argument("--output", type=Path, help="write the predictions to FILE.csv or .json")
     parser.add_argument(
         "--overwrite",
@@ -135,7 +138,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from . import explain
-from .cli import missing_model_argument, unwritable
+from .cli import missing_model_argument, unwritable, use_threads
 from .distributed import DistInfo, cleanup, from_env, resolve_device, setup
 from .factory import class_names_for, create_transform, model_from_flags
 from .families import family_of
@@ -143,6 +146,7 @@ from .features import FeaturesError, check_embedding, describe, extract_features
 from .images import CorruptImageError, expand_image_paths, open_image
 from .io import atomic_write
 from .model import VisionTransformer
+from .onnx_model import onnx_device, refuse_flags
 from .plots import add_colorbar, denormalize, draw_overlay, plot_head_attention, save_figure
 from .tta import mean_probability
 
@@ -427,9 +431,12 @@ def main(argv: list[str] | None = None) -> int:
         paths, problems = expand_image_paths(args.images)
         if not paths:  # before the model is loaded: nothing to do
             raise InputError("; ".join(problems))
-        device = resolve_device(args.device, info)
+        use_threads(args.threads)
+        device = resolve_device(onnx_device(args), info)
         setup(info, device)  # torchrun: join the others (gloo on CPU); nothing otherwise
-        model = model_from_flags(args).to(device)
+        model = model_from_flags(args, onnx=True).to(device)
+        given = {"--explain": args.explain is not None, "--features": args.features is not None}
+        refuse_flags(model, given)
         check_headless(args, model)
         if args.features is not None:
             args.embedding = check_embedding(model, args.embedding)
