@@ -11,9 +11,9 @@ model.safetensors) or a weights file in it, our .safetensors, a transformers fol
 file of another layout with --model NAME, or a model name with --pretrained (timm's weights) or
 --pretrained PATH (--model NAME alone: timm's weights). An ONNX file exported by `vit.export`
 is run in onnxruntime, with the same report (--amp, --knn and --linear-probe need the PyTorch
-model). Class folders are matched to the model's classes by name; on a 1000-class ImageNet head without stored names, by WordNet id
-(folders n01440764, ...: whichever subset of the 1000 is present), reported under the labels
-predict prints ("tench, Tinca tinca").
+model). Class folders are matched to the model's classes by name; on a 1000-class ImageNet head
+without stored names, by WordNet id (folders n01440764, ...: whichever subset of the 1000 is
+present), reported under the labels predict prints ("tench, Tinca tinca").
 
 A backbone's features, headless or not, are scored with --knn (weighted kNN, DINO's protocol:
 cosine similarity, the k nearest training images vote with weight exp(similarity / 0.07),
@@ -315,8 +315,8 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     """Evaluate the model's head (if it has one) and, with --knn/--linear-probe, its features;
     write the report to `json_path` (and the confusion matrix PNG, feature caches into
     `out_dir`); returns the report."""
-    from vit.distributed import DistInfo, resolve_device
     from vit.cli import use_threads
+    from vit.distributed import DistInfo, resolve_device
     from vit.factory import model_from_flags
     from vit.io import atomic_write
     from vit.onnx_model import onnx_device, refuse_flags
