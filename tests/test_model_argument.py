@@ -18,6 +18,7 @@ from vit.predict import main as predict_main
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")  # export checks --onnx's packages before anything else
 
+real_export = export.export_onnx  # before the `exported` fixture replaces it
 COLOURS = ["blue", "green", "red"]  # the class folders of conftest's image_folder
 TINY_HF = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
 CLASSIFIERS = {  # transformers classes with a 3-colour head, and their configs
@@ -62,7 +63,7 @@ def files(tmp_path_factory):
     labels = dict(num_labels=3, id2label=dict(enumerate(COLOURS)), image_size=32, patch_size=16)
     for model_class, config_class in CLASSIFIERS.items():
         save_transformers(root / model_class, model_class, config_class, **labels)
-    (root / "model.onnx").write_bytes(b"not run by any command yet")
+    real_export(resolve_model(root / "ours.safetensors"), root / "model.onnx")
     rng = np.random.default_rng(0)
     for wordnet_id in ("n01440764", "n01443537"):  # tench, goldfish
         folder = root / "imagenet" / "test" / wordnet_id
@@ -87,11 +88,6 @@ ARGUMENTS = [
     ("best.safetensors in a run folder", ["--checkpoint", "run/best.safetensors"], None),
     *[(f"transformers {name}", ["--checkpoint", name], None) for name in CLASSIFIERS],
     ("a foreign file + --model", ["--checkpoint", "tiny.pth", "--model", TINY], None),
-    (
-        "an ONNX file",
-        ["--checkpoint", "model.onnx"],
-        "--checkpoint {root}/model.onnx: an ONNX file, which no command runs yet",
-    ),
     (
         "a misspelt name",
         ["--checkpoint", "vit_tiny_patch16_22"],
@@ -243,6 +239,33 @@ def test_every_command_reads_a_model_argument_alike(
     assert class_names_for(exported[0]) == names
     if model.num_classes == 1000:  # WordNet-id folders, reported under predict's labels
         assert list(report["per_class"]) == ["tench, Tinca tinca", "goldfish, Carassius auratus"]
+
+
+def test_an_onnx_file_is_run_by_evaluate_and_predict_and_refused_by_export(
+    files, image_folder, evaluate_script, exported, tmp_path, capsys, one_thread
+):
+    """evaluate.py and predict run an exported ONNX file (with the class names it stores);
+    export, which needs the PyTorch weights, refuses it in one line, as the Python API does."""
+    onnx_file = files / "model.onnx"
+    image = next((image_folder / "test" / "red").iterdir())
+    argv = ["--checkpoint", str(onnx_file), "--data", str(image_folder), "--workers", "0"]
+    assert evaluate_script.main([*argv, "--output-dir", str(tmp_path / "eval")]) == 0
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert list(report["per_class"]) == COLOURS
+    output = tmp_path / "p.json"
+    argv = [str(image), "--checkpoint", str(onnx_file), "--top-k", "1", "--output", str(output)]
+    assert predict_main(argv) == 0
+    assert json.loads(output.read_text())[0]["label"] in COLOURS
+    capsys.readouterr()
+    assert export.main([str(onnx_file), "--onnx", str(tmp_path / "m.onnx")]) == 2
+    line = (
+        f"--checkpoint {onnx_file}: an ONNX file, which only evaluate.py and python -m "
+        f"vit.predict run; pass the weights it was exported from"
+    )
+    assert refusal(capsys.readouterr().err, "error: ").startswith(line)
+    assert not exported and not (tmp_path / "m.onnx").exists()
+    with pytest.raises(ModelArgumentError, match="an ONNX file, which only evaluate.py"):
+        resolve_model(onnx_file)
 
 
 @pytest.mark.parametrize("family", sorted(HEADLESS))
