@@ -10,10 +10,11 @@ The model argument is read as by `python -m vit.predict` and `vit.export`: a run
 model.safetensors) or a weights file in it, our .safetensors, a transformers folder, a weights
 file of another layout with --model NAME, or a model name with --pretrained (timm's weights) or
 --pretrained PATH (--model NAME alone: timm's weights). An ONNX file exported by `vit.export`
-is run in onnxruntime, with the same report (--amp, --knn and --linear-probe need the PyTorch
-model). Class folders are matched to the model's classes by name; on a 1000-class ImageNet head
-without stored names, by WordNet id (folders n01440764, ...: whichever subset of the 1000 is
-present), reported under the labels predict prints ("tench, Tinca tinca").
+is run in onnxruntime, with the same report (--amp needs the PyTorch model; --knn and
+--linear-probe a headless model's file, whose output is the pooled embedding). Class folders
+are matched to the model's classes by name; on a 1000-class ImageNet head without stored
+names, by WordNet id (folders n01440764, ...: whichever subset of the 1000 is present),
+reported under the labels predict prints ("tench, Tinca tinca").
 
 A backbone's features, headless or not, are scored with --knn (weighted kNN, DINO's protocol:
 cosine similarity, the k nearest training images vote with weight exp(similarity / 0.07),
@@ -332,7 +333,8 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     use_threads(args.threads)
     device = resolve_device(onnx_device(args), DistInfo())
     model = model_from_flags(args, onnx=True).to(device)
-    refuse_flags(model, {"--amp": args.amp, "--knn": args.knn, "--linear-probe": args.linear_probe})
+    given = {"--amp": args.amp, "--knn": args.knn, "--linear-probe": args.linear_probe}
+    refuse_flags(model, given, args.embedding)
     if model.num_classes == 0 and not probing:
         flag = "--checkpoint" if args.checkpoint is not None else "--model"
         raise ValueError(

@@ -32,6 +32,11 @@ def exported(tmp_path_factory):
     torch.nn.init.normal_(model.head.weight)
     vit.save_weights(model, root / "tiny.safetensors", class_names=COLOURS)
     export_onnx(resolve_model(root / "tiny.safetensors"), root / "tiny.onnx")
+    headless = vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=0
+    )
+    vit.save_weights(headless, root / "headless.safetensors")
+    export_onnx(resolve_model(root / "headless.safetensors"), root / "headless.onnx")
     return root
 
 
@@ -94,7 +99,11 @@ def test_predict_gives_the_same_classes_probabilities_and_csv(
             "error: --explain: needs the PyTorch model (attention maps are read inside it); an "
             "ONNX file gives only its output: pass the weights it was exported from\n",
         ),
-        (["--features", "f.npz"], "error: --features: needs the PyTorch model; an ONNX file "),
+        (
+            ["--features", "f.npz"],
+            "error: --features: needs the PyTorch model (an ONNX classifier gives its logits, "
+            "not its features); an ONNX file gives only its output",
+        ),
     ],
 )
 def test_predict_refuses_what_needs_the_pytorch_model(
@@ -150,3 +159,32 @@ def test_threads_reach_onnxruntime(exported, one_thread):
     images = torch.randn(2, 3, 32, 32)
     expected = resolve_model(exported / "tiny.safetensors")(images)
     np.testing.assert_allclose(model(images).numpy(), expected.detach().numpy(), atol=1e-5)
+
+
+def test_a_headless_models_file_embeds_and_probes_as_the_pytorch_model(
+    exported, image_folder, evaluate_script, tmp_path, capsys, one_thread
+):
+    """An embeddings file's output is the pooled embedding: predict --features writes the
+    PyTorch model's, evaluate --knn scores them alike; other embeddings are refused."""
+    images = str(image_folder / "test")
+    features, reports = {}, {}
+    for name in ("headless.safetensors", "headless.onnx"):
+        out = tmp_path / f"{name}.npz"
+        argv = [images, "--checkpoint", str(exported / name), "--features", str(out)]
+        assert predict_main(argv) == 0
+        features[name] = np.load(out)
+        argv = ["--knn", "--knn-k", "3", "--subset", "6"]
+        out = tmp_path / name
+        assert run_evaluate(evaluate_script, exported / name, image_folder, out, *argv) == 0
+        reports[name] = json.loads((tmp_path / name / "report.json").read_text())["knn"]
+    torch_features, onnx_features = features.values()
+    assert list(onnx_features["paths"]) == list(torch_features["paths"])
+    np.testing.assert_allclose(onnx_features["features"], torch_features["features"], atol=1e-5)
+    assert reports["headless.onnx"]["by_k"] == reports["headless.safetensors"]["by_k"]
+    capsys.readouterr()
+    argv = [images, "--checkpoint", str(exported / "headless.onnx"), "--embedding", "clstoken"]
+    assert predict_main([*argv, "--features", str(tmp_path / "c.npz")]) == 2
+    assert capsys.readouterr().err.startswith(
+        "error: --embedding clstoken: an ONNX file gives its output only (the pooled embedding)"
+    )
+    assert not (tmp_path / "c.npz").exists()

@@ -11,6 +11,7 @@ optionally `vit.model_name`, `vit.precision` ("float32" or "int8") and `vit.outp
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -93,6 +94,26 @@ class OnnxModel:
         self.device = device
         return self
 
+    def forward_features(self, images: torch.Tensor) -> torch.Tensor:
+        """An embeddings file's output (B, D): what it holds of the features is the pooled
+        embedding, which `forward_head(..., pre_logits=True)` passes on (`vit.features`)."""
+        if self.num_classes:
+            raise ValueError(
+                "an ONNX classifier gives its logits, not its features: pass the weights it was "
+                "exported from"
+            )
+        return self(images)
+
+    def forward_head(self, features: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if not pre_logits:
+            raise ValueError("an ONNX file's head runs inside it: call the model")
+        return features
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The file's SHA-1 as a tensor: what identifies the weights in feature caches."""
+        digest = hashlib.sha1(self.path.read_bytes()).digest()
+        return {"onnx.sha1": torch.frombuffer(bytearray(digest), dtype=torch.uint8)}
+
     def parameters(self):
         """One empty tensor on the model's device: `next(model.parameters()).device` works."""
         return iter([torch.empty(0, device=self.device)])
@@ -120,19 +141,33 @@ def onnx_device(args) -> str:
     return "cpu" if args.device == "auto" and is_onnx(args.checkpoint) else args.device
 
 
-def refuse_flags(model: object, flags: dict[str, bool]) -> None:
+def refuse_flags(model: object, flags: dict[str, bool], embedding: str = "pooled") -> None:
     """ValueError (one line) for the first flag given (`flags`: flag -> given) that an ONNX
-    model cannot do: they need the PyTorch model."""
+    model cannot do: they need the PyTorch model. The features of an embeddings file (its
+    output, the pooled embedding) are extracted as the PyTorch model's (`embedding` pooled or
+    output); a classifier's file holds no features."""
     if not isinstance(model, OnnxModel):
         return
     for flag, given in flags.items():
-        if given:
+        if not given:
+            continue
+        if flag in FEATURE_FLAGS and model.num_classes == 0:
+            if embedding in ("pooled", "output"):
+                continue
             raise ValueError(
-                f"{flag}: {REFUSED.get(flag, 'needs the PyTorch model')}; an ONNX file gives "
-                f"only its output: pass the weights it was exported from"
+                f"--embedding {embedding}: an ONNX file gives its output only (the pooled "
+                f"embedding): use --embedding pooled, or the weights it was exported from"
             )
+        reason = REFUSED.get(flag, "needs the PyTorch model")
+        if flag in FEATURE_FLAGS:
+            reason += " (an ONNX classifier gives its logits, not its features)"
+        raise ValueError(
+            f"{flag}: {reason}; an ONNX file gives only its output: pass the weights it was "
+            f"exported from"
+        )
 
 
+FEATURE_FLAGS = ("--features", "--knn", "--linear-probe")
 REFUSED = {
     "--explain": "needs the PyTorch model (attention maps are read inside it)",
     "--amp": "is PyTorch's bfloat16 autocast",

@@ -13,7 +13,8 @@ stored), a weights file of another layout (timm, torchvision, transformers state
 .npz) with --model NAME, or a model name with --pretrained (timm's weights) or --pretrained
 PATH. --model NAME alone means timm's pretrained weights for that name (downloaded once). An
 ONNX file exported by `vit.export` is run in onnxruntime (`vit.onnx_model`), with the same
-classes, probabilities and --output files; --explain and --features need the PyTorch model.
+classes, probabilities and --output files; --explain needs the PyTorch model, and --features
+the file of a headless model (its output, the pooled embedding).
 
 Images are prepared exactly as `evaluate.py` prepares them (the model's resize, centre crop and
 normalisation), so the top-1 class here is evaluate's, under the class names evaluate
@@ -436,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         setup(info, device)  # torchrun: join the others (gloo on CPU); nothing otherwise
         model = model_from_flags(args, onnx=True).to(device)
         given = {"--explain": args.explain is not None, "--features": args.features is not None}
-        refuse_flags(model, given)
+        refuse_flags(model, given, args.embedding)
         check_headless(args, model)
         if args.features is not None:
             args.embedding = check_embedding(model, args.embedding)
