@@ -4,6 +4,7 @@ what needs the PyTorch model, and a file without our metadata, refused in one li
 
 import csv
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -188,3 +189,18 @@ def test_a_headless_models_file_embeds_and_probes_as_the_pytorch_model(
         "error: --embedding clstoken: an ONNX file gives its output only (the pooled embedding)"
     )
     assert not (tmp_path / "c.npz").exists()
+
+
+def test_a_missing_onnxruntime_is_said_in_one_line(
+    exported, image_folder, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import onnxruntime fails
+    image = next((image_folder / "test" / "red").iterdir())
+    out = tmp_path / "p.csv"
+    argv = [str(image), "--checkpoint", str(exported / "tiny.onnx"), "--output", str(out)]
+    assert predict_main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"error: --checkpoint {exported / 'tiny.onnx'}: running an ONNX file needs onnxruntime: "
+        f"pip install -e '.[interop]'\n"
+    )
+    assert not out.exists()
