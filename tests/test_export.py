@@ -43,13 +43,13 @@ def leftovers(folder):
     return [p.name for p in folder.iterdir() if p.name.startswith(".")]
 
 
-def test_onnx_has_a_dynamic_batch_and_our_logits(model, tmp_path, one_thread):
+def test_onnx_has_a_dynamic_batch_height_and_width_and_our_logits(model, tmp_path, one_thread):
     path = tmp_path / "model.onnx"
     result = export_onnx(model, path)
     assert result.path == path and result.max_relative_difference <= RTOL
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    (batch_axis, *rest) = session.get_inputs()[0].shape
-    assert isinstance(batch_axis, str) and rest == [3, 32, 32]  # symbolic batch axis
+    (batch_axis, channels, height, width) = session.get_inputs()[0].shape
+    assert channels == 3 and all(isinstance(a, str) for a in (batch_axis, height, width))
     x = torch.randn(5, 3, 32, 32)
     (out,) = session.run(["logits"], {"pixel_values": x.numpy()})
     assert out.shape == (5, 3)
@@ -57,7 +57,17 @@ def test_onnx_has_a_dynamic_batch_and_our_logits(model, tmp_path, one_thread):
     metadata = session.get_modelmeta().custom_metadata_map
     assert json.loads(metadata["vit.class_names"]) == NAMES
     assert json.loads(metadata["vit.preprocess"])["mean"] == [0.4, 0.5, 0.6]
+    assert json.loads(metadata["vit.precision"]) == "float32"
+    assert json.loads(metadata["vit.output"]) == "logits"
+    assert json.loads(metadata["vit.model_name"]) is None  # built by hand, no registry name
     assert leftovers(tmp_path) == []
+
+
+def test_static_size_onnx_keeps_the_model_input_size(model, tmp_path, one_thread):
+    path = tmp_path / "model.onnx"
+    export_onnx(model, path, options=export.OnnxOptions(dynamic_size=False))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
 
 
 def test_onnx_of_a_headless_backbone_outputs_its_embeddings(tmp_path, one_thread):
@@ -66,7 +76,7 @@ def test_onnx_of_a_headless_backbone_outputs_its_embeddings(tmp_path, one_thread
     path = tmp_path / "backbone.onnx"
     result = export_onnx(headless, path)
     assert result.max_relative_difference <= RTOL
-    assert "onnxruntime (batch 1 and 3) embeddings vs ours" in str(result)
+    assert "onnxruntime (batch 1 and 3 at 32x32, 48x24) embeddings vs ours" in str(result)
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == ["embeddings"]
     x = torch.randn(4, 3, 32, 32)
