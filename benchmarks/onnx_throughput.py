@@ -68,6 +68,7 @@ def load(name: str) -> tuple[vit.VisionTransformer, torch.nn.Module]:
         theirs.load_state_dict(ours.state_dict())
     else:
         ours = vit.create_model(name)
+        torch.nn.init.normal_(ours.head.weight, std=0.02)  # a zero head would hide differences
         theirs = timm_model(name)
     return ours.eval(), theirs.eval()
 
