@@ -196,11 +196,12 @@ def test_int8_is_smaller_and_agrees_with_float(tmp_path, one_thread):
 @pytest.mark.parametrize("flag", ["--int8", "--optimize", "--static-size"])
 def test_onnx_flags_without_onnx_are_refused_in_one_line(flag, model, tmp_path, capsys):
     path = vit.save_weights(model, tmp_path / "m.safetensors")
-    with pytest.raises(SystemExit) as exit_info:
-        export.main([str(path), flag, "--hf", str(tmp_path / "hf")])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{flag} shapes the ONNX export: pass --onnx FILE" in err
+    for others in ([], ["--hf", str(tmp_path / "hf")]):
+        with pytest.raises(SystemExit) as exit_info:
+            export.main([str(path), flag, *others])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{flag} shapes the ONNX export: pass --onnx FILE" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
 
 

@@ -554,13 +554,13 @@ def format_problem(flag: str, model: VisionTransformer) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    targets = [(flag, getattr(args, flag)) for flag in FORMATS if getattr(args, flag) is not None]
-    if not targets:
-        parser.error("nothing to do: pass --onnx FILE, --hf DIR and/or --torchvision FILE")
     onnx_only = [flag for flag in ("static_size", "optimize", "int8") if getattr(args, flag)]
     if onnx_only and args.onnx is None:
         flag = "--" + onnx_only[0].replace("_", "-")
         parser.error(f"{flag} shapes the ONNX export: pass --onnx FILE too; nothing was written")
+    targets = [(flag, getattr(args, flag)) for flag in FORMATS if getattr(args, flag) is not None]
+    if not targets:
+        parser.error("nothing to do: pass --onnx FILE, --hf DIR and/or --torchvision FILE")
     for problem in location_problems(targets):
         parser.error(problem)
     try:
