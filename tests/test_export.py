@@ -43,13 +43,13 @@ def leftovers(folder):
     return [p.name for p in folder.iterdir() if p.name.startswith(".")]
 
 
-def test_onnx_has_a_dynamic_batch_and_our_logits(model, tmp_path, one_thread):
+def test_onnx_has_a_dynamic_batch_height_and_width_and_our_logits(model, tmp_path, one_thread):
     path = tmp_path / "model.onnx"
     result = export_onnx(model, path)
     assert result.path == path and result.max_relative_difference <= RTOL
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    (batch_axis, *rest) = session.get_inputs()[0].shape
-    assert isinstance(batch_axis, str) and rest == [3, 32, 32]  # symbolic batch axis
+    (batch_axis, channels, height, width) = session.get_inputs()[0].shape
+    assert channels == 3 and all(isinstance(a, str) for a in (batch_axis, height, width))
     x = torch.randn(5, 3, 32, 32)
     (out,) = session.run(["logits"], {"pixel_values": x.numpy()})
     assert out.shape == (5, 3)
@@ -57,7 +57,17 @@ def test_onnx_has_a_dynamic_batch_and_our_logits(model, tmp_path, one_thread):
     metadata = session.get_modelmeta().custom_metadata_map
     assert json.loads(metadata["vit.class_names"]) == NAMES
     assert json.loads(metadata["vit.preprocess"])["mean"] == [0.4, 0.5, 0.6]
+    assert json.loads(metadata["vit.precision"]) == "float32"
+    assert json.loads(metadata["vit.output"]) == "logits"
+    assert json.loads(metadata["vit.model_name"]) is None  # built by hand, no registry name
     assert leftovers(tmp_path) == []
+
+
+def test_static_size_onnx_keeps_the_model_input_size(model, tmp_path, one_thread):
+    path = tmp_path / "model.onnx"
+    export_onnx(model, path, options=export.OnnxOptions(dynamic_size=False))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
 
 
 def test_onnx_of_a_headless_backbone_outputs_its_embeddings(tmp_path, one_thread):
@@ -66,7 +76,7 @@ def test_onnx_of_a_headless_backbone_outputs_its_embeddings(tmp_path, one_thread
     path = tmp_path / "backbone.onnx"
     result = export_onnx(headless, path)
     assert result.max_relative_difference <= RTOL
-    assert "onnxruntime (batch 1 and 3) embeddings vs ours" in str(result)
+    assert "onnxruntime (batch 1 and 3 at 32x32, 48x24) embeddings vs ours" in str(result)
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == ["embeddings"]
     x = torch.randn(4, 3, 32, 32)
@@ -108,6 +118,91 @@ def test_onnx_of_every_family_matches_in_onnxruntime(family, tmp_path, one_threa
     (out,) = session.run(None, {"pixel_values": x.numpy()})
     assert out.shape == (2, model.num_classes or model.embed_dim)
     assert relative_error(out, logits(model, x)) <= RTOL
+    # another size (non-square, 6x3 patches): equal to our model with dynamic_img_size
+    dynamic = vit.VisionTransformer(**{**TINY, **FAMILIES[family]}, dynamic_img_size=True)
+    dynamic.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 48, 24)
+    (out,) = session.run(None, {"pixel_values": x.numpy()})
+    assert relative_error(out, logits(dynamic, x)) <= RTOL
+
+
+@pytest.mark.parametrize("method", ["transformers", "dinov2"])
+def test_onnx_resamples_position_embeddings_as_the_weights_library(method, tmp_path, one_thread):
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(**TINY, pos_embed_resample=method, dynamic_img_size=True)
+    torch.nn.init.normal_(model.head.weight, std=0.5)
+    path = tmp_path / "model.onnx"
+    result = export_onnx(model.eval(), path)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    if method == "dinov2":  # its scale-factor resampling cannot be dynamic: fixed size, said
+        assert session.get_inputs()[0].shape[2:] == [32, 32]
+        assert "fixed size" in str(result)
+        return
+    x = torch.randn(3, 3, 24, 40)
+    (out,) = session.run(None, {"pixel_values": x.numpy()})
+    assert relative_error(out, logits(model, x)) <= RTOL
+
+
+def fusion_warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("warning: --optimize")]
+
+
+def test_optimize_fuses_layer_norm_and_gelu_and_stays_exact(model, tmp_path, one_thread, capsys):
+    path = tmp_path / "model.onnx"
+    result = export_onnx(model, path, options=export.OnnxOptions(optimize=True))
+    assert result.max_relative_difference <= RTOL
+    fused = dict(re.findall(r"(\w+) (\d+)", str(result).split("fused ", 1)[1].split(" logits")[0]))
+    assert int(fused["BiasGelu"]) == 2 and int(fused["SkipLayerNormalization"]) >= 2
+    # onnxruntime's attention fusion does not match this export (yet): warned, not silent
+    warnings = fusion_warnings(capsys.readouterr().err)
+    assert warnings == [
+        "warning: --optimize fused 0 attention operators for 2 blocks: onnxruntime's "
+        "attention fusion did not match this export"
+    ]
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert json.loads(session.get_modelmeta().custom_metadata_map["vit.precision"]) == "float32"
+
+
+# int8 on random images and tiny random models: max relative logit difference 0.01-0.03
+# measured; the shipped CIFAR model keeps 99.4% of its float predictions on the test set.
+INT8_TOLERANCE = 0.1
+INT8_AGREEMENT = 0.9
+
+
+def test_int8_is_smaller_and_agrees_with_float(tmp_path, one_thread):
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(**{**TINY, "embed_dim": 64, "num_classes": 10}).eval()
+    torch.nn.init.normal_(model.head.weight, std=0.5)
+    float_path, int8_path = tmp_path / "float.onnx", tmp_path / "int8.onnx"
+    export_onnx(model, float_path)
+    result = export_onnx(model, int8_path, options=export.OnnxOptions(int8=True))
+    assert 1e-4 < result.max_relative_difference <= INT8_TOLERANCE  # quantized, yet close
+    assert int8_path.stat().st_size < 0.6 * float_path.stat().st_size
+    session = onnxruntime.InferenceSession(str(int8_path), providers=["CPUExecutionProvider"])
+    metadata = session.get_modelmeta().custom_metadata_map
+    assert json.loads(metadata["vit.precision"]) == "int8"
+    assert json.loads(metadata["vit.class_names"]) == [f"class {i}" for i in range(10)]
+    ops = {node.op_type for node in __import__("onnx").load(str(int8_path)).graph.node}
+    assert (
+        "DynamicQuantizeLinear" in ops or "DynamicQuantizeMatMul" in ops or "MatMulInteger" in ops
+    )
+    assert "LayerNormalization" in ops and "Softmax" in ops  # kept in float
+    x = torch.randn(64, 3, 32, 32)
+    (out,) = session.run(["logits"], {"pixel_values": x.numpy()})
+    agreement = (torch.from_numpy(out).argmax(-1) == logits(model, x).argmax(-1)).float().mean()
+    assert agreement >= INT8_AGREEMENT
+
+
+@pytest.mark.parametrize("flag", ["--int8", "--optimize", "--static-size"])
+def test_onnx_flags_without_onnx_are_refused_in_one_line(flag, model, tmp_path, capsys):
+    path = vit.save_weights(model, tmp_path / "m.safetensors")
+    for others in ([], ["--hf", str(tmp_path / "hf")]):
+        with pytest.raises(SystemExit) as exit_info:
+            export.main([str(path), flag, *others])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{flag} shapes the ONNX export: pass --onnx FILE" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.safetensors"]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,207 @@
+"""CPU inference paths side by side: timm eager, ours eager (+ torch.compile), ONNX Runtime
+float32 (dynamic size, fixed size, optimized) and int8, in one run.
+
+    python benchmarks/onnx_throughput.py [--models vit_small_patch16_224 cifar] [--batch-sizes 32 1]
+        [--threads 1 2] [--rounds 3] [--compile] [--accuracy]
+
+"cifar" is the shipped model (weights/cifar10_vit_cpu.safetensors, 32 px); a model name is
+built with random weights (speed does not depend on them). The paths are timed in alternating
+rounds (each path once per round, so machine load drifts hit all alike); each reports its
+median round as images/s and the ratio to timm eager float32 in the same run. The ONNX files
+are made by `vit.export.export_onnx` (each verified against our model as it is written).
+--accuracy adds the shipped model's top-1 on the 10,000 CIFAR-10 test images
+(/work/shared/data/cifar10-jpg/test, the model's own preprocessing) for PyTorch and each
+ONNX file, and the files' sizes. The CPU's instruction sets are printed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime
+import torch
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from inference_throughput import timm_model  # noqa: E402
+from training_throughput import cpu_flags  # noqa: E402
+
+import vit  # noqa: E402
+from vit.export import OnnxOptions, export_onnx  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "weights" / "cifar10_vit_cpu.safetensors"
+CIFAR_TEST = Path("/work/shared/data/cifar10-jpg/test")
+# the ONNX files timed, by the options they are exported with
+ONNX_PATHS = {
+    "ORT fp32": OnnxOptions(),
+    "ORT fp32 fixed size": OnnxOptions(dynamic_size=False),
+    "ORT fp32 optimized": OnnxOptions(optimize=True),
+    "ORT int8": OnnxOptions(int8=True),
+    "ORT int8 optimized": OnnxOptions(optimize=True, int8=True),
+}
+
+
+def load(name: str) -> tuple[vit.VisionTransformer, torch.nn.Module]:
+    """Our model and timm's of the same architecture (random weights, or the shipped ones)."""
+    torch.manual_seed(0)
+    if name == "cifar":
+        ours = vit.load_model(str(SHIPPED))
+        c = ours.config
+        arch = dict(
+            img_size=c.img_size,
+            patch_size=c.patch_size,
+            embed_dim=c.embed_dim,
+            depth=c.depth,
+            num_heads=c.num_heads,
+            mlp_ratio=c.mlp_ratio,
+            class_token=c.class_token,
+            global_pool=c.global_pool,
+        )
+        theirs = TimmViT(**arch, num_classes=c.num_classes)
+        theirs.load_state_dict(ours.state_dict())
+    else:
+        ours = vit.create_model(name)
+        torch.nn.init.normal_(ours.head.weight, std=0.02)  # a zero head would hide differences
+        theirs = timm_model(name)
+    return ours.eval(), theirs.eval()
+
+
+def export_all(model: vit.VisionTransformer, folder: Path) -> dict[str, Path]:
+    """Every ONNX path's file, exported and verified."""
+    files = {}
+    for label, options in ONNX_PATHS.items():
+        files[label] = folder / (label.replace(" ", "_") + ".onnx")
+        result = export_onnx(model, files[label], options=options)
+        print(f"  {label}: {result}")
+    return files
+
+
+def ort_session(path: Path, threads: int) -> onnxruntime.InferenceSession:
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def runners(model, theirs, files: dict[str, Path], threads: int, compiled) -> dict:
+    """Label -> a function of a numpy batch (B, C, H, W) running that path once."""
+    run = {
+        "timm eager fp32": lambda x: theirs(torch.from_numpy(x)),
+        "ours eager fp32": lambda x: model(torch.from_numpy(x)),
+    }
+    if compiled is not None:
+        run["ours compiled fp32"] = lambda x: compiled(torch.from_numpy(x))
+    for label, path in files.items():
+        session = ort_session(path, threads)
+        run[label] = lambda x, s=session: s.run(None, {"pixel_values": x})
+    return run
+
+
+@torch.inference_mode()
+def time_paths(run: dict, batch: np.ndarray, rounds: int, round_seconds: float) -> dict:
+    """Label -> images/s of its median round; each path's iterations per round are set so that
+    a round lasts about `round_seconds`."""
+    iters = {}
+    for label, fn in run.items():  # warm-up, and the iteration count from one timed call
+        fn(batch)
+        start = time.perf_counter()
+        fn(batch)
+        iters[label] = max(1, round(round_seconds / (time.perf_counter() - start)))
+    times: dict[str, list[float]] = {label: [] for label in run}
+    for _ in range(rounds):
+        for label, fn in run.items():
+            start = time.perf_counter()
+            for _ in range(iters[label]):
+                fn(batch)
+            times[label].append((time.perf_counter() - start) / iters[label])
+    return {label: len(batch) / statistics.median(t) for label, t in times.items()}
+
+
+def try_compile(model, batch: np.ndarray):
+    """torch.compile of our model, or None with the reason printed."""
+    try:
+        compiled = torch.compile(model)
+        with torch.inference_mode():
+            compiled(torch.from_numpy(batch))
+        return compiled
+    except Exception as e:  # an inductor failure on this machine: skip the path, say why
+        print(f"  torch.compile skipped: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
+        return None
+
+
+@torch.inference_mode()
+def cifar_accuracy(model: vit.VisionTransformer, files: dict[str, Path], threads: int) -> None:
+    """Top-1 on the 10,000 CIFAR-10 test images for PyTorch and each ONNX file; file sizes."""
+    from PIL import Image
+
+    transform = vit.create_transform(model)
+    names = model.class_names
+    images, labels = [], []
+    for label, name in enumerate(names):
+        for path in sorted((CIFAR_TEST / name).glob("*.jpg")):
+            images.append(transform(Image.open(path).convert("RGB")))
+            labels.append(label)
+    x, y = torch.stack(images), torch.tensor(labels)
+    reference = torch.cat([model(chunk) for chunk in x.split(500)]).argmax(-1)
+    print(f"\ntop-1 on {len(y)} CIFAR-10 test images (shipped model, 32 px):")
+    print(f"  {'PyTorch fp32':22s} {100 * (reference == y).float().mean():.2f}%")
+    for label, path in files.items():
+        session = ort_session(path, threads)
+        predicted = torch.cat(
+            [
+                torch.from_numpy(session.run(None, {"pixel_values": c.numpy()})[0])
+                for c in x.split(500)
+            ]
+        ).argmax(-1)
+        top1 = 100 * (predicted == y).float().mean()
+        agree = 100 * (predicted == reference).float().mean()
+        size = path.stat().st_size / 1e6
+        print(
+            f"  {label:22s} {top1:.2f}%  (same prediction as PyTorch {agree:.2f}%, {size:.2f} MB)"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["vit_small_patch16_224", "cifar"])
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[32, 1])
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--round-seconds", type=float, default=0.5)
+    parser.add_argument("--compile", action="store_true", help="time torch.compile too")
+    parser.add_argument("--accuracy", action="store_true", help="CIFAR-10 test top-1 per path")
+    args = parser.parse_args()
+    print(f"CPU: {cpu_flags()}; torch {torch.__version__}, onnxruntime {onnxruntime.__version__}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            model, theirs = load(name)
+            print(f"\n{name}: exporting")
+            folder = Path(tmp) / name
+            folder.mkdir()
+            files = export_all(model, folder)
+            size = model.patch_embed.img_size
+            for threads in args.threads:
+                torch.set_num_threads(threads)
+                for batch_size in args.batch_sizes:
+                    batch = torch.randn(batch_size, 3, *size).numpy()
+                    compiled = try_compile(model, batch) if args.compile else None
+                    run = runners(model, theirs, files, threads, compiled)
+                    speed = time_paths(run, batch, args.rounds, args.round_seconds)
+                    base = speed["timm eager fp32"]
+                    print(f"\n{name} {size[0]} px, batch {batch_size}, {threads} thread(s)")
+                    print(f"  {'path':22s} {'images/s':>10s} {'x timm':>7s}")
+                    for label, value in speed.items():
+                        print(f"  {label:22s} {value:10.1f} {value / base:7.2f}")
+            if args.accuracy and name == "cifar":
+                cifar_accuracy(model, files, max(args.threads))
+
+
+if __name__ == "__main__":
+    main()
