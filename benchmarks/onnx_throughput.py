@@ -10,7 +10,7 @@ rounds (each path once per round, so machine load drifts hit all alike); each re
 median round as images/s and the ratio to timm eager float32 in the same run. The ONNX files
 are made by `vit.export.export_onnx` (each verified against our model as it is written).
 --accuracy adds the shipped model's top-1 on the 10,000 CIFAR-10 test images
-(/work/shared/data/cifar10-jpg/test, the model's own preprocessing) for PyTorch and each
+(../shared/data/cifar10-jpg/test, the model's own preprocessing) for PyTorch and each
 ONNX file, and the files' sizes. The CPU's instruction sets are printed first.
 """
 
@@ -37,7 +37,8 @@ from vit.export import OnnxOptions, export_onnx  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "weights" / "cifar10_vit_cpu.safetensors"
-CIFAR_TEST = Path("/work/shared/data/cifar10-jpg/test")
+# the shared data sits beside the repository, as in CI
+CIFAR_TEST = ROOT.parent / "shared" / "data" / "cifar10-jpg" / "test"
 # the ONNX files timed, by the options they are exported with
 ONNX_PATHS = {
     "ORT fp32": OnnxOptions(),

@@ -174,7 +174,7 @@ def exported(monkeypatch):
     seconds a model and is tested in test_export.py)."""
     models = []
 
-    def record(model, path, tolerance):
+    def record(model, path, tolerance, **options):
         models.append(model)
         return export.ExportCheck(path, "recorded", 0.0)
 
