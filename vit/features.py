@@ -180,12 +180,15 @@ def errors_file(out: Path) -> Path:
     return out.parent / f"{out.name}.errors.txt"
 
 
-def _model_digest(model: torch.nn.Module) -> str:
-    """The weights (every parameter and buffer) and the preprocessing: the same model or not."""
+def model_digest(model: torch.nn.Module) -> str:
+    """A hash of the weights (every parameter and buffer, by name) and the preprocessing:
+    equal for the same model wherever it was loaded from. Names this engine's jobs and
+    evaluate's feature caches (`vit.probe`)."""
     digest = hashlib.sha1()
     for name, tensor in model.state_dict().items():
         digest.update(name.encode())
-        digest.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+        # reshape(-1): a 0-dim buffer cannot be viewed as bytes directly
+        digest.update(tensor.detach().to("cpu").reshape(-1).view(torch.uint8).numpy().tobytes())
     preprocess = getattr(model, "preprocess", None)
     digest.update(json.dumps(getattr(preprocess, "to_dict", dict)(), sort_keys=True).encode())
     return digest.hexdigest()
@@ -278,7 +281,7 @@ def extract_features(
         "format": _FORMAT,
         "items": len(keys),
         "keys": _keys_digest(keys),
-        "model": _model_digest(model),
+        "model": model_digest(model),
         "embedding": embedding,
         "shard_images": shard_images,
     }

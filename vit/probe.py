@@ -38,6 +38,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .features import extract_features as embed_items
+from .features import model_digest, read_features
 from .io import atomic_write
 
 if TYPE_CHECKING:
@@ -62,16 +64,6 @@ GRADIENT_TOLERANCE = 1e-4
 
 
 # -- features ------------------------------------------------------------------------------------
-def model_digest(model: torch.nn.Module) -> str:
-    """A hash of the model's class, state dict names, shapes and values: equal weights give
-    equal digests wherever they were loaded from."""
-    digest = hashlib.sha256(type(model).__name__.encode())
-    for name, tensor in model.state_dict().items():
-        digest.update(f"{name}\0{tuple(tensor.shape)}\0{tensor.dtype}\n".encode())
-        digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()[:32]
-
-
 def dataset_digest(dataset: ImageDataset) -> str:
     """A hash of a dataset's images (files: paths, sizes, modification times; arrays: bytes),
     labels and transform."""
@@ -128,8 +120,6 @@ def extract_features(
     its shards are kept beside `work_path` as they are done, so a killed extraction continues
     where it stopped when run again; memory does not grow with N beyond the result."""
     from .engine import autocast
-    from .features import extract_features as embed_items
-    from .features import read_features
 
     if len(dataset) == 0:
         raise ValueError("no images to extract features from")
