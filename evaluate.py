@@ -89,6 +89,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate on N images, stratified by class (with --knn/--linear-probe also N "
         "training images, unless --train-subset says otherwise)",
     )
+    add_probe_arguments(p)
+    p.add_argument("--batch-size", type=number_in(AT_LEAST_1), default=256)
+    workers = default_workers()
+    p.add_argument(
+        "--workers",
+        type=number_in(AT_LEAST_0),
+        default=workers,
+        help=f"data loader processes (default: one per spare core, at most 4: {workers} here)",
+    )
+    p.add_argument("--device", default="auto")
+    add_threads_argument(p)
+    p.add_argument("--amp", action="store_true", help="bfloat16 autocast")
+    p.add_argument(
+        "--tta",
+        default="none",
+        choices=TTA_CHOICES,
+        help="test-time augmentation: flip also scores the mean of each image's and its mirror "
+        "image's probabilities, reported beside the plain figures",
+    )
+    p.add_argument(
+        "--json", type=Path, help="write the report here (default: OUTPUT_DIR/report.json)"
+    )
+    p.add_argument(
+        "--output-dir",
+        type=Path,
+        help="where confusion_matrix.png (and report.json) go (default: RUN/eval-DATA/ for a "
+        "run's weights, else ./eval-NAME-DATA/)",
+    )
+    return p
+
+
+def add_probe_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that score a model's frozen features (`vit.probe`): --knn, --linear-probe and
+    their settings."""
     p.add_argument(
         "--train-subset",
         type=number_in(AT_LEAST_1),
@@ -128,34 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="picks --subset/--train-subset images and the linear probe's held-out part",
     )
-    p.add_argument("--batch-size", type=number_in(AT_LEAST_1), default=256)
-    workers = default_workers()
-    p.add_argument(
-        "--workers",
-        type=number_in(AT_LEAST_0),
-        default=workers,
-        help=f"data loader processes (default: one per spare core, at most 4: {workers} here)",
-    )
-    p.add_argument("--device", default="auto")
-    add_threads_argument(p)
-    p.add_argument("--amp", action="store_true", help="bfloat16 autocast")
-    p.add_argument(
-        "--tta",
-        default="none",
-        choices=TTA_CHOICES,
-        help="test-time augmentation: flip also scores the mean of each image's and its mirror "
-        "image's probabilities, reported beside the plain figures",
-    )
-    p.add_argument(
-        "--json", type=Path, help="write the report here (default: OUTPUT_DIR/report.json)"
-    )
-    p.add_argument(
-        "--output-dir",
-        type=Path,
-        help="where confusion_matrix.png (and report.json) go (default: RUN/eval-DATA/ for a "
-        "run's weights, else ./eval-NAME-DATA/)",
-    )
-    return p
 
 
 def model_argument(args: argparse.Namespace) -> str:
