@@ -493,17 +493,19 @@ def _model_from_path(
             f"{shown} goes with a model name; {given} holds its own weights: leave out "
             f"{names.pretrained}, or name a model"
         )
+    onnx_file = weights.suffix.lower() == ".onnx"  # accepted only with `onnx`, checked above
     try:
-        says_architecture = weights.is_dir() or (
-            weights.suffix == ".safetensors" and "vit.config" in read_metadata(weights)
+        says_architecture = (
+            onnx_file
+            or weights.is_dir()
+            or (weights.suffix == ".safetensors" and "vit.config" in read_metadata(weights))
         )
-        says_architecture = says_architecture or weights.suffix.lower() == ".onnx"
         if says_architecture and model is not None:
             raise ModelArgumentError(
                 f"{names.given('model', model)} names the architecture of a weights file that "
                 f"does not record it; {given} records its own: leave out {names.model}"
             )
-        if weights.suffix.lower() == ".onnx":
+        if onnx_file:
             from .onnx_model import OnnxModel
 
             return OnnxModel(weights)
