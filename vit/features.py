@@ -60,6 +60,7 @@ import torch.distributed as dist
 from PIL import Image
 from tqdm import tqdm
 
+from .distributed import barrier
 from .families import family_of
 from .images import CorruptImageError
 from .io import atomic_write
@@ -207,11 +208,6 @@ def _rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 def _prepare_parts(out: Path, manifest: dict, overwrite: bool) -> int:
     """Check the output and the parts folder for this job (rank 0): FeaturesError if the output
     exists (without overwrite) or the parts are another job's (overwrite starts anew); returns
@@ -309,11 +305,11 @@ def extract_features(
         )
         reporter.shard_done()
     reporter.close()
-    _barrier()  # every rank's shards are written
+    barrier()  # every rank's shards are written
     result = FeaturesResult(path=None, count=0, dim=0, resumed_shards=done)
     if rank == 0:
         result = _assemble(out, keys, parts, len(shards), result)
-    _barrier()  # rank 0 has assembled: the file is there for every rank
+    barrier()  # rank 0 has assembled: the file is there for every rank
     return result
 
 
