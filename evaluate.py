@@ -52,6 +52,7 @@ from vit.cli import (
     TTA_CHOICES,
     ArgumentParser,
     add_model_arguments,
+    add_model_dtype_argument,
     add_threads_argument,
     default_workers,
     missing_model_argument,
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="auto")
     add_threads_argument(p)
+    add_model_dtype_argument(p)
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast")
     p.add_argument(
         "--tta",
@@ -327,6 +329,7 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     from vit.factory import model_from_flags
     from vit.io import atomic_write
     from vit.onnx_model import onnx_device, refuse_flags
+    from vit.precision import cast_for_inference
 
     probing = args.knn or args.linear_probe
     problem = data_problem(args.data, args.split)
@@ -339,8 +342,16 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     use_threads(args.threads)
     device = resolve_device(onnx_device(args), DistInfo())
     model = model_from_flags(args, onnx=True).to(device)
-    given = {"--amp": args.amp, "--knn": args.knn, "--linear-probe": args.linear_probe}
+    given = {
+        "--amp": args.amp,
+        "--model-dtype": args.model_dtype != "float32",
+        "--knn": args.knn,
+        "--linear-probe": args.linear_probe,
+    }
     refuse_flags(model, given, args.embedding)
+    warning = cast_for_inference(model, args.model_dtype, device)
+    if warning:
+        print(f"evaluate.py: warning: {warning}", file=sys.stderr)
     if model.num_classes == 0 and not probing:
         flag = "--checkpoint" if args.checkpoint is not None else "--model"
         raise ValueError(
@@ -353,7 +364,12 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     scored_data = head_data(args, model) if model.num_classes > 0 else None
     features = split_features(args, model, device, out_dir) if probing else None
     report = {} if scored_data is None else evaluate_head(args, model, device, out_dir, scored_data)
-    report.update(checkpoint=model_argument(args), data=args.data, split=args.split)
+    report.update(
+        checkpoint=model_argument(args),
+        model_dtype=args.model_dtype,
+        data=args.data,
+        split=args.split,
+    )
     if features is not None:
         report.update(score_features(args, *features))
     atomic_write(Path(json_path), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))

@@ -1,11 +1,17 @@
-"""CPU inference paths side by side: timm eager, ours eager (+ torch.compile), ONNX Runtime
-float32 (dynamic size, fixed size, optimized) and int8, in one run.
+"""CPU inference paths side by side: timm eager, ours eager in float32 and bfloat16 (weights
+cast, `--model-dtype bfloat16`; and under autocast) (+ torch.compile), ONNX Runtime float32
+(dynamic size, fixed size, optimized) and int8, and OpenVINO float32 and bfloat16 where it is
+installed (`pip install openvino`: not a dependency of the package), in one run.
 
-    python benchmarks/onnx_throughput.py [--models vit_small_patch16_224 cifar] [--batch-sizes 32 1]
-        [--threads 1 2] [--rounds 3] [--compile] [--accuracy]
+    python benchmarks/onnx_throughput.py [--models vit_small_patch16_224 cifar dinov2]
+        [--batch-sizes 32 1] [--threads 1 2] [--rounds 3] [--compile] [--accuracy]
 
-"cifar" is the shipped model (weights/cifar10_vit_cpu.safetensors, 32 px); a model name is
-built with random weights (speed does not depend on them). The paths are timed in alternating
+"cifar" is the shipped model (weights/cifar10_vit_cpu.safetensors, 32 px), "dinov2" the real
+DINOv2 ViT-S/14 folder (../shared/data/dinov2-small, run at its 224 px, the position embeddings
+resampled from 518 px as it does; timm's model gets the same weights and dynamic_img_size); a
+model name is built with random weights (speed does not depend on them). bfloat16 is fast only
+on CPUs with AVX512-BF16 or AMX (`vit.precision.fast_bfloat16`, printed first): elsewhere its
+rows show how much slower it is. The paths are timed in alternating
 rounds (each path once per round, so machine load drifts hit all alike); each reports its
 median round as images/s and the ratio to timm eager float32 in the same run. The ONNX files
 are made by `vit.export.export_onnx` (each verified against our model as it is written).
@@ -17,6 +23,7 @@ ONNX file, and the files' sizes. The CPU's instruction sets are printed first.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import tempfile
@@ -25,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime
+import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
@@ -34,11 +42,18 @@ from training_throughput import cpu_flags  # noqa: E402
 
 import vit  # noqa: E402
 from vit.export import OnnxOptions, export_onnx  # noqa: E402
+from vit.precision import cast_for_inference, fast_bfloat16  # noqa: E402
+
+try:  # an optional comparison: OpenVINO is not a dependency of the package
+    import openvino
+except ImportError:
+    openvino = None
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "weights" / "cifar10_vit_cpu.safetensors"
 # the shared data sits beside the repository, as in CI
 CIFAR_TEST = ROOT.parent / "shared" / "data" / "cifar10-jpg" / "test"
+DINOV2 = ROOT.parent / "shared" / "data" / "dinov2-small"
 # the ONNX files timed, by the options they are exported with
 ONNX_PATHS = {
     "ORT fp32": OnnxOptions(),
@@ -67,6 +82,12 @@ def load(name: str) -> tuple[vit.VisionTransformer, torch.nn.Module]:
         )
         theirs = TimmViT(**arch, num_classes=c.num_classes)
         theirs.load_state_dict(ours.state_dict())
+    elif name == "dinov2":
+        ours = vit.load_model(str(DINOV2))  # 518 px position embeddings, dynamic_img_size
+        theirs = timm.create_model(
+            "vit_small_patch14_dinov2", img_size=518, dynamic_img_size=True, num_classes=0
+        )
+        theirs.load_state_dict(ours.state_dict())
     else:
         ours = vit.create_model(name)
         torch.nn.init.normal_(ours.head.weight, std=0.02)  # a zero head would hide differences
@@ -91,17 +112,40 @@ def ort_session(path: Path, threads: int) -> onnxruntime.InferenceSession:
     return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def runners(model, theirs, files: dict[str, Path], threads: int, compiled) -> dict:
-    """Label -> a function of a numpy batch (B, C, H, W) running that path once."""
-    run = {
-        "timm eager fp32": lambda x: theirs(torch.from_numpy(x)),
-        "ours eager fp32": lambda x: model(torch.from_numpy(x)),
+def openvino_model(path: Path, threads: int, precision: str):
+    """The ONNX file compiled by OpenVINO for the CPU, computing in `precision` (f32, bf16)."""
+    config = {
+        "INFERENCE_NUM_THREADS": threads,
+        "INFERENCE_PRECISION_HINT": precision,
+        "PERFORMANCE_HINT": "LATENCY",  # one request at a time, as the other paths run
     }
-    if compiled is not None:
-        run["ours compiled fp32"] = lambda x: compiled(torch.from_numpy(x))
+    return openvino.Core().compile_model(str(path), "CPU", config)
+
+
+def runners(models: dict, files: dict[str, Path], threads: int) -> dict:
+    """Label -> a function of a numpy batch (B, C, H, W) running that path once. `models`:
+    label -> a PyTorch model (or None where it could not be built)."""
+    run = {
+        label: lambda x, m=model: m(torch.from_numpy(x))
+        for label, model in models.items()
+        if model is not None
+    }
+    run["ours autocast bf16"] = autocast_runner(models["ours eager fp32"])
     for label, path in files.items():
         session = ort_session(path, threads)
         run[label] = lambda x, s=session: s.run(None, {"pixel_values": x})
+    if openvino is not None:
+        for precision in ("f32", "bf16"):
+            compiled = openvino_model(files["ORT fp32"], threads, precision)
+            run[f"OpenVINO {precision.replace('f32', 'fp32')}"] = compiled
+    return run
+
+
+def autocast_runner(model):
+    def run(x: np.ndarray):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(torch.from_numpy(x))
+
     return run
 
 
@@ -153,6 +197,14 @@ def cifar_accuracy(model: vit.VisionTransformer, files: dict[str, Path], threads
     reference = torch.cat([model(chunk) for chunk in x.split(500)]).argmax(-1)
     print(f"\ntop-1 on {len(y)} CIFAR-10 test images (shipped model, 32 px):")
     print(f"  {'PyTorch fp32':22s} {100 * (reference == y).float().mean():.2f}%")
+    bf16 = copy.deepcopy(model)
+    cast_for_inference(bf16, "bfloat16", torch.device("cpu"))
+    predicted = torch.cat([bf16(chunk) for chunk in x.split(500)]).argmax(-1)
+    top1, agree = (
+        100 * (predicted == y).float().mean(),
+        100 * (predicted == reference).float().mean(),
+    )
+    print(f"  {'PyTorch bf16 weights':22s} {top1:.2f}%  (same prediction as fp32 {agree:.2f}%)")
     for label, path in files.items():
         session = ort_session(path, threads)
         predicted = torch.cat(
@@ -171,7 +223,12 @@ def cifar_accuracy(model: vit.VisionTransformer, files: dict[str, Path], threads
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["vit_small_patch16_224", "cifar"])
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["vit_small_patch16_224", "cifar"],
+        help="names, cifar, dinov2",
+    )
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[32, 1])
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
@@ -179,7 +236,11 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="time torch.compile too")
     parser.add_argument("--accuracy", action="store_true", help="CIFAR-10 test top-1 per path")
     args = parser.parse_args()
-    print(f"CPU: {cpu_flags()}; torch {torch.__version__}, onnxruntime {onnxruntime.__version__}")
+    native = "native" if fast_bfloat16(torch.device("cpu")) else "emulated, slow"
+    versions = f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}"
+    if openvino is not None:
+        versions += f", openvino {openvino.__version__}"
+    print(f"CPU: {cpu_flags()} (bfloat16 {native}); {versions}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             model, theirs = load(name)
@@ -187,13 +248,21 @@ def main() -> None:
             folder = Path(tmp) / name
             folder.mkdir()
             files = export_all(model, folder)
-            size = model.patch_embed.img_size
+            size = model.preprocess.input_size
+            bf16 = copy.deepcopy(model)
+            cast_for_inference(bf16, "bfloat16", torch.device("cpu"))
             for threads in args.threads:
                 torch.set_num_threads(threads)
                 for batch_size in args.batch_sizes:
                     batch = torch.randn(batch_size, 3, *size).numpy()
-                    compiled = try_compile(model, batch) if args.compile else None
-                    run = runners(model, theirs, files, threads, compiled)
+                    models = {
+                        "timm eager fp32": theirs,
+                        "ours eager fp32": model,
+                        "ours eager bf16": bf16,
+                        "ours compiled fp32": try_compile(model, batch) if args.compile else None,
+                        "ours compiled bf16": try_compile(bf16, batch) if args.compile else None,
+                    }
+                    run = runners(models, files, threads)
                     speed = time_paths(run, batch, args.rounds, args.round_seconds)
                     base = speed["timm eager fp32"]
                     print(f"\n{name} {size[0]} px, batch {batch_size}, {threads} thread(s)")

@@ -105,6 +105,11 @@ def test_predict_gives_the_same_classes_probabilities_and_csv(
             "error: --features: needs the PyTorch model (an ONNX classifier gives its logits, "
             "not its features); an ONNX file gives only its output",
         ),
+        (
+            ["--model-dtype", "bfloat16"],
+            "error: --model-dtype: casts the PyTorch model's weights; an ONNX file gives only "
+            "its output: pass the weights it was exported from\n",
+        ),
     ],
 )
 def test_predict_refuses_what_needs_the_pytorch_model(

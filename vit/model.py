@@ -153,7 +153,8 @@ class PatchEmbed(nn.Module):
                 f"model with img_size=({H}, {W}) or dynamic_img_size=True (vit.create_model "
                 f"and vit.load_model take both)"
             )
-        x = self.proj(x)  # (B, D, gh, gw)
+        # images come as float32; a model cast to bfloat16 (--model-dtype) takes them as they are
+        x = self.proj(x.to(self.proj.weight.dtype))  # (B, D, gh, gw)
         return x.flatten(2).transpose(1, 2)  # (B, gh*gw, D)
 
 

@@ -171,4 +171,5 @@ FEATURE_FLAGS = ("--features", "--knn", "--linear-probe")
 REFUSED = {
     "--explain": "needs the PyTorch model (attention maps are read inside it)",
     "--amp": "is PyTorch's bfloat16 autocast",
+    "--model-dtype": "casts the PyTorch model's weights",
 }

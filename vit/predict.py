@@ -46,7 +46,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli import TTA_CHOICES, ArgumentParser, add_model_arguments, add_threads_argument
+from .cli import (
+    TTA_CHOICES,
+    ArgumentParser,
+    add_model_arguments,
+    add_model_dtype_argument,
+    add_threads_argument,
+)
 
 METHOD_NAMES = ("gradient_rollout", "last_block", "relevance", "rollout")  # --method
 OUTPUT_SUFFIXES = (".csv", ".json")
@@ -84,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=4, help="threads decoding images")
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0")
     add_threads_argument(parser)
+    add_model_dtype_argument(parser)
     parser.add_argument("--output", type=Path, help="write the predictions to FILE.csv or .json")
     parser.add_argument(
         "--overwrite",
@@ -149,6 +156,7 @@ from .io import atomic_write
 from .model import VisionTransformer
 from .onnx_model import onnx_device, refuse_flags
 from .plots import add_colorbar, denormalize, draw_overlay, plot_head_attention, save_figure
+from .precision import cast_for_inference
 from .tta import mean_probability
 
 METHODS: dict[str, Callable[[VisionTransformer, torch.Tensor], torch.Tensor]] = {
@@ -436,8 +444,15 @@ def main(argv: list[str] | None = None) -> int:
         device = resolve_device(onnx_device(args), info)
         setup(info, device)  # torchrun: join the others (gloo on CPU); nothing otherwise
         model = model_from_flags(args, onnx=True).to(device)
-        given = {"--explain": args.explain is not None, "--features": args.features is not None}
+        given = {
+            "--explain": args.explain is not None,
+            "--features": args.features is not None,
+            "--model-dtype": args.model_dtype != "float32",
+        }
         refuse_flags(model, given, args.embedding)
+        warning = cast_for_inference(model, args.model_dtype, device)
+        if warning and info.is_main:
+            print(f"warning: {warning}", file=sys.stderr)
         check_headless(args, model)
         if args.features is not None:
             args.embedding = check_embedding(model, args.embedding)

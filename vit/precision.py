@@ -1,0 +1,46 @@
+"""--model-dtype: inference with the weights themselves in bfloat16 (timm's flag of that name).
+
+Why the weights and not autocast: on a CPU with AVX512-BF16 or AMX, ViT-S/16 ran 5.3x timm's
+float32 with bfloat16 weights against 3.4x under bfloat16 autocast (batch 32, two threads;
+docs/fast-inference.md), because autocast casts every weight again on every call. On a CPU
+without those instructions bfloat16 is emulated and slower than float32, so the speed is
+detected, never assumed: `fast_bfloat16` says which, and the commands warn where it is slow.
+Images enter in float32 either way (PatchEmbed casts them to its weight's dtype); logits and
+features leave as float32 (the commands convert them), so reports and files look the same.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MODEL_DTYPES = ("float32", "bfloat16")
+
+
+def fast_bfloat16(device: torch.device) -> bool:
+    """Whether `device` multiplies bfloat16 matrices natively (faster than float32)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    # private but long-standing torch probes of the CPU's instruction sets
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+
+
+def cast_for_inference(
+    model: torch.nn.Module, model_dtype: str, device: torch.device
+) -> str | None:
+    """Cast `model` (already on `device`) to --model-dtype in place; returns a warning line
+    where that dtype is slow on `device`, else None."""
+    if model_dtype not in MODEL_DTYPES:
+        raise ValueError(f"--model-dtype {model_dtype!r}: accepted: {', '.join(MODEL_DTYPES)}")
+    if model_dtype == "float32":
+        return None
+    model.to(torch.bfloat16)
+    if fast_bfloat16(device):
+        return None
+    where = "this CPU has neither AVX512-BF16 nor AMX" if device.type == "cpu" else str(device)
+    return (
+        f"--model-dtype bfloat16: {where}, so bfloat16 is emulated and slower than float32 "
+        f"here; leave --model-dtype out for float32"
+    )
