@@ -7,7 +7,7 @@ In: timm's architectures of each family by name (random weights with a random he
 LayerScale set to 1, so that no branch is close to zero and hides a difference; DINOv2 at
 224 px as its preprocessing feeds it), and the real DINOv2 ViT-S/14 backbone in
 ../shared/data/dinov2-small when it is there. Each goes through `vit.export.export_onnx`
-(opset 18, dynamic batch), which runs the written file in onnxruntime at batch sizes 1 and 3.
+(opset 23, dynamic batch), which runs the written file in onnxruntime at batch sizes 1 and 3.
 Out: what the graph returns (logits, or a headless model's pooled embeddings) and the max
 |onnxruntime - ours| / max |ours| that the export's own check measured, float32.
 """

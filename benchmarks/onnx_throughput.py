@@ -171,6 +171,9 @@ def time_paths(run: dict, batch: np.ndarray, rounds: int, round_seconds: float) 
 
 def try_compile(model, batch: np.ndarray):
     """torch.compile of our model, or None with the reason printed."""
+    # Every configuration compiles anew: dynamo recompiles on a thread-count change, and past
+    # its recompile limit it would silently run eager.
+    torch._dynamo.reset()
     try:
         compiled = torch.compile(model)
         with torch.inference_mode():
@@ -219,6 +222,15 @@ def cifar_accuracy(model: vit.VisionTransformer, files: dict[str, Path], threads
         print(
             f"  {label:22s} {top1:.2f}%  (same prediction as PyTorch {agree:.2f}%, {size:.2f} MB)"
         )
+    if openvino is not None:
+        for precision in ("f32", "bf16"):
+            compiled = openvino_model(files["ORT fp32"], threads, precision)
+            outputs = [torch.from_numpy(compiled(c.numpy())[0]) for c in x.split(500)]
+            predicted = torch.cat(outputs).argmax(-1)
+            top1 = 100 * (predicted == y).float().mean()
+            agree = 100 * (predicted == reference).float().mean()
+            label = f"OpenVINO {precision}"
+            print(f"  {label:22s} {top1:.2f}%  (same prediction as PyTorch {agree:.2f}%)")
 
 
 def main() -> None:

@@ -158,8 +158,8 @@ def add_model_dtype_argument(parser: argparse.ArgumentParser) -> None:
         "--model-dtype",
         choices=("float32", "bfloat16"),
         default="float32",
-        help="the weights' dtype: bfloat16 runs about 4-5x faster than float32 on CPUs with "
-        "AVX512-BF16 or AMX and on recent GPUs, and slower elsewhere (a warning says so); "
+        help="the weights' dtype: bfloat16 ran 3-5x faster than float32 on a CPU with AMX (ViT-S, "
+        "ViT-B, DINOv2 at 224 px) and is slower on CPUs without AVX512-BF16 (a warning says so); "
         "accuracy in docs/fast-inference.md (default: %(default)s)",
     )
 

@@ -73,11 +73,14 @@ if __name__ == "__main__":
     build_parser().parse_args()
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
+import contextlib
 import copy
 import dataclasses
 import functools
 import importlib
+import io
 import json
+import logging
 from dataclasses import astuple, dataclass
 from types import ModuleType
 
@@ -336,17 +339,30 @@ def set_onnx_metadata(path: Path, metadata: dict[str, str]) -> None:
     onnx.save(graph, str(path))
 
 
+@contextlib.contextmanager
+def _logging_quiet():
+    """No log record below ERROR while inside."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 def optimize_onnx(path: Path, model: VisionTransformer) -> str:
     """Apply onnxruntime's transformer fusions to the file at `path`, in place; return the fused
     operator counts, and print a warning for each fusion that matched fewer than one per block."""
     optimizer = require("onnxruntime.transformers.optimizer", "--optimize")
-    optimized = optimizer.optimize_model(
-        str(path),
-        model_type="vit",
-        num_heads=model.config.num_heads,
-        hidden_size=model.config.embed_dim,
-        opt_level=0,  # the graph fusions only: the session applies its own at load time
-    )
+    # Its symbolic shape inference does not know opset 23's Attention and says so in several
+    # lines (a print and warnings); what that costs (a fusion that misses) is warned below.
+    with contextlib.redirect_stdout(io.StringIO()), _logging_quiet():
+        optimized = optimizer.optimize_model(
+            str(path),
+            model_type="vit",
+            num_heads=model.config.num_heads,
+            hidden_size=model.config.embed_dim,
+            opt_level=0,  # the graph fusions only: the session applies its own at load time
+        )
     counts = {k: v for k, v in optimized.get_fused_operator_statistics().items() if v}
     optimized.save_model_to_file(str(path))
     set_onnx_metadata(path, onnx_metadata(model, "float32"))

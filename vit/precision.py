@@ -1,7 +1,7 @@
 """--model-dtype: inference with the weights themselves in bfloat16 (timm's flag of that name).
 
-Why the weights and not autocast: on a CPU with AVX512-BF16 or AMX, ViT-S/16 ran 5.3x timm's
-float32 with bfloat16 weights against 3.4x under bfloat16 autocast (batch 32, two threads;
+Why the weights and not autocast: on a CPU with AMX, ViT-S/16 ran 4.7x timm's float32 with
+bfloat16 weights against 3.8x under bfloat16 autocast (batch 32, two threads;
 docs/fast-inference.md), because autocast casts every weight again on every call. On a CPU
 without those instructions bfloat16 is emulated and slower than float32, so the speed is
 detected, never assumed: `fast_bfloat16` says which, and the commands warn where it is slow.
