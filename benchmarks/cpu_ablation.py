@@ -45,6 +45,7 @@ ROWS = {
     "alt-flip": (["--patch-drop-anneal", "0"], "Muon, alternating flips"),
     "recipe": ([], "configs/cifar10_cpu.yaml: + patch dropout annealed over the last 2 epochs"),
     "sincos": (["--pos-embed", "sincos"], "the recipe + fixed 2-D sin-cos position embeddings"),
+    "amp": (["--amp"], "the recipe in bfloat16 autocast (explicit attention; for AMX CPUs)"),
 }
 
 

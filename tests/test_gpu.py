@@ -493,6 +493,31 @@ def test_evaluate_on_the_device_matches_the_cpu(
     assert here["loss"] == pytest.approx(cpu["loss"], rel=1e-4)
 
 
+def test_bfloat16_weights_on_the_device_stay_near_float32(
+    device, weights_file, image_folder, tmp_path
+):
+    """--model-dtype bfloat16 on the device: the same classes as float32 on the CPU (at most one
+    image of six changes), probabilities within bfloat16's rounding, no warning where bf16 is
+    native (a GPU, or a CPU with AVX512-BF16 / AMX)."""
+    from vit import predict
+    from vit.precision import fast_bfloat16
+
+    images = image_folder / "test" / "red"
+    output = tmp_path / "bf16.json"
+    argv = [str(images), "--checkpoint", str(weights_file), "--device", str(device)]
+    argv += ["--workers", "0", "--model-dtype", "bfloat16", "--output", str(output)]
+    assert predict.main(argv) == 0
+    fast = {Path(r["path"]).name: r for r in json.loads(output.read_text())}
+    exact = predictions(tmp_path, weights_file, images, "cpu", "cpu")
+    assert fast.keys() == exact.keys() and len(fast) == 6
+    changed = sum(fast[name]["label"] != exact[name]["label"] for name in fast)
+    assert changed <= 1
+    for name in fast:
+        assert fast[name]["probability"] == pytest.approx(exact[name]["probability"], abs=0.05)
+    if device.type == "cuda":
+        assert fast_bfloat16(device)
+
+
 def test_explain_on_the_device_matches_the_cpu_and_takes_the_explicit_path(
     device, weights_file, image_folder, tmp_path
 ):
