@@ -46,6 +46,7 @@ ROWS = {
     "recipe": ([], "configs/cifar10_cpu.yaml: + patch dropout annealed over the last 2 epochs"),
     "sincos": (["--pos-embed", "sincos"], "the recipe + fixed 2-D sin-cos position embeddings"),
     "amp": (["--amp"], "the recipe in bfloat16 autocast (explicit attention; for AMX CPUs)"),
+    "amp-40ep": (["--amp", "--epochs", "40"], "the recipe in bfloat16 autocast, 40 epochs"),
 }
 
 

@@ -77,7 +77,8 @@ def cpu_flags() -> str:
 
 def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float, opt: str, dtype: str):
     """A closure running one training step on a fixed random batch (the forward pass and loss
-    under bfloat16 autocast for dtype "bfloat16"); returns the model too."""
+    under bfloat16 autocast for dtype "bfloat16", through the explicit attention path as
+    train.py --amp does on a CPU: vit.engine.wrap_model says why); returns the model too."""
     torch.manual_seed(0)
     model = vit.create_model(
         "vit_cifar_patch4_32",
@@ -86,6 +87,7 @@ def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float, op
         patch_drop_rate=patch_drop,
         **shape,
     ).train()
+    model.set_fused_attn(dtype != "bfloat16")
     optimizer = build_optimizer(model, opt, lr=1e-3, weight_decay=0.05)
     images = torch.randn(batch_size, 3, img_size, img_size)
     labels = torch.randint(0, 10, (batch_size,))
