@@ -185,8 +185,11 @@ def try_compile(model, batch: np.ndarray):
 
 
 @torch.inference_mode()
-def cifar_accuracy(model: vit.VisionTransformer, files: dict[str, Path], threads: int) -> None:
-    """Top-1 on the 10,000 CIFAR-10 test images for PyTorch and each ONNX file; file sizes."""
+def cifar_accuracy(
+    model: vit.VisionTransformer, bf16: vit.VisionTransformer, files: dict[str, Path], threads: int
+) -> None:
+    """Top-1 on the 10,000 CIFAR-10 test images for PyTorch (float32, bfloat16 weights), each
+    ONNX file and OpenVINO where installed; file sizes."""
     from PIL import Image
 
     transform = vit.create_transform(model)
@@ -200,37 +203,23 @@ def cifar_accuracy(model: vit.VisionTransformer, files: dict[str, Path], threads
     reference = torch.cat([model(chunk) for chunk in x.split(500)]).argmax(-1)
     print(f"\ntop-1 on {len(y)} CIFAR-10 test images (shipped model, 32 px):")
     print(f"  {'PyTorch fp32':22s} {100 * (reference == y).float().mean():.2f}%")
-    bf16 = copy.deepcopy(model)
-    cast_for_inference(bf16, "bfloat16", torch.device("cpu"))
-    predicted = torch.cat([bf16(chunk) for chunk in x.split(500)]).argmax(-1)
-    top1, agree = (
-        100 * (predicted == y).float().mean(),
-        100 * (predicted == reference).float().mean(),
-    )
-    print(f"  {'PyTorch bf16 weights':22s} {top1:.2f}%  (same prediction as fp32 {agree:.2f}%)")
-    for label, path in files.items():
-        session = ort_session(path, threads)
-        predicted = torch.cat(
-            [
-                torch.from_numpy(session.run(None, {"pixel_values": c.numpy()})[0])
-                for c in x.split(500)
-            ]
-        ).argmax(-1)
+
+    def report(label: str, run, note: str = "") -> None:
+        """`run`: a numpy batch (B, C, H, W) -> logits (B, K); its top-1 and agreement."""
+        predicted = torch.cat([torch.as_tensor(run(c.numpy())) for c in x.split(500)]).argmax(-1)
         top1 = 100 * (predicted == y).float().mean()
         agree = 100 * (predicted == reference).float().mean()
-        size = path.stat().st_size / 1e6
-        print(
-            f"  {label:22s} {top1:.2f}%  (same prediction as PyTorch {agree:.2f}%, {size:.2f} MB)"
-        )
+        print(f"  {label:22s} {top1:.2f}%  (same prediction as PyTorch {agree:.2f}%{note})")
+
+    report("PyTorch bf16 weights", lambda b: bf16(torch.from_numpy(b)))
+    for label, path in files.items():
+        session = ort_session(path, threads)
+        size = f", {path.stat().st_size / 1e6:.2f} MB"
+        report(label, lambda b, s=session: s.run(None, {"pixel_values": b})[0], size)
     if openvino is not None:
         for precision in ("f32", "bf16"):
             compiled = openvino_model(files["ORT fp32"], threads, precision)
-            outputs = [torch.from_numpy(compiled(c.numpy())[0]) for c in x.split(500)]
-            predicted = torch.cat(outputs).argmax(-1)
-            top1 = 100 * (predicted == y).float().mean()
-            agree = 100 * (predicted == reference).float().mean()
-            label = f"OpenVINO {precision}"
-            print(f"  {label:22s} {top1:.2f}%  (same prediction as PyTorch {agree:.2f}%)")
+            report(f"OpenVINO {precision}", lambda b, c=compiled: c(b)[0])
 
 
 def main() -> None:
@@ -282,7 +271,7 @@ def main() -> None:
                     for label, value in speed.items():
                         print(f"  {label:22s} {value:10.1f} {value / base:7.2f}")
             if args.accuracy and name == "cifar":
-                cifar_accuracy(model, files, max(args.threads))
+                cifar_accuracy(model, bf16, files, max(args.threads))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import NoReturn
 
 TTA_CHOICES = ("none", "flip")  # --tta of evaluate.py and predict (vit.tta does the work)
+MODEL_DTYPES = ("float32", "bfloat16")  # --model-dtype (vit.precision does the work)
 TIMM_WEIGHTS = "timm"  # --pretrained with no value: timm's published weights for the model name
 
 
@@ -156,7 +157,7 @@ def add_model_dtype_argument(parser: argparse.ArgumentParser) -> None:
     """--model-dtype (timm's name): the weights' dtype for inference (`vit.precision`)."""
     parser.add_argument(
         "--model-dtype",
-        choices=("float32", "bfloat16"),
+        choices=MODEL_DTYPES,
         default="float32",
         help="the weights' dtype: bfloat16 ran 3-5x faster than float32 on a CPU with AMX (ViT-S, "
         "ViT-B, DINOv2 at 224 px) and is slower on CPUs without AVX512-BF16 (a warning says so); "

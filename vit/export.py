@@ -223,7 +223,9 @@ def export_onnx(
     for module in ("onnx", "onnxscript"):
         require(module, "--onnx (torch.onnx's exporter)")
     onnxruntime = require("onnxruntime", "--onnx (verifying the export)")
-    if opset >= 23 and _release(onnxruntime.__version__) < (1, 23):
+    from packaging.version import Version  # a dependency of onnxruntime, imported above
+
+    if opset >= 23 and Version(onnxruntime.__version__).release < (1, 23):
         raise MissingExtraError(
             f"--onnx writes opset {opset}, whose Attention operator onnxruntime runs from 1.23 "
             f"on; this is onnxruntime {onnxruntime.__version__}: pip install -U "
@@ -276,12 +278,6 @@ def export_onnx(
 
     atomic_write(path, write)
     return ExportCheck(path, *astuple(result[0])[1:])
-
-
-def _release(version: str) -> tuple[int, int]:
-    """ "1.23.2" -> (1, 23)."""
-    major, minor = (version.split(".") + ["0"])[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
 
 
 def dynamic_size_copy(model: VisionTransformer) -> VisionTransformer:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-MODEL_DTYPES = ("float32", "bfloat16")
+from .cli import MODEL_DTYPES
 
 
 def fast_bfloat16(device: torch.device) -> bool:
