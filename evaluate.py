@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 from vit.cli import (
     AT_LEAST_0,
     AT_LEAST_1,
+    KNN_KS,
     TTA_CHOICES,
     ArgumentParser,
     add_model_arguments,
@@ -140,9 +141,9 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         "--knn-k",
         type=number_in(AT_LEAST_1),
         nargs="+",
-        default=[10, 20, 100, 200],
+        default=list(KNN_KS),
         metavar="K",
-        help="the k of --knn (default: 10 20 100 200; the report leads with 20)",
+        help=f"the k of --knn (default: {' '.join(map(str, KNN_KS))}; the report leads with 20)",
     )
     p.add_argument(
         "--linear-probe",

@@ -28,6 +28,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BASE = ["--config", "configs/cifar10_cpu.yaml"]
 PROCESSES = 2
 
+
+def shape(**overrides) -> list[str]:
+    """--model-kwargs items for the recipe's model with other width/depth/heads (the flag
+    replaces the YAML's whole model_kwargs, so its pooling settings are repeated)."""
+    kwargs = {"global_pool": "avg", "class_token": "false", **overrides}
+    return [f"{key}={value}" for key, value in kwargs.items()]
+
+
 # name -> (flags after BASE, what the row is). The rows measured before a lever joined the recipe
 # turn it off, so each row's command reproduces what was measured (--eval-interval 2 included).
 EARLIER = ["--no-hflip-alternate", "--patch-drop-anneal", "0"]  # the last round's recipe
@@ -47,6 +55,16 @@ ROWS = {
     "sincos": (["--pos-embed", "sincos"], "the recipe + fixed 2-D sin-cos position embeddings"),
     "amp": (["--amp"], "the recipe in bfloat16 autocast (explicit attention; for AMX CPUs)"),
     "amp-40ep": (["--amp", "--epochs", "40"], "the recipe in bfloat16 autocast, 40 epochs"),
+    # Width and depth at about amp-40ep's wall time on an AMX host (training_throughput.py's
+    # bf16 images/s of each shape set the epochs); head width stays 32 channels.
+    "amp-192d-24ep": (
+        ["--amp", "--epochs", "24", "--model-kwargs", *shape(embed_dim=192, depth=4, num_heads=6)],
+        "bfloat16, 192 wide (1.2M parameters), 24 epochs",
+    ),
+    "amp-6L-30ep": (
+        ["--amp", "--epochs", "30", "--model-kwargs", *shape(embed_dim=128, depth=6, num_heads=4)],
+        "bfloat16, 6 blocks deep (0.81M parameters), 30 epochs",
+    ),
 }
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import re
 import statistics
 import time
 
@@ -41,6 +42,25 @@ SHAPES = {
     # the shape of omihub777/ViT-CIFAR's 6.3M model (hidden 384, 7 layers, 12 heads, MLP 384)
     "384d-7L-12h-r1 (6.3M)": {"embed_dim": 384, "depth": 7, "num_heads": 12, "mlp_ratio": 1.0},
 }
+
+
+def parse_shape(label: str) -> dict:
+    """ViTConfig overrides for a shape label: one of SHAPES, or any
+    "<width>d-<depth>L-<heads>h-r<MLP ratio>" such as "192d-4L-6h-r2" (a scan's other shapes)."""
+    if label in SHAPES:
+        return SHAPES[label]
+    match = re.fullmatch(r"(\d+)d-(\d+)L-(\d+)h-r([\d.]+)", label)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"shape {label!r}: expected one of {list(SHAPES)} or e.g. '192d-4L-6h-r2'"
+        )
+    width, depth, heads, ratio = match.groups()
+    return {
+        "embed_dim": int(width),
+        "depth": int(depth),
+        "num_heads": int(heads),
+        "mlp_ratio": float(ratio),
+    }
 
 
 def matmul_peak_gflops(size: int = 1024, repeats: int = 20, dtype=torch.float32) -> float:
@@ -75,10 +95,19 @@ def cpu_flags() -> str:
     return " ".join(flag for flag in wanted if flag in flags) or "none of " + " ".join(wanted)
 
 
-def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float, opt: str, dtype: str):
+def make_step(
+    shape: dict,
+    img_size: int,
+    batch_size: int,
+    patch_drop: float,
+    opt: str,
+    dtype: str,
+    compile: bool = False,
+):
     """A closure running one training step on a fixed random batch (the forward pass and loss
     under bfloat16 autocast for dtype "bfloat16", through the explicit attention path as
-    train.py --amp does on a CPU: vit.engine.wrap_model says why); returns the model too."""
+    train.py --amp does on a CPU: vit.engine.wrap_model says why; compiled by torch.compile as
+    train.py --compile does if `compile`); returns the model too."""
     torch.manual_seed(0)
     model = vit.create_model(
         "vit_cifar_patch4_32",
@@ -89,12 +118,13 @@ def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float, op
     ).train()
     model.set_fused_attn(dtype != "bfloat16")
     optimizer = build_optimizer(model, opt, lr=1e-3, weight_decay=0.05)
+    forward = torch.compile(model) if compile else model
     images = torch.randn(batch_size, 3, img_size, img_size)
     labels = torch.randint(0, 10, (batch_size,))
 
     def step() -> None:
         with torch.autocast("cpu", torch.bfloat16, enabled=dtype == "bfloat16"):
-            loss = F.cross_entropy(model(images), labels)
+            loss = F.cross_entropy(forward(images), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -104,34 +134,52 @@ def make_step(shape: dict, img_size: int, batch_size: int, patch_drop: float, op
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        default=list(SHAPES),
+        help=f"any of {list(SHAPES)}, or e.g. '192d-4L-6h-r2' (width, depth, heads, MLP ratio)",
+    )
     parser.add_argument("--sizes", nargs="+", type=int, default=[16, 24, 32])
     parser.add_argument("--patch-drop", nargs="+", type=float, default=[0.0])
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--opt", nargs="+", default=["adamw"], choices=["adamw", "muon"])
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--compile",
+        nargs="+",
+        choices=["off", "on"],
+        default=["off"],
+        help="rows without and/or with torch.compile of the model (as train.py --compile)",
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="training steps per round")
     args = parser.parse_args()
+    try:
+        shapes = {label: parse_shape(label) for label in args.shapes}
+    except argparse.ArgumentTypeError as error:
+        parser.error(str(error))
     torch.set_num_threads(args.threads)
 
     peaks = {"float32": matmul_peak_gflops()}
     if "bfloat16" in args.dtypes:
         peaks["bfloat16"] = matmul_peak_gflops(dtype=torch.bfloat16)
     rows = {}
-    for label in args.shapes:
+    for label, shape in shapes.items():
         for size in args.sizes:
             for drop in args.patch_drop:
-                for opt, dtype in itertools.product(args.opt, args.dtypes):
-                    model, step = make_step(SHAPES[label], size, args.batch_size, drop, opt, dtype)
-                    step()  # warm-up: allocator, kernels
-                    params = sum(p.numel() for p in model.parameters()) / 1e6
-                    rows[(label, size, drop, opt, dtype)] = {
+                for opt, dtype, compiled in itertools.product(args.opt, args.dtypes, args.compile):
+                    setting = (shape, size, args.batch_size, drop, opt, dtype)
+                    model, step = make_step(*setting, compile=compiled == "on")
+                    step()  # warm-up: allocator, kernels (and compilation)
+                    rows[(label, size, drop, opt, dtype, compiled)] = {
                         "step": step,
                         "times": [],
-                        "params": params,
-                        "flops": step_flops(step),
+                        "params": sum(p.numel() for p in model.parameters()) / 1e6,
+                        # counted on the eager twin: a compiled graph hides its ops from the
+                        # counter, and compiling changes no FLOP
+                        "flops": step_flops(make_step(*setting)[1]),
                     }
     for _ in range(args.rounds):
         for row in rows.values():
@@ -148,16 +196,18 @@ def main() -> None:
         f"median of {args.rounds} rounds of {args.steps} steps; CPU flags: {cpu_flags()}; {shown}"
     )
     print(
-        "| shape | params | image | tokens | patch drop | optimizer | dtype | img/s | GFLOP/s "
-        "| % fp32 peak | % own peak |\n|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|"
+        "| shape | params | image | tokens | patch drop | optimizer | dtype | compiled | img/s "
+        "| GFLOP/s | % fp32 peak | % own peak |\n"
+        "|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|"
     )
-    for (label, size, drop, opt, dtype), row in rows.items():
+    for (label, size, drop, opt, dtype, compiled), row in rows.items():
         tokens = (size // 4) ** 2
         kept = tokens - int(tokens * drop)
         seconds = statistics.median(row["times"]) / args.steps  # one step
         gflops = row["flops"] / seconds / 1e9
         print(
             f"| {label} | {row['params']:.2f}M | {size} | {kept}+1 | {drop:.2f} | {opt} | {dtype} "
+            f"| {compiled} "
             f"| {args.batch_size / seconds:.0f} | {gflops:.1f} "
             f"| {100 * gflops / peaks['float32']:.0f}% | {100 * gflops / peaks[dtype]:.0f}% |"
         )

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Train CIFAR-10 in ./.venv (created if needed), with the recipe that suits this machine:
 #   a GPU: configs/cifar10.yaml (200 epochs, --amp), one process;
-#   no GPU: configs/cifar10_cpu.yaml (the ~30-minute CPU recipe), NPROC processes of one
-#   thread each under torchrun (default 2), 128 images per step in all.
+#   no GPU: the ~30-minute CPU recipe, NPROC processes of one thread each under torchrun
+#   (default 2), 128 images per step in all: configs/cifar10_cpu_bf16.yaml where the CPU has
+#   AMX (bfloat16 matrix products ~7x float32 there: more epochs in the time), else
+#   configs/cifar10_cpu.yaml (float32, every CPU). CPU_RECIPE=float32 or bfloat16 chooses.
 #   bash scripts/train.sh                                  # downloads CIFAR-10 into ./data
 #   DATA=../shared/data/cifar10-jpg bash scripts/train.sh  # a local image-folder copy
 #   DATA=... bash scripts/train.sh --epochs 5              # any train.py flag passes through
@@ -43,6 +45,19 @@ if [ $((128 % NPROC)) -ne 0 ]; then
     echo "[vit] NPROC=$NPROC does not divide the recipe's 128 images per step" >&2
     exit 2
 fi
-echo "[vit] no GPU: the CPU recipe, configs/cifar10_cpu.yaml, $NPROC process(es) x 1 thread"
+CPU_RECIPE="${CPU_RECIPE:-auto}"
+if [ "$CPU_RECIPE" = auto ]; then
+    CPU_RECIPE="$(python -c "from vit.precision import cpu_has_amx
+print('bfloat16' if cpu_has_amx() else 'float32')")"
+fi
+case "$CPU_RECIPE" in
+    float32) CONFIG=configs/cifar10_cpu.yaml ;;
+    bfloat16) CONFIG=configs/cifar10_cpu_bf16.yaml ;;
+    *)
+        echo "[vit] CPU_RECIPE=$CPU_RECIPE: accepted: auto (the default), float32, bfloat16" >&2
+        exit 2
+        ;;
+esac
+echo "[vit] no GPU: the $CPU_RECIPE CPU recipe, $CONFIG, $NPROC process(es) x 1 thread"
 exec python -m vit.distributed --standalone --nproc_per_node "$NPROC" train.py \
-    --config configs/cifar10_cpu.yaml --batch-size $((128 / NPROC)) --data "$DATA" "$@"
+    --config "$CONFIG" --batch-size $((128 / NPROC)) --data "$DATA" "$@"

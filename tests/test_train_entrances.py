@@ -105,6 +105,42 @@ def test_a_mistake_under_two_processes_is_one_line_and_leaves_nothing(
     assert not run.exists()
 
 
+def test_cpu_recipe_follows_the_machine_unless_named(image_folder, tmp_path):
+    """scripts/train.sh picks the bfloat16 recipe where the CPU has AMX, float32 elsewhere;
+    CPU_RECIPE names one, and anything else is one line."""
+    from vit.precision import cpu_has_amx
+
+    machine = "bfloat16" if cpu_has_amx() else "float32"
+    done = train_sh(*TINY, "--epochs", "0", data=image_folder)  # refused after the choice
+    assert done.stdout.startswith(f"[vit] no GPU: the {machine} CPU recipe"), done.stdout
+
+    run = tmp_path / "run"
+    env = {**venv_env(), "DATA": str(image_folder), "CPU_RECIPE": "bfloat16"}
+    command = ["bash", str(TRAIN_SH), *TINY, "--epochs", "2", "--output-dir", str(run)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "configs/cifar10_cpu_bf16.yaml" in done.stdout
+    assert yaml.safe_load((run / "config.yaml").read_text())["amp"] is True
+
+    env["CPU_RECIPE"] = "fp32"
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "[vit] CPU_RECIPE=fp32: accepted: auto (the default), float32, bfloat16"
+    )
+
+
+def test_the_bfloat16_cpu_recipe_is_the_float32_one_with_autocast_and_more_epochs():
+    """configs/cifar10_cpu_bf16.yaml differs from configs/cifar10_cpu.yaml only where the
+    measurement says it should (docs/cpu-recipe.md): precision, epochs and the model's shape."""
+    float32 = yaml.safe_load((ROOT / "configs" / "cifar10_cpu.yaml").read_text())
+    bfloat16 = yaml.safe_load((ROOT / "configs" / "cifar10_cpu_bf16.yaml").read_text())
+    changed = {
+        key for key in float32.keys() | bfloat16.keys() if float32.get(key) != bfloat16.get(key)
+    }
+    assert changed <= {"amp", "epochs", "model_kwargs"} and bfloat16["amp"] is True
+    assert bfloat16["epochs"] > float32["epochs"]
+
+
 def test_two_process_run_stops_on_ctrl_c_and_resumes_as_started(image_folder, tmp_path):
     run = tmp_path / "run"
     command = ["bash", str(TRAIN_SH), *TINY, "--epochs", "5", "--output-dir", str(run)]

@@ -22,9 +22,18 @@ def fast_bfloat16(device: torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
+    return _cpu_probe("_is_avx512_bf16_supported") or cpu_has_amx()
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later): where bfloat16 matrix
+    products ran ~7x float32, enough to make bfloat16 training pay (docs/cpu-recipe.md)."""
+    return _cpu_probe("_is_amx_tile_supported")
+
+
+def _cpu_probe(name: str) -> bool:
     # private but long-standing torch probes of the CPU's instruction sets
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(getattr(torch.cpu, name, lambda: False)() for name in probes)
+    return bool(getattr(torch.cpu, name, lambda: False)())
 
 
 def cast_for_inference(

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .cli import KNN_KS
 from .features import extract_features as embed_items
 from .features import model_digest, read_features
 from .io import atomic_write
@@ -48,7 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KNN_KS = (10, 20, 100, 200)  # DINO's and DINOv2's
 KNN_LEAD_K = 20  # the figure reports lead with
 KNN_TEMPERATURE = 0.07
 # At most this many similarities (test block x training images), and votes (test block x k x
