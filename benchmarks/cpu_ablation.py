@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from vit.data import load_split
 from vit.engine import TrainConfig
 
@@ -31,9 +33,9 @@ PROCESSES = 2
 
 def shape(**overrides) -> list[str]:
     """--model-kwargs items for the recipe's model with other width/depth/heads (the flag
-    replaces the YAML's whole model_kwargs, so its pooling settings are repeated)."""
-    kwargs = {"global_pool": "avg", "class_token": "false", **overrides}
-    return [f"{key}={value}" for key, value in kwargs.items()]
+    replaces BASE's whole model_kwargs, so the rest of them, e.g. its pooling, are repeated)."""
+    recipe = yaml.safe_load((ROOT / BASE[1]).read_text())["model_kwargs"]
+    return [f"{key}={value}" for key, value in {**recipe, **overrides}.items()]
 
 
 # configs/cifar10_cpu_bf16.yaml as flags on top of BASE (the row amp-6L-30ep)

@@ -44,18 +44,18 @@ SHAPES = {
 }
 
 
-def parse_shape(label: str) -> dict:
-    """ViTConfig overrides for a shape label: one of SHAPES, or any
+def parse_shape(label: str) -> tuple[str, dict]:
+    """(label, ViTConfig overrides) for a shape label: one of SHAPES, or any
     "<width>d-<depth>L-<heads>h-r<MLP ratio>" such as "192d-4L-6h-r2" (a scan's other shapes)."""
     if label in SHAPES:
-        return SHAPES[label]
+        return label, SHAPES[label]
     match = re.fullmatch(r"(\d+)d-(\d+)L-(\d+)h-r([\d.]+)", label)
     if match is None:
         raise argparse.ArgumentTypeError(
             f"shape {label!r}: expected one of {list(SHAPES)} or e.g. '192d-4L-6h-r2'"
         )
     width, depth, heads, ratio = match.groups()
-    return {
+    return label, {
         "embed_dim": int(width),
         "depth": int(depth),
         "num_heads": int(heads),
@@ -137,7 +137,8 @@ def main() -> None:
     parser.add_argument(
         "--shapes",
         nargs="+",
-        default=list(SHAPES),
+        type=parse_shape,
+        default=list(SHAPES.items()),
         help=f"any of {list(SHAPES)}, or e.g. '192d-4L-6h-r2' (width, depth, heads, MLP ratio)",
     )
     parser.add_argument("--sizes", nargs="+", type=int, default=[16, 24, 32])
@@ -156,30 +157,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="training steps per round")
     args = parser.parse_args()
-    try:
-        shapes = {label: parse_shape(label) for label in args.shapes}
-    except argparse.ArgumentTypeError as error:
-        parser.error(str(error))
     torch.set_num_threads(args.threads)
 
     peaks = {"float32": matmul_peak_gflops()}
     if "bfloat16" in args.dtypes:
         peaks["bfloat16"] = matmul_peak_gflops(dtype=torch.bfloat16)
     rows = {}
-    for label, shape in shapes.items():
+    for label, shape in dict(args.shapes).items():
         for size in args.sizes:
             for drop in args.patch_drop:
                 for opt, dtype, compiled in itertools.product(args.opt, args.dtypes, args.compile):
                     setting = (shape, size, args.batch_size, drop, opt, dtype)
                     model, step = make_step(*setting, compile=compiled == "on")
                     step()  # warm-up: allocator, kernels (and compilation)
+                    # a compiled graph hides its ops from the counter, and compiling changes
+                    # no FLOP: a compiled row is counted on an eager twin
+                    eager_step = step if compiled == "off" else make_step(*setting)[1]
                     rows[(label, size, drop, opt, dtype, compiled)] = {
                         "step": step,
                         "times": [],
                         "params": sum(p.numel() for p in model.parameters()) / 1e6,
-                        # counted on the eager twin: a compiled graph hides its ops from the
-                        # counter, and compiling changes no FLOP
-                        "flops": step_flops(make_step(*setting)[1]),
+                        "flops": step_flops(eager_step),
                     }
     for _ in range(args.rounds):
         for row in rows.values():
