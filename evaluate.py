@@ -108,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tta",
         default="none",
         choices=TTA_CHOICES,
-        help="test-time augmentation: flip also scores the mean of each image's and its mirror "
-        "image's probabilities, reported beside the plain figures",
+        help="test-time augmentation, reported beside the plain figures: the mean probability "
+        "of each image's views: flip (and its mirror image, 2x the compute), shift (moved 1/16 "
+        "of its side four ways, 5x), flip-shift (both, 10x)",
     )
     p.add_argument(
         "--json", type=Path, help="write the report here (default: OUTPUT_DIR/report.json)"

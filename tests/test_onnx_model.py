@@ -77,7 +77,7 @@ def test_predict_gives_the_same_classes_probabilities_and_csv(
     rows = {}
     for name in ("tiny.safetensors", "tiny.onnx"):
         out = tmp_path / f"{name}.csv"
-        argv = [images, "--checkpoint", str(exported / name), "--top-k", "3", "--tta", "flip"]
+        argv = [images, "--checkpoint", str(exported / name), "--top-k", "3", "--tta", "flip-shift"]
         assert predict_main([*argv, "--threads", "1", "--output", str(out)]) == 0
         with open(out, newline="") as f:
             rows[name] = list(csv.DictReader(f))

@@ -238,11 +238,13 @@ def test_csv_and_json_records_hold_the_model_probabilities(
     assert len({r["label"] for r in records}) > 1  # the predictions do depend on the image
 
 
-def test_flip_tta_scores_an_image_and_its_mirror_image_alike(
-    varied_checkpoint, tmp_path, one_thread
+@pytest.mark.parametrize("method", ["flip", "flip-shift"])
+def test_mirror_closed_tta_scores_an_image_and_its_mirror_image_alike(
+    method, varied_checkpoint, tmp_path, one_thread
 ):
-    """--tta flip: the mean probability of an image and its mirror, so an image and its mirror
-    image get the same probabilities (plain predictions differ)."""
+    """--tta flip and flip-shift: the mean probability of views that include each view's
+    mirror image (a shift left mirrors a shift right), so an image and its mirror image get the
+    same probabilities (plain predictions differ)."""
     rng = np.random.default_rng(1)
     pixels = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(tmp_path / "a.png")
@@ -250,12 +252,12 @@ def test_flip_tta_scores_an_image_and_its_mirror_image_alike(
     args = [str(tmp_path / "a.png"), str(tmp_path / "b.png"), "--checkpoint"]
     args += [str(varied_checkpoint), "--top-k", "3"]
     probabilities = {}
-    for tta in ("none", "flip"):
+    for tta in ("none", method):
         out = tmp_path / f"{tta}.json"
         assert main([*args, "--tta", tta, "--output", str(out)]) == 0
         a, b = ({r[k]: r[p] for k, p in LABELS} for r in json.loads(out.read_text()))
         probabilities[tta] = (a, b)
-    a, b = probabilities["flip"]
+    a, b = probabilities[method]
     assert a == pytest.approx(b, abs=1e-6)
     a, b = probabilities["none"]
     assert max(abs(a[name] - b[name]) for name in a) > 1e-3

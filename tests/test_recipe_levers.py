@@ -1,5 +1,6 @@
 """The CPU recipe's second round of levers: mimetic attention init, fixed sin-cos position
-embeddings, Muon, annealed patch dropout, alternating flips, flip test-time augmentation."""
+embeddings, Muon, annealed patch dropout, alternating flips (test-time augmentation is in
+test_tta.py)."""
 
 import math
 
@@ -10,7 +11,6 @@ import torch
 import vit
 import vit.optim
 from vit.batch_loader import InMemoryBatches
-from vit.engine import evaluate
 from vit.init import mimetic_init_, sincos_2d, sincos_pos_embed_
 from vit.optim import Muon, build_optimizer, muon_param_groups, orthogonalize, share_work
 from vit.train_config import TrainConfig, patch_drop_for_epoch, resolve_optimizer
@@ -269,26 +269,6 @@ def test_alternating_flips_show_every_image_both_ways_over_two_epochs():
                 flipped.setdefault(label, []).append(bool(image[..., :4].sum() > 0))
     assert all(len(v) == 3 and v[0] != v[1] and v[0] == v[2] for v in flipped.values())
     assert 10 < sum(v[0] for v in flipped.values()) < 30  # a random half starts flipped
-
-
-# -- flip test-time augmentation --------------------------------------------------------------
-def test_flip_tta_scores_the_mean_probability_of_image_and_mirror_beside_the_plain_figure():
-    torch.manual_seed(0)
-    model = small_model().eval()
-    torch.nn.init.normal_(model.head.weight)
-    images, labels = torch.randn(12, 3, 32, 32), torch.randint(0, 10, (12,))
-    loader = [(images[:5], labels[:5]), (images[5:], labels[5:])]
-    result = evaluate(model, loader, num_classes=10, device=torch.device("cpu"), tta="flip")
-    with torch.no_grad():
-        probs = (model(images).softmax(-1) + model(images.flip(-1)).softmax(-1)) / 2
-        plain = model(images)
-    assert result["top1"] == (plain.argmax(1) == labels).float().mean().item()
-    assert result["tta"]["top1"] == (probs.argmax(1) == labels).float().mean().item()
-    expected_loss = torch.nn.functional.nll_loss(probs.log(), labels).item()
-    assert result["tta"]["loss"] == pytest.approx(expected_loss, rel=1e-5)
-    assert "tta" not in evaluate(model, loader, num_classes=10, device=torch.device("cpu"))
-    with pytest.raises(ValueError, match="accepted"):
-        evaluate(model, loader, num_classes=10, device=torch.device("cpu"), tta="crop")
 
 
 # -- defaults --------------------------------------------------------------------------------------

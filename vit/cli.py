@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-TTA_CHOICES = ("none", "flip")  # --tta of evaluate.py and predict (vit.tta does the work)
+TTA_CHOICES = ("none", "flip", "shift", "flip-shift")  # --tta of evaluate.py and predict (vit.tta)
 MODEL_DTYPES = ("float32", "bfloat16")  # --model-dtype (vit.precision does the work)
 KNN_KS = (10, 20, 100, 200)  # --knn-k's default, DINO's and DINOv2's (vit.probe does the work)
 TIMM_WEIGHTS = "timm"  # --pretrained with no value: timm's published weights for the model name

@@ -74,7 +74,7 @@ from .train_config import (
     resolve_warmup_epochs,
 )
 from .transforms import EvalTransform, train_transform
-from .tta import flip_tta
+from .tta import black_pixel, tta_logits
 
 __all__ = [
     "CONFIG_FILE",
@@ -379,28 +379,29 @@ def evaluate(
 ) -> dict:
     """Top-1, top-5, per-class accuracy, confusion matrix and mean loss over a loader.
 
-    tta "flip" adds `result["tta"]`: the same figures for the mean of the image's and its
-    mirror image's softmax probabilities, measured in the same pass as the plain ones.
+    tta (a vit.cli.TTA_CHOICES other than "none") adds `result["tta"]`: the same figures for
+    the mean softmax probability of each image's views (vit.tta), measured in the same pass as
+    the plain ones, which are the first view's.
     Under DDP each process evaluates its shard and the counts are summed over processes.
     Returns floats in [0, 1] and `confusion` as a (K, K) int64 numpy array (rows: true class).
     """
     if tta not in TTA_CHOICES:
         raise ValueError(f"unknown test-time augmentation {tta!r}; accepted: {TTA_CHOICES}")
     model.eval()
-    plain, flipped = _Tally(num_classes, device), _Tally(num_classes, device)
+    # The shifted views' border is black; the model's preprocess says what black is normalised.
+    fill = black_pixel(getattr(model, "preprocess", None)).to(device)
+    plain, augmented = _Tally(num_classes, device), _Tally(num_classes, device)
     bar = tqdm(loader, desc="eval", leave=False, disable=None if progress else True)
     for images, labels in bar:  # disable=None: a bar on a terminal only
         images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
         with autocast(device, amp, amp_dtype):
-            if tta == "flip":
-                logits, mean_log_probs = flip_tta(model, images)  # each (B, K)
-                flipped.add(mean_log_probs, labels)
-            else:
-                logits = model(images).float()  # (B, K)
+            logits, tta_log_probs = tta_logits(model, images, tta, fill)  # each (B, K)
         plain.add(logits, labels)
+        if tta != "none":
+            augmented.add(tta_log_probs, labels)
     result = plain.result()
-    if tta == "flip":
-        result["tta"] = flipped.result()
+    if tta != "none":
+        result["tta"] = augmented.result()
     return result
 
 

@@ -103,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tta",
         choices=TTA_CHOICES,
         default="none",
-        help="test-time augmentation: flip classifies by the mean probability of each image and "
-        "its mirror image (twice the compute)",
+        help="test-time augmentation: classify by the mean probability of views of each image: "
+        "flip (with its mirror image, 2x the compute), shift (moved 1/16 of its side four ways, "
+        "5x), flip-shift (both, 10x)",
     )
     parser.add_argument(
         "--features",
@@ -157,7 +158,7 @@ from .model import VisionTransformer
 from .onnx_model import onnx_device, refuse_flags
 from .plots import add_colorbar, denormalize, draw_overlay, plot_head_attention, save_figure
 from .precision import cast_for_inference
-from .tta import mean_probability
+from .tta import black_pixel, tta_logits
 
 METHODS: dict[str, Callable[[VisionTransformer, torch.Tensor], torch.Tensor]] = {
     "rollout": explain.attention_rollout,
@@ -590,6 +591,7 @@ def classify_batches(
     transform = create_transform(model.preprocess)
     targets = explanation_paths(paths, args.explain) if args.explain else {}
     weights = weights_label(args, model) if args.explain else ""
+    black = black_pixel(model.preprocess).to(device)  # --tta shift's border, normalised
     count = 0
     progress = tqdm(
         total=len(paths),
@@ -605,10 +607,7 @@ def classify_batches(
             batch = batch.to(device)
             if model.num_classes > 0:
                 with torch.inference_mode():
-                    logits = model.eval()(batch)  # (B, K)
-                    if args.tta == "flip":  # add the mirror images' view
-                        mirrored = model(batch.flip(-1)).float()  # (B, K)
-                        logits = mean_probability(logits.float(), mirrored)
+                    _, logits = tta_logits(model.eval(), batch, args.tta, black)  # (B, K)
                 probs, indices = best_of(logits, top_k)
                 batch_records = records_for(batch_paths, probs, indices, names)
             else:  # a headless model: paths only
