@@ -5,7 +5,7 @@
 
 Each row is a whole `train.py` command (printed, so it can be run alone): the recipe of
 `configs/cifar10_cpu.yaml` (all 50,000 training images, 20 epochs, 2 DDP processes x 1 thread)
-with one change, scored by `evaluate.py` on all 10,000 test images, plain and with flip
+with one change, scored by `evaluate.py` on all 10,000 test images, plain and with shift
 test-time augmentation. The wall time is the whole training command's (start-up, data,
 training, evaluations, saving); the decoded-image cache is warmed once before the first row.
 Rows run one after another; accuracy does not depend on the machine's load (the runs are
@@ -66,6 +66,8 @@ ROWS = {
     "sincos": (["--pos-embed", "sincos"], "the recipe + fixed 2-D sin-cos position embeddings"),
     "amp": (["--amp"], "the recipe in bfloat16 autocast (explicit attention; for AMX CPUs)"),
     "amp-40ep": (["--amp", "--epochs", "40"], "the recipe in bfloat16 autocast, 40 epochs"),
+    # for AVX512-BF16 CPUs without AMX, whose bf16 step is ~1.5x float32's (AMX: ~2x)
+    "amp-30ep": (["--amp", "--epochs", "30"], "the recipe in bfloat16 autocast, 30 epochs"),
     # Width and depth at about amp-40ep's wall time on an AMX host (training_throughput.py's
     # bf16 images/s of each shape set the epochs); head width stays 32 channels.
     "amp-192d-24ep": (
@@ -88,10 +90,11 @@ def command(flags: list[str], data: str, seed: int, out: Path) -> list[str]:
 
 
 def evaluate(run: Path, data: str) -> dict:
-    """evaluate.py's report on all test images, with flip test-time augmentation beside it."""
+    """evaluate.py's report on all test images, with shift test-time augmentation beside it
+    (rows measured before 2026-11-25 were reported with flip TTA)."""
     report = run / "eval-report.json"
     cmd = [sys.executable, "evaluate.py", "--checkpoint", str(run), "--data", data]
-    cmd += ["--tta", "flip", "--json", str(report)]
+    cmd += ["--tta", "shift", "--json", str(report)]
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
     return json.loads((ROOT / report).read_text())
 
@@ -122,11 +125,11 @@ def main() -> None:
             results.append((name, seed, change, report, minutes))
             print(
                 f"{name} seed {seed}: top-1 {100 * report['top1']:.2f}% "
-                f"(flip TTA {100 * report['tta']['top1']:.2f}%) in {minutes:.1f} min",
+                f"(shift TTA {100 * report['tta']['top1']:.2f}%) in {minutes:.1f} min",
                 flush=True,
             )
     print(
-        "\n| row | seed | change | test top-1 | with flip TTA | wall time |\n"
+        "\n| row | seed | change | test top-1 | with shift TTA | wall time |\n"
         "|---|---:|---|---:|---:|---:|"
     )
     for name, seed, change, report, minutes in results:

@@ -3,8 +3,10 @@
 #   a GPU: configs/cifar10.yaml (200 epochs, --amp), one process;
 #   no GPU: the ~30-minute CPU recipe, NPROC processes of one thread each under torchrun
 #   (default 2), 128 images per step in all: configs/cifar10_cpu_bf16.yaml where the CPU has
-#   AMX (bfloat16 matrix products ~7x float32 there: more epochs in the time), else
-#   configs/cifar10_cpu.yaml (float32, every CPU). CPU_RECIPE=float32 or bfloat16 chooses.
+#   AMX (a bfloat16 step ~2x float32's: a deeper model and more epochs in the time),
+#   configs/cifar10_cpu_bf16_avx512.yaml where it has AVX512-BF16 alone (~1.5x: more epochs),
+#   else configs/cifar10_cpu.yaml (float32, every CPU). CPU_RECIPE=float32, bfloat16 or
+#   bfloat16-avx512 chooses.
 #   bash scripts/train.sh                                  # downloads CIFAR-10 into ./data
 #   DATA=../shared/data/cifar10-jpg bash scripts/train.sh  # a local image-folder copy
 #   DATA=... bash scripts/train.sh --epochs 5              # any train.py flag passes through
@@ -47,14 +49,16 @@ if [ $((128 % NPROC)) -ne 0 ]; then
 fi
 CPU_RECIPE="${CPU_RECIPE:-auto}"
 if [ "$CPU_RECIPE" = auto ]; then
-    CPU_RECIPE="$(python -c "from vit.precision import cpu_has_amx
-print('bfloat16' if cpu_has_amx() else 'float32')")"
+    CPU_RECIPE="$(python -c "from vit.precision import cpu_training_recipe
+print(cpu_training_recipe())")"
 fi
 case "$CPU_RECIPE" in
     float32) CONFIG=configs/cifar10_cpu.yaml ;;
     bfloat16) CONFIG=configs/cifar10_cpu_bf16.yaml ;;
+    bfloat16-avx512) CONFIG=configs/cifar10_cpu_bf16_avx512.yaml ;;
     *)
-        echo "[vit] CPU_RECIPE=$CPU_RECIPE: accepted: auto (the default), float32, bfloat16" >&2
+        echo "[vit] CPU_RECIPE=$CPU_RECIPE: accepted: auto (the default), float32, bfloat16," \
+            "bfloat16-avx512" >&2
         exit 2
         ;;
 esac

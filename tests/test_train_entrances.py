@@ -106,13 +106,20 @@ def test_a_mistake_under_two_processes_is_one_line_and_leaves_nothing(
 
 
 def test_cpu_recipe_follows_the_machine_unless_named(image_folder, tmp_path):
-    """scripts/train.sh picks the bfloat16 recipe where the CPU has AMX, float32 elsewhere;
-    CPU_RECIPE names one, and anything else is one line."""
-    from vit.precision import cpu_has_amx
-
-    machine = "bfloat16" if cpu_has_amx() else "float32"
+    """scripts/train.sh picks the bfloat16 recipe where the CPU has AMX, its AVX512-BF16 form
+    where it has that alone, float32 elsewhere; CPU_RECIPE names one, and anything else is one
+    line."""
+    flags = (
+        set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+    )
+    if "amx_tile" in flags:  # the kernel's names, read apart from torch's probes
+        machine, config = "bfloat16", "configs/cifar10_cpu_bf16.yaml"
+    elif "avx512_bf16" in flags:
+        machine, config = "bfloat16-avx512", "configs/cifar10_cpu_bf16_avx512.yaml"
+    else:
+        machine, config = "float32", "configs/cifar10_cpu.yaml"
     done = train_sh(*TINY, "--epochs", "0", data=image_folder)  # refused after the choice
-    assert done.stdout.startswith(f"[vit] no GPU: the {machine} CPU recipe"), done.stdout
+    assert done.stdout.startswith(f"[vit] no GPU: the {machine} CPU recipe, {config}"), done.stdout
 
     run = tmp_path / "run"
     env = {**venv_env(), "DATA": str(image_folder), "CPU_RECIPE": "bfloat16"}
@@ -125,19 +132,25 @@ def test_cpu_recipe_follows_the_machine_unless_named(image_folder, tmp_path):
     env["CPU_RECIPE"] = "fp32"
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.strip() == (
-        "[vit] CPU_RECIPE=fp32: accepted: auto (the default), float32, bfloat16"
+        "[vit] CPU_RECIPE=fp32: accepted: auto (the default), float32, bfloat16, bfloat16-avx512"
     )
 
 
-def test_the_bfloat16_cpu_recipe_is_the_float32_one_with_autocast_and_more_epochs():
-    """configs/cifar10_cpu_bf16.yaml differs from configs/cifar10_cpu.yaml only where the
-    measurement says it should (docs/cpu-recipe.md): precision, epochs and the model's shape."""
+@pytest.mark.parametrize(
+    ("name", "may_change"),
+    [("cifar10_cpu_bf16", {"model_kwargs"}), ("cifar10_cpu_bf16_avx512", set())],
+)
+def test_the_bfloat16_cpu_recipes_are_the_float32_one_with_autocast_and_more_epochs(
+    name, may_change
+):
+    """The bfloat16 recipes differ from configs/cifar10_cpu.yaml only where the measurement
+    says they should (docs/cpu-recipe.md): precision, epochs and (with AMX) the model's depth."""
     float32 = yaml.safe_load((ROOT / "configs" / "cifar10_cpu.yaml").read_text())
-    bfloat16 = yaml.safe_load((ROOT / "configs" / "cifar10_cpu_bf16.yaml").read_text())
+    bfloat16 = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
     changed = {
         key for key in float32.keys() | bfloat16.keys() if float32.get(key) != bfloat16.get(key)
     }
-    assert changed <= {"amp", "epochs", "model_kwargs"} and bfloat16["amp"] is True
+    assert changed <= {"amp", "epochs", *may_change} and bfloat16["amp"] is True
     assert bfloat16["epochs"] > float32["epochs"]
 
 

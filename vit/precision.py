@@ -25,6 +25,15 @@ def fast_bfloat16(device: torch.device) -> bool:
     return _cpu_probe("_is_avx512_bf16_supported") or cpu_has_amx()
 
 
+def cpu_training_recipe() -> str:
+    """The CPU recipe that suits this CPU's instruction sets (scripts/train.sh's choice, each
+    measured in docs/cpu-recipe.md): "bfloat16" with AMX (a bf16 step ~2x float32's),
+    "bfloat16-avx512" with AVX512-BF16 alone (~1.5x), else "float32" (bf16 emulated, slower)."""
+    if cpu_has_amx():
+        return "bfloat16"
+    return "bfloat16-avx512" if _cpu_probe("_is_avx512_bf16_supported") else "float32"
+
+
 def cpu_has_amx() -> bool:
     """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later): where bfloat16 matrix
     products ran ~7x float32, enough to make bfloat16 training pay (docs/cpu-recipe.md)."""
