@@ -27,8 +27,9 @@ def fast_bfloat16(device: torch.device) -> bool:
 
 def cpu_training_recipe() -> str:
     """The CPU recipe that suits this CPU's instruction sets (scripts/train.sh's choice, each
-    measured in docs/cpu-recipe.md): "bfloat16" with AMX (a bf16 step ~2x float32's),
-    "bfloat16-avx512" with AVX512-BF16 alone (~1.5x), else "float32" (bf16 emulated, slower)."""
+    measured in docs/cpu-recipe.md): "bfloat16" with AMX (6 blocks x 30 epochs fit the time),
+    "bfloat16-avx512" with AVX512-BF16 alone (a bf16 step ~1.5x float32's but slower than with
+    AMX: 4 blocks x 30 epochs), else "float32" (bfloat16 emulated there, slower)."""
     if cpu_has_amx():
         return "bfloat16"
     return "bfloat16-avx512" if _cpu_probe("_is_avx512_bf16_supported") else "float32"
