@@ -108,9 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--tta",
         default="none",
         choices=TTA_CHOICES,
-        help="test-time augmentation, reported beside the plain figures: the mean probability "
-        "of each image's views: flip (and its mirror image, 2x the compute), shift (moved 1/16 "
-        "of its side four ways, 5x), flip-shift (both, 10x)",
+        help="test-time augmentation of the classifier head, reported beside the plain "
+        "figures: the mean probability of each image's views: flip (and its mirror image, 2x "
+        "the compute), shift (moved 1/16 of its side four ways, 5x), flip-shift (both, 10x)",
     )
     p.add_argument(
         "--json", type=Path, help="write the report here (default: OUTPUT_DIR/report.json)"
@@ -354,12 +354,18 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     warning = cast_for_inference(model, args.model_dtype, device)
     if warning:
         print(f"evaluate.py: warning: {warning}", file=sys.stderr)
+    flag = "--checkpoint" if args.checkpoint is not None else "--model"
     if model.num_classes == 0 and not probing:
-        flag = "--checkpoint" if args.checkpoint is not None else "--model"
         raise ValueError(
             f"{flag} {model_argument(args)}: the model has no classifier head (num_classes=0, a "
             f"feature extractor): nothing to evaluate; score its features with --knn and/or "
             f"--linear-probe, or embed images with python -m vit.predict --features FILE"
+        )
+    if model.num_classes == 0 and args.tta != "none":  # else --tta would be silently ignored
+        raise ValueError(
+            f"--tta {args.tta}: averages the classifier head's probabilities over views, and "
+            f"{flag} {model_argument(args)} has no head (num_classes=0); leave out --tta "
+            f"(--knn and --linear-probe score each image's features once)"
         )
     # Every mistake is said before anything is written: the head's data (its classes must be
     # the model's) and the features (k, finite values) are checked before the head is scored.

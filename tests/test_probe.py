@@ -271,6 +271,12 @@ def test_mistakes_are_one_line_and_write_nothing(
         (head, image_folder, ["--knn"], "k = 100, 200: k must be between 1 and the number of "),
         (head, image_folder, ["--knn", "--knn-k", "20", "49"], "k = 49: k must be between 1"),
         (tmp_path / "nan.safetensors", image_folder, ["--knn", "--knn-k", "5"], "NaN or infinite"),
+        (
+            checkpoint / "headless.safetensors",
+            image_folder,
+            ["--knn", "--knn-k", "5", "--tta", "shift"],
+            "--tta shift: averages the classifier head's probabilities over views",
+        ),
     ]
     for weights, data, more, message in cases:
         out = tmp_path / "out"
