@@ -66,7 +66,8 @@ ROWS = {
     "sincos": (["--pos-embed", "sincos"], "the recipe + fixed 2-D sin-cos position embeddings"),
     "amp": (["--amp"], "the recipe in bfloat16 autocast (explicit attention; for AMX CPUs)"),
     "amp-40ep": (["--amp", "--epochs", "40"], "the recipe in bfloat16 autocast, 40 epochs"),
-    # for AVX512-BF16 CPUs without AMX, whose bf16 step is ~1.5x float32's (AMX: ~2x)
+    # for AVX512-BF16 CPUs without AMX: a bf16 step ~1.5x float32's there, as with AMX, but
+    # slower in absolute terms, so 30 epochs of the 4-block model instead of 6 blocks
     "amp-30ep": (["--amp", "--epochs", "30"], "the recipe in bfloat16 autocast, 30 epochs"),
     # Width and depth at about amp-40ep's wall time on an AMX host (training_throughput.py's
     # bf16 images/s of each shape set the epochs); head width stays 32 channels.

@@ -22,7 +22,7 @@ def fast_bfloat16(device: torch.device) -> bool:
         return torch.cuda.is_bf16_supported()
     if device.type != "cpu":
         return False
-    return _cpu_probe("_is_avx512_bf16_supported") or cpu_has_amx()
+    return cpu_has_avx512_bf16() or cpu_has_amx()
 
 
 def cpu_training_recipe() -> str:
@@ -32,7 +32,13 @@ def cpu_training_recipe() -> str:
     AMX: 4 blocks x 30 epochs), else "float32" (bfloat16 emulated there, slower)."""
     if cpu_has_amx():
         return "bfloat16"
-    return "bfloat16-avx512" if _cpu_probe("_is_avx512_bf16_supported") else "float32"
+    return "bfloat16-avx512" if cpu_has_avx512_bf16() else "float32"
+
+
+def cpu_has_avx512_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively with AVX512-BF16 (AMD Zen 4, Intel Cooper
+    Lake and later)."""
+    return _cpu_probe("_is_avx512_bf16_supported")
 
 
 def cpu_has_amx() -> bool:
