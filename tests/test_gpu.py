@@ -652,7 +652,10 @@ def test_gpu_check_refuses_without_a_gpu_in_one_line_writing_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow  # four starts of python and a 60-epoch tiny run: 1-2 minutes on a CPU
+TIME_BOXED_EPOCHS = 200  # a tiny run long enough that an 18 s box always cuts it (60 once didn't)
+
+
+@pytest.mark.slow  # four starts of python and a 200-epoch tiny run: 1-2 minutes on a CPU
 def test_gpu_check_stages_time_box_and_resume_on_a_fresh_machine(image_folder, tmp_path):
     """The script's mechanics on the CPU (VIT_GPU_CHECK_CPU=1): a time-boxed train stage stops
     the run after a checkpoint (status 130, not a failure), hands its state to $OUT, and a
@@ -668,7 +671,7 @@ def test_gpu_check_stages_time_box_and_resume_on_a_fresh_machine(image_folder, t
         VIT_GPU_CHECK_CPU="1",
         VIT_GPU_BUILD=str(build),
         VIT_GPU_DATA=str(tmp_path / "data"),
-        VIT_GPU_EPOCHS="60",
+        VIT_GPU_EPOCHS=str(TIME_BOXED_EPOCHS),
         VIT_GPU_TRAIN_ARGS=" ".join(
             [*TINY_KWARGS, "--batch-size", "8", "--warmup-epochs", "1", "--cache-dir", "none"]
             + ["--threads", "1"]
@@ -683,7 +686,7 @@ def test_gpu_check_stages_time_box_and_resume_on_a_fresh_machine(image_folder, t
     records = json.loads((out / "gpu_check.json").read_text())
     assert records["train_chunks"][0]["status"] == 130  # the time box stopped it
     done_first = len(records["epochs"])
-    assert 0 < done_first < 60
+    assert 0 < done_first < TIME_BOXED_EPOCHS
 
     restored = gpu_check("--restore", str(out), **settings)
     assert restored.returncode == 0, restored.stderr
@@ -694,7 +697,7 @@ def test_gpu_check_stages_time_box_and_resume_on_a_fresh_machine(image_folder, t
     assert f"resumed {tmp_path / 'machine2' / 'run'} after epoch {done_first}" in second.stdout
     records = json.loads((tmp_path / "machine2" / "gpu_check.json").read_text())
     assert [chunk["status"] for chunk in records["train_chunks"]] == [130, 0]
-    assert [row["epoch"] for row in records["epochs"]] == list(range(1, 61))
+    assert [row["epoch"] for row in records["epochs"]] == list(range(1, TIME_BOXED_EPOCHS + 1))
     assert records["throughput"]["rows"][0]["model"] == "vit_cifar_patch4_32"
     assert records["environment"]["torch"] == torch.__version__
 
