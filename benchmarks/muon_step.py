@@ -1,5 +1,5 @@
-"""Muon's optimizer step on this CPU: PyTorch's (bfloat16 Newton-Schulz) against ours (float32),
-and both against a whole training step of the same model.
+"""Muon's optimizer step on this CPU: PyTorch's (bfloat16 Newton-Schulz) against ours (float32
+and bfloat16, --muon-ns-dtype), and all against a whole training step of the same model.
 
     python benchmarks/muon_step.py --threads 1
     python benchmarks/muon_step.py --threads 1 --processes 2   # under torch.distributed (gloo)
@@ -41,10 +41,13 @@ def recipe_model() -> vit.VisionTransformer:
     )
 
 
-def muon(model: vit.VisionTransformer, share: bool = True) -> Muon:
+def muon(
+    model: vit.VisionTransformer, share: bool = True, ns_dtype: torch.dtype = torch.float32
+) -> Muon:
     """Our Muon on the blocks' weight matrices only (the recipe's Muon groups, no AdamW ones)."""
     groups = muon_param_groups(model, weight_decay=0.0, muon_lr=1e-3)
-    return Muon([g for g in groups if g.get("use_muon")], share_across_processes=share)
+    muon_groups = [g for g in groups if g.get("use_muon")]
+    return Muon(muon_groups, share_across_processes=share, ns_dtype=ns_dtype)
 
 
 def measure(args: argparse.Namespace, rank: int = 0, world: int = 1) -> None:
@@ -60,11 +63,15 @@ def measure(args: argparse.Namespace, rank: int = 0, world: int = 1) -> None:
                 hidden, lr=1e-3, adjust_lr_fn="match_rms_adamw"
             ),
             "vit.optim.Muon (float32, qkv split in 3)": muon(model),
+            "vit.optim.Muon (bfloat16, qkv split in 3)": muon(model, ns_dtype=torch.bfloat16),
         }
     else:
         optimizers = {
             "vit.optim.Muon, every process orthogonalises every matrix": muon(model, share=False),
             f"vit.optim.Muon, the work shared by {world} processes": muon(model, share=True),
+            f"vit.optim.Muon, bfloat16, the work shared by {world} processes": muon(
+                model, share=True, ns_dtype=torch.bfloat16
+            ),
         }
     images = torch.randn(args.batch_size, 3, 32, 32)
     labels = torch.randint(0, 10, (args.batch_size,))

@@ -103,6 +103,7 @@ def make_step(
     opt: str,
     dtype: str,
     compile: bool = False,
+    muon_ns_dtype: str = "float32",
 ):
     """A closure running one training step on a fixed random batch (the forward pass and loss
     under bfloat16 autocast for dtype "bfloat16", through the explicit attention path as
@@ -117,7 +118,7 @@ def make_step(
         **shape,
     ).train()
     model.set_fused_attn(dtype != "bfloat16")
-    optimizer = build_optimizer(model, opt, lr=1e-3, weight_decay=0.05)
+    optimizer = build_optimizer(model, opt, lr=1e-3, weight_decay=0.05, muon_ns_dtype=muon_ns_dtype)
     forward = torch.compile(model) if compile else model
     images = torch.randn(batch_size, 3, img_size, img_size)
     labels = torch.randint(0, 10, (batch_size,))
@@ -147,6 +148,13 @@ def main() -> None:
     parser.add_argument("--opt", nargs="+", default=["adamw"], choices=["adamw", "muon"])
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
     parser.add_argument(
+        "--muon-ns-dtypes",
+        nargs="+",
+        default=["float32"],
+        choices=["float32", "bfloat16"],
+        help="rows with Muon's Newton-Schulz iteration in each (as train.py --muon-ns-dtype)",
+    )
+    parser.add_argument(
         "--compile",
         nargs="+",
         choices=["off", "on"],
@@ -162,18 +170,27 @@ def main() -> None:
     peaks = {"float32": matmul_peak_gflops()}
     if "bfloat16" in args.dtypes:
         peaks["bfloat16"] = matmul_peak_gflops(dtype=torch.bfloat16)
+    # (optimizer, dtype of Muon's Newton-Schulz iteration)
+    optimizers = [(opt, "float32") for opt in args.opt if opt == "adamw"]
+    optimizers += [("muon", ns) for ns in args.muon_ns_dtypes if "muon" in args.opt]
     rows = {}
     for label, shape in dict(args.shapes).items():
         for size in args.sizes:
             for drop in args.patch_drop:
-                for opt, dtype, compiled in itertools.product(args.opt, args.dtypes, args.compile):
+                for optimizer, dtype, compiled in itertools.product(
+                    optimizers, args.dtypes, args.compile
+                ):
+                    opt, ns_dtype = optimizer
                     setting = (shape, size, args.batch_size, drop, opt, dtype)
-                    model, step = make_step(*setting, compile=compiled == "on")
+                    model, step = make_step(
+                        *setting, compile=compiled == "on", muon_ns_dtype=ns_dtype
+                    )
                     step()  # warm-up: allocator, kernels (and compilation)
                     # a compiled graph hides its ops from the counter, and compiling changes
                     # no FLOP: a compiled row is counted on an eager twin
                     eager_step = step if compiled == "off" else make_step(*setting)[1]
-                    rows[(label, size, drop, opt, dtype, compiled)] = {
+                    name = opt if opt == "adamw" else f"{opt} ({ns_dtype} NS)"
+                    rows[(label, size, drop, name, dtype, compiled)] = {
                         "step": step,
                         "times": [],
                         "params": sum(p.numel() for p in model.parameters()) / 1e6,

@@ -12,7 +12,14 @@ import vit
 import vit.optim
 from vit.batch_loader import InMemoryBatches
 from vit.init import mimetic_init_, sincos_2d, sincos_pos_embed_
-from vit.optim import Muon, build_optimizer, muon_param_groups, orthogonalize, share_work
+from vit.optim import (
+    Muon,
+    build_optimizer,
+    muon_param_groups,
+    orthogonalize,
+    orthogonalize_all,
+    share_work,
+)
 from vit.train_config import TrainConfig, patch_drop_for_epoch, resolve_optimizer
 
 SMALL = {"embed_dim": 64, "depth": 2, "num_heads": 4, "num_classes": 10}
@@ -113,6 +120,21 @@ def test_orthogonalize_brings_every_singular_value_near_one(shape):
     assert singular.min() > 0.6 and singular.max() < 1.25
 
 
+def test_orthogonalize_all_batches_same_shapes_bit_identically_in_float32_and_near_in_bf16():
+    torch.manual_seed(0)
+    shapes = [(32, 32), (64, 32), (32, 32), (32, 64), (64, 32), (32, 32)]
+    matrices = [torch.randn(shape) for shape in shapes]
+    alone = [orthogonalize(m) for m in matrices]
+    batched = orthogonalize_all(matrices, steps=5, dtype=torch.float32)
+    assert [r.shape for r in batched] == [torch.Size(s) for s in shapes]  # in the given order
+    for one, many in zip(alone, batched, strict=True):
+        assert torch.equal(one, many)
+    for one, half in zip(alone, orthogonalize_all(matrices, 5, torch.bfloat16), strict=True):
+        assert half.dtype == torch.float32
+        assert (half - one).norm() < 0.05 * one.norm()  # bf16's ~3 digits over 5 steps: ~3%
+        assert torch.allclose(torch.linalg.svdvals(half), torch.linalg.svdvals(one), atol=0.05)
+
+
 def test_muon_step_matches_pytorchs_muon_up_to_its_bfloat16():
     """Our float32 Newton-Schulz and PyTorch's bfloat16 one give the same update, to bf16."""
     torch.manual_seed(0)
@@ -178,7 +200,25 @@ def test_muon_trains_a_small_vit_and_its_state_round_trips():
     assert again.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
 
 
-def _muon_steps(rank: int, world: int, init_file: str, out_file: str) -> None:
+def test_muon_in_bfloat16_takes_the_float32_step_to_bfloat16_precision():
+    """--muon-ns-dtype bfloat16 changes the Newton-Schulz arithmetic, not the method."""
+    steps = {}
+    for dtype in ("float32", "bfloat16"):
+        torch.manual_seed(0)
+        model = small_model()
+        optimizer = build_optimizer(model, "muon", lr=0.02, weight_decay=0.0, muon_ns_dtype=dtype)
+        assert optimizer.ns_dtype == getattr(torch, dtype)
+        before = model.blocks[0].mlp.fc1.weight.detach().clone()
+        for param in model.parameters():
+            param.grad = torch.randn(param.shape, generator=torch.Generator().manual_seed(1))
+        optimizer.step()
+        steps[dtype] = model.blocks[0].mlp.fc1.weight.detach() - before
+    full, half = steps["float32"], steps["bfloat16"]
+    assert full.abs().max() > 0 and not torch.equal(full, half)
+    assert (half - full).norm() < 0.05 * full.norm()
+
+
+def _muon_steps(rank: int, world: int, init_file: str, out_file: str, ns_dtype: str) -> None:
     """Three Muon steps on a small ViT with fixed gradients, in one of `world` processes, then
     one step of an optimizer told not to share; saves the weights and the matrices each
     orthogonalised."""
@@ -189,22 +229,27 @@ def _muon_steps(rank: int, world: int, init_file: str, out_file: str) -> None:
     calls = []
     real = vit.optim.orthogonalize
 
-    def counted(matrix, steps):
-        calls.append(matrix.shape)
-        return real(matrix, steps)
+    def counted(batch, steps, dtype):  # (b, m, n): b same-shaped matrices
+        calls.extend([batch.shape[1:]] * len(batch))
+        return real(batch, steps, dtype=dtype)
 
     vit.optim.orthogonalize = counted
     try:
         torch.manual_seed(0)
         model = small_model()
-        optimizer = build_optimizer(model, "muon", lr=2e-3, weight_decay=0.05)
+        optimizer = build_optimizer(
+            model, "muon", lr=2e-3, weight_decay=0.05, muon_ns_dtype=ns_dtype
+        )
         for step in range(3):
             generator = torch.Generator().manual_seed(step)  # the same gradients everywhere
             for param in model.parameters():
                 param.grad = torch.randn(param.shape, generator=generator)
             optimizer.step()
         shared_calls = len(calls)
-        Muon(optimizer.param_groups, share_across_processes=False).step()
+        alone = Muon(
+            optimizer.param_groups, share_across_processes=False, ns_dtype=optimizer.ns_dtype
+        )
+        alone.step()
         alone_calls = len(calls) - shared_calls
     finally:
         vit.optim.orthogonalize = real
@@ -214,13 +259,17 @@ def _muon_steps(rank: int, world: int, init_file: str, out_file: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def test_muon_under_ddp_shares_the_orthogonalisation_and_gives_bit_identical_weights(tmp_path):
-    """Two processes each orthogonalise about half of the blocks; after the all-reduce both
-    hold exactly the weights one process computes alone."""
+@pytest.mark.parametrize("ns_dtype", ["float32", "bfloat16"])
+def test_muon_under_ddp_shares_the_orthogonalisation_and_gives_bit_identical_weights(
+    tmp_path, ns_dtype
+):
+    """Two processes each orthogonalise about half of the blocks; after the all-reduce (in
+    bfloat16 for a bfloat16 iteration) both hold exactly the weights one process computes
+    alone."""
     out = str(tmp_path / "weights")
-    _muon_steps(0, 1, "", out + "-alone")
+    _muon_steps(0, 1, "", out + "-alone", ns_dtype)
     torch.multiprocessing.spawn(
-        _muon_steps, args=(2, str(tmp_path / "init"), out), nprocs=2, join=True
+        _muon_steps, args=(2, str(tmp_path / "init"), out, ns_dtype), nprocs=2, join=True
     )
     alone = torch.load(out + "-alone.0")
     shared = [torch.load(f"{out}.{rank}") for rank in (0, 1)]

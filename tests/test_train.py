@@ -505,15 +505,16 @@ def test_fast_cpu_levers_train_evaluate_on_schedule_and_resume_exactly(
 ROUND_TWO = (
     "--batch-augment", "--opt", "muon", "--muon-lr", "3e-3", "--mimetic-init",
     "--pos-embed", "sincos", "--patch-drop", "0.5", "--patch-drop-anneal", "2",
-    "--hflip-alternate", "--eval-interval", "2",
+    "--hflip-alternate", "--eval-interval", "2", "--muon-ns-dtype", "bfloat16",
 )  # fmt: skip
 
 
 def test_second_round_cpu_levers_train_and_resume_exactly(
     image_folder, tmp_path, train_script, tiny_args, monkeypatch
 ):
-    """Muon, mimetic init, fixed sin-cos positions, annealed patch dropout and alternating
-    flips together: a killed run resumes to the uninterrupted run's weights, bit for bit."""
+    """Muon (its Newton-Schulz in bfloat16), mimetic init, fixed sin-cos positions, annealed
+    patch dropout and alternating flips together: a killed run resumes to the uninterrupted
+    run's weights, bit for bit."""
     reference = tmp_path / "reference"
     assert train_script.main(tiny_args(image_folder, reference, 4, *ROUND_TWO)) == 0
     model = vit.load_model(reference / "model.safetensors")

@@ -268,7 +268,12 @@ def build_training_state(
     step, a gradient scaler for float16 autocast, and the EMA, around `model`; nothing trained
     yet."""
     optimizer = build_optimizer(
-        model, resolve_optimizer(cfg), lr=cfg.lr, weight_decay=cfg.weight_decay, muon_lr=cfg.muon_lr
+        model,
+        resolve_optimizer(cfg),
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        muon_lr=cfg.muon_lr,
+        muon_ns_dtype=cfg.muon_ns_dtype,
     )
     total_steps = cfg.epochs * steps_per_epoch
     schedule = warmup_cosine(
@@ -303,7 +308,10 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo, device: torch
         device_ids = [device.index] if device.type == "cuda" else None
         wrapped = DistributedDataParallel(model, device_ids=device_ids)
     if cfg.compile:
-        wrapped = torch.compile(wrapped)
+        # dynamic=False: one static graph per token count. When --patch-drop-anneal changed
+        # the count, the default (a dynamic-shape graph from the second shape on) failed to
+        # compile (torch 2.14, bfloat16 autocast, 2 DDP processes on a CPU).
+        wrapped = torch.compile(wrapped, dynamic=False)
     return wrapped
 
 

@@ -7,8 +7,10 @@ of the matrix then moves by about the same amount, however unequal its gradient'
 values were.
 
 PyTorch ships `torch.optim.Muon` (>= 2.9); this one differs where it matters here:
-  * the Newton-Schulz iteration runs in float32: PyTorch's runs in bfloat16, which on a CPU
-    without bf16 matrix units is slower than float32 (benchmarks/muon_step.py measures both);
+  * the Newton-Schulz iteration runs in float32 or bfloat16, a choice: PyTorch's always runs in
+    bfloat16, which on a CPU without bf16 matrix units is slower than float32, and with them
+    faster (benchmarks/muon_step.py measures both); same-shaped matrices are iterated as one
+    batch, which is what lets bfloat16 pay on a CPU;
   * a fused qkv weight (3D, D) is orthogonalised as three (D, D) matrices, query, key and value,
     which are three different linear maps that happen to share one matmul.
 Only the transformer blocks' 2-D weights use Muon; the patch embedding, position embeddings,
@@ -36,18 +38,40 @@ from .model import Attention
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
-def orthogonalize(matrix: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """The nearest semi-orthogonal matrix to `matrix` (m, n), approximately: U V^T of its SVD."""
+def orthogonalize(
+    matrix: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """The nearest semi-orthogonal matrix to `matrix` (m, n), approximately: U V^T of its SVD;
+    or to each matrix of a batch (b, m, n) of same-shaped ones. The iteration runs in `dtype`."""
     a, b, c = NS_COEFFICIENTS
-    x = matrix.float()
-    tall = x.shape[0] > x.shape[1]
+    x = matrix.to(dtype)
+    tall = x.shape[-2] > x.shape[-1]
     if tall:  # iterate on the wide orientation: the Gram matrix x x^T is then the smaller one
-        x = x.T
-    x = x / (x.norm() + eps)  # Frobenius norm >= spectral norm: singular values now <= 1
+        x = x.mT
+    # Frobenius norm >= spectral norm: every singular value now <= 1
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + eps)
     for _ in range(steps):
-        gram = x @ x.T  # (m, m)
+        gram = x @ x.mT  # (..., m, m)
         x = a * x + (b * gram + c * gram @ gram) @ x
-    return (x.T if tall else x).to(matrix.dtype)
+    return (x.mT if tall else x).to(matrix.dtype)
+
+
+def orthogonalize_all(
+    matrices: list[torch.Tensor], steps: int, dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """`orthogonalize` for each matrix, same-shaped ones batched into one iteration: one
+    matmul per product for all of them. Batching is what makes bfloat16 pay: one 128 x 128
+    bfloat16 product at a time ran no faster than float32, a batch of them ~1.9x
+    (benchmarks/muon_step.py). In float32 every result equals the unbatched one bit for bit."""
+    by_shape: dict[torch.Size, list[int]] = {}
+    for index, matrix in enumerate(matrices):
+        by_shape.setdefault(matrix.shape, []).append(index)
+    results: list[torch.Tensor] = [torch.empty(0)] * len(matrices)
+    for indices in by_shape.values():
+        batch = orthogonalize(torch.stack([matrices[i] for i in indices]), steps, dtype=dtype)
+        for index, result in zip(indices, batch, strict=True):
+            results[index] = result
+    return results
 
 
 class Muon(torch.optim.Optimizer):
@@ -77,6 +101,7 @@ class Muon(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         ns_steps: int = 5,
+        ns_dtype: torch.dtype = torch.float32,
         share_across_processes: bool = True,
     ) -> None:
         defaults = dict(
@@ -90,6 +115,7 @@ class Muon(torch.optim.Optimizer):
         )
         super().__init__(params, defaults)
         self.ns_steps = ns_steps
+        self.ns_dtype = ns_dtype
         self.share_across_processes = share_across_processes
 
     @torch.no_grad()
@@ -133,15 +159,19 @@ class Muon(torch.optim.Optimizer):
         blocks = [(param, i) for param, update in updates.items() for i in range(len(update))]
         rank, world = _rank_and_world() if self.share_across_processes else (0, 1)
         owners = share_work([updates[param][i].shape for param, i in blocks], world)
-        for (param, i), owner in zip(blocks, owners, strict=True):
-            if owner == rank:
-                updates[param][i] = orthogonalize(updates[param][i], self.ns_steps)
-            else:  # another process computes it; adding zeros in the all-reduce is exact
-                updates[param][i] = 0
+        mine = [block for block, owner in zip(blocks, owners, strict=True) if owner == rank]
+        results = orthogonalize_all(
+            [updates[param][i] for param, i in mine], self.ns_steps, self.ns_dtype
+        )
+        for param, i in blocks:  # another process computes the others; adding zeros is exact
+            updates[param][i] = 0
+        for (param, i), result in zip(mine, results, strict=True):
+            updates[param][i] = result
         if world > 1 and updates:
-            flat = torch.cat([update.flatten() for update in updates.values()])
+            # every value is already one of ns_dtype: sending it as such is exact, and shorter
+            flat = torch.cat([update.flatten() for update in updates.values()]).to(self.ns_dtype)
             dist.all_reduce(flat)  # each block: its owner's result + zeros from the others
-            pieces = flat.split([update.numel() for update in updates.values()])
+            pieces = flat.float().split([update.numel() for update in updates.values()])
             shaped = zip(updates.items(), pieces, strict=True)
             updates = {param: piece.view_as(update) for (param, update), piece in shaped}
         return updates
@@ -220,13 +250,19 @@ def muon_param_groups(model: nn.Module, weight_decay: float, muon_lr: float) -> 
 
 
 def build_optimizer(
-    model: nn.Module, name: str, lr: float, weight_decay: float, muon_lr: float | None = None
+    model: nn.Module,
+    name: str,
+    lr: float,
+    weight_decay: float,
+    muon_lr: float | None = None,
+    muon_ns_dtype: str = "float32",
 ) -> torch.optim.Optimizer:
-    """`name` "adamw": AdamW on everything; "muon": Muon (lr `muon_lr`, default `lr`) for the
-    blocks' weight matrices and AdamW for the rest."""
+    """`name` "adamw": AdamW on everything; "muon": Muon (lr `muon_lr`, default `lr`; its
+    Newton-Schulz iteration in `muon_ns_dtype`) for the blocks' weight matrices and AdamW for
+    the rest."""
     if name == "adamw":
         return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr)
     if name == "muon":
         groups = muon_param_groups(model, weight_decay, lr if muon_lr is None else muon_lr)
-        return Muon(groups, lr=lr)
+        return Muon(groups, lr=lr, ns_dtype=getattr(torch, muon_ns_dtype))
     raise ValueError(f"unknown optimizer {name!r}; accepted: adamw, muon")

@@ -83,6 +83,7 @@ class TrainConfig:
     opt: str | None = setting(None, "optimisation", "adamw, or muon: Muon for the blocks' weight matrices, AdamW for the rest (default: muon from scratch, adamw when fine-tuning --pretrained weights)", choices=("adamw", "muon"))
     lr: float = setting(1e-3, "optimisation", "peak learning rate (AdamW's)")
     muon_lr: float | None = setting(None, "optimisation", "peak Muon learning rate with --opt muon (default: --lr)")
+    muon_ns_dtype: str = setting("float32", "optimisation", "dtype of Muon's Newton-Schulz iteration: bfloat16 takes ~half the time where the CPU has AVX512-BF16 or AMX (benchmarks/muon_step.py), and longer without", choices=("float32", "bfloat16"))
     min_lr: float = setting(1e-5, "optimisation", "cosine floor")
     weight_decay: float = setting(0.05, "optimisation", "AdamW weight decay (weight matrices only)")
     warmup_epochs: float | None = setting(None, "optimisation", "linear warmup (default: 5% of --epochs)")
