@@ -79,6 +79,15 @@ ROWS = {
         ["--amp", "--epochs", "30", "--patch-drop-anneal", "6"],
         "bfloat16 autocast, 30 epochs, patch dropout annealed over the last 6",
     ),
+    "amp-30ep-dp0.1": (
+        ["--amp", "--epochs", "30", "--drop-path", "0.1"],
+        "bfloat16 autocast, 30 epochs, stochastic depth 0.1",
+    ),
+    # half the batch: twice the steps at ~1.2x the time per image, so 24 epochs fit the time
+    "amp-bs32-24ep": (
+        ["--amp", "--epochs", "24", "--batch-size", "32"],
+        "bfloat16 autocast, 32 images a step per process, 24 epochs",
+    ),
     # Width and depth at about amp-40ep's wall time on an AMX host (training_throughput.py's
     # bf16 images/s of each shape set the epochs); head width stays 32 channels.
     "amp-192d-24ep": (

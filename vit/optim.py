@@ -168,10 +168,11 @@ class Muon(torch.optim.Optimizer):
         for (param, i), result in zip(mine, results, strict=True):
             updates[param][i] = result
         if world > 1 and updates:
+            flat = torch.cat([update.flatten() for update in updates.values()])
             # every value is already one of ns_dtype: sending it as such is exact, and shorter
-            flat = torch.cat([update.flatten() for update in updates.values()]).to(self.ns_dtype)
-            dist.all_reduce(flat)  # each block: its owner's result + zeros from the others
-            pieces = flat.float().split([update.numel() for update in updates.values()])
+            sent = flat.to(self.ns_dtype)
+            dist.all_reduce(sent)  # each block: its owner's result + zeros from the others
+            pieces = sent.to(flat.dtype).split([update.numel() for update in updates.values()])
             shaped = zip(updates.items(), pieces, strict=True)
             updates = {param: piece.view_as(update) for (param, update), piece in shaped}
         return updates
