@@ -188,7 +188,11 @@ def main() -> None:
                     step()  # warm-up: allocator, kernels (and compilation)
                     # a compiled graph hides its ops from the counter, and compiling changes
                     # no FLOP: a compiled row is counted on an eager twin
-                    eager_step = step if compiled == "off" else make_step(*setting)[1]
+                    eager_step = (
+                        step
+                        if compiled == "off"
+                        else make_step(*setting, muon_ns_dtype=ns_dtype)[1]
+                    )
                     name = opt if opt == "adamw" else f"{opt} ({ns_dtype} NS)"
                     rows[(label, size, drop, name, dtype, compiled)] = {
                         "step": step,

@@ -163,10 +163,12 @@ class Muon(torch.optim.Optimizer):
         results = orthogonalize_all(
             [updates[param][i] for param, i in mine], self.ns_steps, self.ns_dtype
         )
-        for param, i in blocks:  # another process computes the others; adding zeros is exact
-            updates[param][i] = 0
         for (param, i), result in zip(mine, results, strict=True):
             updates[param][i] = result
+        # the other blocks: another process computes each; adding zeros in the all-reduce is exact
+        for (param, i), owner in zip(blocks, owners, strict=True):
+            if owner != rank:
+                updates[param][i] = 0
         if world > 1 and updates:
             flat = torch.cat([update.flatten() for update in updates.values()])
             # every value is already one of ns_dtype: sending it as such is exact, and shorter
