@@ -144,7 +144,9 @@ def main() -> None:
     )
     parser.add_argument("--sizes", nargs="+", type=int, default=[16, 24, 32])
     parser.add_argument("--patch-drop", nargs="+", type=float, default=[0.0])
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument(
+        "--batch-size", nargs="+", type=int, default=[128], help="rows with each batch size"
+    )
     parser.add_argument("--opt", nargs="+", default=["adamw"], choices=["adamw", "muon"])
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "bfloat16"])
     parser.add_argument(
@@ -177,11 +179,11 @@ def main() -> None:
     for label, shape in dict(args.shapes).items():
         for size in args.sizes:
             for drop in args.patch_drop:
-                for optimizer, dtype, compiled in itertools.product(
-                    optimizers, args.dtypes, args.compile
+                for batch, optimizer, dtype, compiled in itertools.product(
+                    args.batch_size, optimizers, args.dtypes, args.compile
                 ):
                     opt, ns_dtype = optimizer
-                    setting = (shape, size, args.batch_size, drop, opt, dtype)
+                    setting = (shape, size, batch, drop, opt, dtype)
                     model, step = make_step(
                         *setting, compile=compiled == "on", muon_ns_dtype=ns_dtype
                     )
@@ -194,7 +196,7 @@ def main() -> None:
                         else make_step(*setting, muon_ns_dtype=ns_dtype)[1]
                     )
                     name = opt if opt == "adamw" else f"{opt} ({ns_dtype} NS)"
-                    rows[(label, size, drop, name, dtype, compiled)] = {
+                    rows[(label, size, drop, batch, name, dtype, compiled)] = {
                         "step": step,
                         "times": [],
                         "params": sum(p.numel() for p in model.parameters()) / 1e6,
@@ -211,23 +213,22 @@ def main() -> None:
         f"{dtype} matmul peak {gflops:.1f} GFLOP/s" for dtype, gflops in peaks.items()
     )
     print(
-        f"torch {torch.__version__}, {args.threads} thread(s), batch {args.batch_size}, "
+        f"torch {torch.__version__}, {args.threads} thread(s), "
         f"median of {args.rounds} rounds of {args.steps} steps; CPU flags: {cpu_flags()}; {shown}"
     )
     print(
-        "| shape | params | image | tokens | patch drop | optimizer | dtype | compiled | img/s "
-        "| GFLOP/s | % fp32 peak | % own peak |\n"
-        "|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|"
+        "| shape | params | image | tokens | patch drop | batch | optimizer | dtype | compiled "
+        "| img/s | GFLOP/s | % fp32 peak | % own peak |\n"
+        "|---|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|"
     )
-    for (label, size, drop, opt, dtype, compiled), row in rows.items():
+    for (label, size, drop, batch, opt, dtype, compiled), row in rows.items():
         tokens = (size // 4) ** 2
         kept = tokens - int(tokens * drop)
         seconds = statistics.median(row["times"]) / args.steps  # one step
         gflops = row["flops"] / seconds / 1e9
         print(
-            f"| {label} | {row['params']:.2f}M | {size} | {kept}+1 | {drop:.2f} | {opt} | {dtype} "
-            f"| {compiled} "
-            f"| {args.batch_size / seconds:.0f} | {gflops:.1f} "
+            f"| {label} | {row['params']:.2f}M | {size} | {kept}+1 | {drop:.2f} | {batch} | {opt} "
+            f"| {dtype} | {compiled} | {batch / seconds:.0f} | {gflops:.1f} "
             f"| {100 * gflops / peaks['float32']:.0f}% | {100 * gflops / peaks[dtype]:.0f}% |"
         )
 

@@ -200,6 +200,69 @@ def test_muon_trains_a_small_vit_and_its_state_round_trips():
     assert again.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()
 
 
+def _per_tensor_muon_step(optimizer: Muon, state: dict) -> None:
+    """Muon's step written one tensor at a time (the arithmetic Muon.step does with foreach
+    calls), in float32 and without sharing, on its own `state`."""
+    for group in optimizer.param_groups:
+        beta1, beta2 = group["betas"]
+        for param in group["params"]:
+            grad, own = param.grad, state.setdefault(param, {})
+            param.mul_(1 - group["lr"] * group["weight_decay"])
+            if group["use_muon"]:
+                buf = own.setdefault("momentum_buffer", torch.zeros_like(param))
+                buf.lerp_(grad, 1 - group["momentum"])
+                blocks = grad.lerp(buf, group["momentum"]).reshape(
+                    group["splits"], -1, grad.shape[1]
+                )
+                update = torch.stack([orthogonalize(block) for block in blocks])
+                scale = 0.2 * math.sqrt(max(update.shape[1], update.shape[2]))
+                param.add_(update.reshape(param.shape), alpha=-group["lr"] * scale)
+            else:
+                own["step"] = own.get("step", 0) + 1
+                exp_avg = own.setdefault("exp_avg", torch.zeros_like(param))
+                exp_avg_sq = own.setdefault("exp_avg_sq", torch.zeros_like(param))
+                exp_avg.lerp_(grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                denom = (exp_avg_sq / (1 - beta2 ** own["step"])).sqrt_().add_(group["eps"])
+                param.addcdiv_(exp_avg, denom, value=-group["lr"] / (1 - beta1 ** own["step"]))
+
+
+def test_muon_step_equals_its_per_tensor_arithmetic_bit_for_bit():
+    """The foreach calls change the speed of a step, not one bit of its result: the recipe's
+    runs stay reproducible."""
+    models = [small_model(), small_model()]
+    models[1].load_state_dict(models[0].state_dict())
+    ours = build_optimizer(models[0], "muon", lr=2e-3, weight_decay=0.05)
+    reference = build_optimizer(models[1], "muon", lr=2e-3, weight_decay=0.05)
+    reference_state = {}
+    for step in range(3):
+        for model in models:
+            generator = torch.Generator().manual_seed(step)
+            for param in model.parameters():
+                param.grad = torch.randn(param.shape, generator=generator)
+        ours.step()
+        with torch.no_grad():
+            _per_tensor_muon_step(reference, reference_state)
+    for (name, mine), theirs in zip(
+        models[0].state_dict().items(), models[1].state_dict().values(), strict=True
+    ):
+        assert torch.equal(mine, theirs), name
+
+
+def test_muons_adamw_groups_match_torchs_adamw():
+    torch.manual_seed(0)
+    ours_w = torch.nn.Parameter(torch.randn(32, 16))
+    theirs_w = torch.nn.Parameter(ours_w.detach().clone())
+    ours = Muon([{"params": [ours_w]}], lr=0.01, weight_decay=0.1, betas=(0.9, 0.99))
+    theirs = torch.optim.AdamW([theirs_w], lr=0.01, weight_decay=0.1, betas=(0.9, 0.99))
+    for _ in range(5):
+        grad = torch.randn(32, 16)
+        ours_w.grad, theirs_w.grad = grad.clone(), grad.clone()
+        ours.step(), theirs.step()
+    assert not torch.equal(ours_w, torch.zeros_like(ours_w))
+    torch.testing.assert_close(ours_w.detach(), theirs_w.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_muon_in_bfloat16_takes_the_float32_step_to_bfloat16_precision():
     """--muon-ns-dtype bfloat16 changes the Newton-Schulz arithmetic, not the method."""
     steps = {}

@@ -126,17 +126,29 @@ class Muon(torch.optim.Optimizer):
                 loss = closure()
         orthogonal = self._orthogonal_updates()
         for group in self.param_groups:
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                param.mul_(1 - group["lr"] * group["weight_decay"])  # decoupled decay
-                if group["use_muon"]:
-                    update = orthogonal[param]  # (splits, m, n)
-                    scale = 0.2 * math.sqrt(max(update.shape[1], update.shape[2]))
-                    param.add_(update.reshape(param.shape), alpha=-group["lr"] * scale)
-                else:
-                    self._adamw_update(param, group)
+            params = [param for param in group["params"] if param.grad is not None]
+            if not params:
+                continue
+            # Each update is one torch._foreach_* call over the group's tensors, as torch.optim
+            # does: the same per-tensor arithmetic, without ~10 Python-level ops per tensor.
+            torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])  # decoupled
+            if group["use_muon"]:
+                self._muon_update(params, orthogonal, group["lr"])
+            else:
+                self._adamw_update(params, group)
         return loss
+
+    @staticmethod
+    def _muon_update(params: list, orthogonal: dict, lr: float) -> None:
+        """Each weight moves by its orthogonalised update (splits, m, n), scaled by
+        0.2 sqrt(max(m, n)): one foreach call per scale."""
+        by_scale: dict[float, list[int]] = {}
+        for index, param in enumerate(params):
+            _, m, n = orthogonal[param].shape
+            by_scale.setdefault(0.2 * math.sqrt(max(m, n)), []).append(index)
+        for scale, indices in by_scale.items():
+            updates = [orthogonal[params[i]].reshape(params[i].shape) for i in indices]
+            torch._foreach_add_([params[i] for i in indices], updates, alpha=-lr * scale)
 
     def _orthogonal_updates(self) -> dict[torch.Tensor, torch.Tensor]:
         """Momentum for every Muon parameter, then its orthogonalised update (splits, m, n),
@@ -145,15 +157,15 @@ class Muon(torch.optim.Optimizer):
         for group in self.param_groups:
             if not group["use_muon"]:
                 continue
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                state = self.state[param]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(param)
-                buf = state["momentum_buffer"]
-                buf.lerp_(param.grad, 1 - group["momentum"])
-                update = param.grad.lerp(buf, group["momentum"])  # Nesterov momentum
+            params = [param for param in group["params"] if param.grad is not None]
+            for param in params:
+                if "momentum_buffer" not in self.state[param]:
+                    self.state[param]["momentum_buffer"] = torch.zeros_like(param)
+            grads = [param.grad for param in params]
+            bufs = [self.state[param]["momentum_buffer"] for param in params]
+            torch._foreach_lerp_(bufs, grads, 1 - group["momentum"])
+            nesterov = torch._foreach_lerp(grads, bufs, group["momentum"])
+            for param, update in zip(params, nesterov, strict=True):
                 # (splits * m, n) -> splits blocks of (m, n), each orthogonalised on its own
                 updates[param] = update.reshape(group["splits"], -1, update.shape[-1])
         blocks = [(param, i) for param, update in updates.items() for i in range(len(update))]
@@ -179,19 +191,28 @@ class Muon(torch.optim.Optimizer):
             updates = {param: piece.view_as(update) for (param, update), piece in shaped}
         return updates
 
-    def _adamw_update(self, param: torch.Tensor, group: dict) -> None:
-        state = self.state[param]
-        if "step" not in state:
-            state["step"] = torch.zeros((), dtype=torch.float64)
-            state["exp_avg"] = torch.zeros_like(param)
-            state["exp_avg_sq"] = torch.zeros_like(param)
-        state["step"] += 1
-        step = state["step"].item()
+    def _adamw_update(self, params: list, group: dict) -> None:
+        """AdamW's update (Loshchilov & Hutter) of every tensor in `params`."""
+        states = [self.state[param] for param in params]
+        for param, state in zip(params, states, strict=True):
+            if "step" not in state:
+                state["step"] = torch.zeros((), dtype=torch.float64)
+                state["exp_avg"] = torch.zeros_like(param)
+                state["exp_avg_sq"] = torch.zeros_like(param)
+        grads = [param.grad for param in params]
+        exp_avgs = [state["exp_avg"] for state in states]
+        exp_avg_sqs = [state["exp_avg_sq"] for state in states]
+        torch._foreach_add_([state["step"] for state in states], 1)
+        steps = [state["step"].item() for state in states]
         beta1, beta2 = group["betas"]
-        state["exp_avg"].lerp_(param.grad, 1 - beta1)
-        state["exp_avg_sq"].mul_(beta2).addcmul_(param.grad, param.grad, value=1 - beta2)
-        denom = (state["exp_avg_sq"] / (1 - beta2**step)).sqrt_().add_(group["eps"])
-        param.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / (1 - beta1**step))
+        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+        torch._foreach_mul_(exp_avg_sqs, beta2)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        denoms = torch._foreach_div(exp_avg_sqs, [1 - beta2**step for step in steps])
+        torch._foreach_sqrt_(denoms)
+        torch._foreach_add_(denoms, group["eps"])
+        step_sizes = [-group["lr"] / (1 - beta1**step) for step in steps]
+        torch._foreach_addcdiv_(params, exp_avgs, denoms, step_sizes)
 
 
 def share_work(shapes: list[torch.Size], world: int) -> list[int]:
