@@ -97,6 +97,23 @@ ROWS = {
         ["--amp", "--epochs", "35", "--batch-size", "128"],
         "bfloat16 autocast, 128 images a step per process, 35 epochs",
     ),
+    # The recipe's model fits what crops and flips teach by ~epoch 24 (amp-bs128-35ep: 5 more
+    # epochs, +0.0): CutMix on half the batches changes what there is to learn, at no step cost
+    "amp-30ep-cutmix0.5": (
+        [*AVX512_RECIPE, "--cutmix", "1.0", "--mixup-prob", "0.5"],
+        "bfloat16 autocast, 30 epochs, CutMix (alpha 1) on half the batches",
+    ),
+    # twice the weight decay (Muon's and AdamW's, decoupled): the regulariser that costs no fit
+    "amp-30ep-wd0.1": (
+        [*AVX512_RECIPE, "--weight-decay", "0.1"],
+        "bfloat16 autocast, 30 epochs, weight decay 0.1",
+    ),
+    # the MLP twice as wide (ratio 4, 0.81M parameters) at the recipe's wall time: the bf16 step
+    # ran 510 against 665 img/s (training_throughput.py, batch 64, one process), so 23 epochs
+    "amp-r4-23ep": (
+        ["--amp", "--epochs", "23", "--model-kwargs", *shape(mlp_ratio=4.0)],
+        "bfloat16 autocast, MLP ratio 4 (0.81M parameters), 23 epochs",
+    ),
     # Width and depth at about amp-40ep's wall time on an AMX host (training_throughput.py's
     # bf16 images/s of each shape set the epochs); head width stays 32 channels.
     "amp-192d-24ep": (

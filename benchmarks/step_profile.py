@@ -1,0 +1,153 @@
+"""Where a training step's time goes on this CPU, and what bounds its share of the matmul peak.
+
+    python benchmarks/step_profile.py --threads 1                      # the recipe's step, bf16
+    python benchmarks/step_profile.py --threads 1 --dtype float32 --batch-size 64 128
+
+One process runs the CPU recipe's training step (forward and loss under bfloat16 autocast
+through the explicit attention path as `train.py --amp` runs it, or in float32; backward; Muon,
+its Newton-Schulz work not shared) and splits its time into: the model's matrix products (mm,
+addmm, bmm, baddbmm, forward and backward; their own time and FLOPs from torch.profiler, so
+their GFLOP/s against the matmul peak measured in the same run), the optimizer step (of which
+its Newton-Schulz products), and the rest (casts, LayerNorm, GELU, softmax, copies, the patch
+embedding, the loss). The step and the optimizer step are timed without the profiler, which
+adds tens of microseconds to every operator.
+
+The step's share of the peak is the product of two figures this prints: how fast the model's
+products run (at its small shapes, against a 1024^3 product's peak) and how much of the step
+they are. Where the second is low, faster products alone cannot lift the step far.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+import vit
+from vit.optim import build_optimizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from training_throughput import cpu_flags, matmul_peak_gflops, parse_shape  # noqa: E402
+
+# the ops that do a product's arithmetic (wrappers such as aten::linear or aten::matmul call one)
+KERNELS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
+
+
+def make_step(shape: dict, batch_size: int, dtype: str, ns_dtype: str):
+    torch.manual_seed(0)
+    model = vit.create_model(
+        "vit_cifar_patch4_32",
+        num_classes=10,
+        patch_drop_rate=0.5,
+        global_pool="avg",
+        class_token=False,
+        **shape,
+    ).train()
+    model.set_fused_attn(dtype != "bfloat16")  # train.py --amp: the explicit attention path
+    optimizer = build_optimizer(model, "muon", lr=2e-3, weight_decay=0.05, muon_ns_dtype=ns_dtype)
+    images = torch.randn(batch_size, 3, 32, 32)
+    labels = torch.randint(0, 10, (batch_size,))
+
+    def step() -> None:
+        with torch.autocast("cpu", torch.bfloat16, enabled=dtype == "bfloat16"):
+            loss = F.cross_entropy(model(images), labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        with torch.profiler.record_function("optimizer step"):
+            optimizer.step()
+
+    return step, optimizer.step
+
+
+def median_ms(function, rounds: int = 5, repeats: int = 5) -> float:
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(repeats):
+            function()
+        times.append((time.perf_counter() - started) / repeats * 1e3)
+    return statistics.median(times)
+
+
+def breakdown(step, optimizer_step, steps: int) -> dict:
+    """Milliseconds per step: the step and the optimizer step timed without the profiler (which
+    adds tens of microseconds to every operator), the matrix products' own time and FLOPs from
+    the profiler (a few dozen calls per step: its overhead is small against theirs)."""
+    for _ in range(3):
+        step()  # warm-up
+    timed = {"step": median_ms(step), "optimizer": median_ms(optimizer_step)}
+    with profile(activities=[ProfilerActivity.CPU], with_flops=True) as prof:
+        for _ in range(steps):
+            step()
+    events = prof.events()
+    spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == "optimizer step"]
+
+    def in_optimizer(event) -> bool:
+        return any(start <= event.time_range.start < end for start, end in spans)
+
+    products = [e for e in events if e.name in KERNELS]
+    model_products = [e for e in products if not in_optimizer(e)]
+    optimizer_products = [e for e in products if in_optimizer(e)]
+    return {
+        **timed,
+        "model products": sum(e.self_cpu_time_total for e in model_products) / steps / 1e3,
+        "model product flops": sum(e.flops or 0 for e in model_products) / steps,
+        "optimizer products": sum(e.self_cpu_time_total for e in optimizer_products) / steps / 1e3,
+        "optimizer product flops": sum(e.flops or 0 for e in optimizer_products) / steps,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--shapes", nargs="+", type=parse_shape, default=[parse_shape("128d-4L-4h-r2")]
+    )
+    parser.add_argument("--batch-size", nargs="+", type=int, default=[64])
+    parser.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--muon-ns-dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"]
+    )
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--steps", type=int, default=10, help="profiled steps per row")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    peaks = {name: matmul_peak_gflops(dtype=getattr(torch, name)) for name in args.dtype}
+    shown = ", ".join(f"{name} matmul peak {gflops:.1f} GFLOP/s" for name, gflops in peaks.items())
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), {args.steps} profiled steps per "
+        f"row, patch drop 0.5 (32 of 64 tokens), Muon; CPU flags: {cpu_flags()}; {shown}"
+    )
+    print(
+        "| shape | batch | dtype | NS dtype | step ms | model's products ms (% of step) "
+        "| their GFLOP/s (% of peak) | optimizer ms (% of step) | of it products ms | rest ms "
+        "| step GFLOP/s (% of peak) |\n"
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    for (label, shape), batch, dtype, ns_dtype in itertools.product(
+        args.shapes, args.batch_size, args.dtype, args.muon_ns_dtype
+    ):
+        row = breakdown(*make_step(shape, batch, dtype, ns_dtype), args.steps)
+        peak = peaks[dtype]
+        products = row["model product flops"] / (row["model products"] / 1e3) / 1e9
+        all_flops = row["model product flops"] + row["optimizer product flops"]
+        step_gflops = all_flops / (row["step"] / 1e3) / 1e9
+        rest = row["step"] - row["model products"] - row["optimizer"]
+        print(
+            f"| {label} | {batch} | {dtype} | {ns_dtype} | {row['step']:.1f} "
+            f"| {row['model products']:.1f} ({100 * row['model products'] / row['step']:.0f}%) "
+            f"| {products:.0f} ({100 * products / peak:.0f}%) "
+            f"| {row['optimizer']:.1f} ({100 * row['optimizer'] / row['step']:.0f}%) "
+            f"| {row['optimizer products']:.1f} | {rest:.1f} "
+            f"| {step_gflops:.0f} ({100 * step_gflops / peak:.0f}%) |"
+        )
+
+
+if __name__ == "__main__":
+    main()
