@@ -27,43 +27,18 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-import vit
-from vit.optim import build_optimizer
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from training_throughput import cpu_flags, matmul_peak_gflops, parse_shape  # noqa: E402
+from training_throughput import (  # noqa: E402
+    cpu_flags,
+    make_step,
+    matmul_peak_gflops,
+    parse_shape,
+)
 
 # the ops that do a product's arithmetic (wrappers such as aten::linear or aten::matmul call one)
 KERNELS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
-
-
-def make_step(shape: dict, batch_size: int, dtype: str, ns_dtype: str):
-    torch.manual_seed(0)
-    model = vit.create_model(
-        "vit_cifar_patch4_32",
-        num_classes=10,
-        patch_drop_rate=0.5,
-        global_pool="avg",
-        class_token=False,
-        **shape,
-    ).train()
-    model.set_fused_attn(dtype != "bfloat16")  # train.py --amp: the explicit attention path
-    optimizer = build_optimizer(model, "muon", lr=2e-3, weight_decay=0.05, muon_ns_dtype=ns_dtype)
-    images = torch.randn(batch_size, 3, 32, 32)
-    labels = torch.randint(0, 10, (batch_size,))
-
-    def step() -> None:
-        with torch.autocast("cpu", torch.bfloat16, enabled=dtype == "bfloat16"):
-            loss = F.cross_entropy(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        with torch.profiler.record_function("optimizer step"):
-            optimizer.step()
-
-    return step, optimizer.step
 
 
 def median_ms(function, rounds: int = 5, repeats: int = 5) -> float:
@@ -133,7 +108,16 @@ def main() -> None:
     for (label, shape), batch, dtype, ns_dtype in itertools.product(
         args.shapes, args.batch_size, args.dtype, args.muon_ns_dtype
     ):
-        row = breakdown(*make_step(shape, batch, dtype, ns_dtype), args.steps)
+        _, optimizer, step = make_step(
+            shape,
+            img_size=32,
+            batch_size=batch,
+            patch_drop=0.5,
+            opt="muon",
+            dtype=dtype,
+            muon_ns_dtype=ns_dtype,
+        )
+        row = breakdown(step, optimizer.step, args.steps)
         peak = peaks[dtype]
         products = row["model product flops"] / (row["model products"] / 1e3) / 1e9
         all_flops = row["model product flops"] + row["optimizer product flops"]

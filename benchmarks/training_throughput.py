@@ -95,6 +95,10 @@ def cpu_flags() -> str:
     return " ".join(flag for flag in wanted if flag in flags) or "none of " + " ".join(wanted)
 
 
+# the CPU recipe's pooling (configs/cifar10_cpu.yaml): the mean of the patch tokens, no class token
+RECIPE_POOLING = {"global_pool": "avg", "class_token": False}
+
+
 def make_step(
     shape: dict,
     img_size: int,
@@ -105,20 +109,22 @@ def make_step(
     compile: bool = False,
     muon_ns_dtype: str = "float32",
 ):
-    """A closure running one training step on a fixed random batch (the forward pass and loss
-    under bfloat16 autocast for dtype "bfloat16", through the explicit attention path as
-    train.py --amp does on a CPU: vit.engine.wrap_model says why; compiled by torch.compile as
-    train.py --compile does if `compile`); returns the model too."""
+    """A closure running one training step of `shape` (with the recipe's pooling unless it says
+    otherwise) on a fixed random batch: the forward pass and loss under bfloat16 autocast for
+    dtype "bfloat16", through the explicit attention path as train.py --amp does on a CPU
+    (vit.engine.wrap_model says why); compiled by torch.compile as train.py --compile does if
+    `compile`. The optimizer step runs inside a profiler range named "optimizer step" (for
+    benchmarks/step_profile.py; free without a profiler). Returns (model, optimizer, step)."""
     torch.manual_seed(0)
     model = vit.create_model(
         "vit_cifar_patch4_32",
         num_classes=10,
         img_size=img_size,
         patch_drop_rate=patch_drop,
-        **shape,
+        **{**RECIPE_POOLING, **shape},
     ).train()
     model.set_fused_attn(dtype != "bfloat16")
-    optimizer = build_optimizer(model, opt, lr=1e-3, weight_decay=0.05, muon_ns_dtype=muon_ns_dtype)
+    optimizer = build_optimizer(model, opt, lr=2e-3, weight_decay=0.05, muon_ns_dtype=muon_ns_dtype)
     forward = torch.compile(model) if compile else model
     images = torch.randn(batch_size, 3, img_size, img_size)
     labels = torch.randint(0, 10, (batch_size,))
@@ -128,9 +134,10 @@ def make_step(
             loss = F.cross_entropy(forward(images), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        optimizer.step()
+        with torch.profiler.record_function("optimizer step"):
+            optimizer.step()
 
-    return model, step
+    return model, optimizer, step
 
 
 def main() -> None:
@@ -184,7 +191,7 @@ def main() -> None:
                 ):
                     opt, ns_dtype = optimizer
                     setting = (shape, size, batch, drop, opt, dtype)
-                    model, step = make_step(
+                    model, _, step = make_step(
                         *setting, compile=compiled == "on", muon_ns_dtype=ns_dtype
                     )
                     step()  # warm-up: allocator, kernels (and compilation)
@@ -193,7 +200,7 @@ def main() -> None:
                     eager_step = (
                         step
                         if compiled == "off"
-                        else make_step(*setting, muon_ns_dtype=ns_dtype)[1]
+                        else make_step(*setting, muon_ns_dtype=ns_dtype)[2]
                     )
                     name = opt if opt == "adamw" else f"{opt} ({ns_dtype} NS)"
                     rows[(label, size, drop, batch, name, dtype, compiled)] = {

@@ -124,9 +124,13 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        orthogonal = self._orthogonal_updates()
-        for group in self.param_groups:
-            params = [param for param in group["params"] if param.grad is not None]
+        # each group's parameters that have gradients (a frozen or unused one is left alone)
+        trained = [
+            [param for param in group["params"] if param.grad is not None]
+            for group in self.param_groups
+        ]
+        orthogonal = self._orthogonal_updates(trained)
+        for group, params in zip(self.param_groups, trained, strict=True):
             if not params:
                 continue
             # Each update is one torch._foreach_* call over the group's tensors, as torch.optim
@@ -150,14 +154,14 @@ class Muon(torch.optim.Optimizer):
             updates = [orthogonal[params[i]].reshape(params[i].shape) for i in indices]
             torch._foreach_add_([params[i] for i in indices], updates, alpha=-lr * scale)
 
-    def _orthogonal_updates(self) -> dict[torch.Tensor, torch.Tensor]:
-        """Momentum for every Muon parameter, then its orthogonalised update (splits, m, n),
-        each block computed by one process and shared with the others."""
+    def _orthogonal_updates(self, trained: list[list]) -> dict[torch.Tensor, torch.Tensor]:
+        """Momentum for every trained Muon parameter (`trained`: each group's parameters with
+        gradients), then its orthogonalised update (splits, m, n), each block computed by one
+        process and shared with the others."""
         updates = {}
-        for group in self.param_groups:
+        for group, params in zip(self.param_groups, trained, strict=True):
             if not group["use_muon"]:
                 continue
-            params = [param for param in group["params"] if param.grad is not None]
             for param in params:
                 if "momentum_buffer" not in self.state[param]:
                     self.state[param]["momentum_buffer"] = torch.zeros_like(param)
