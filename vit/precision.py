@@ -28,8 +28,8 @@ def fast_bfloat16(device: torch.device) -> bool:
 def cpu_training_recipe() -> str:
     """The CPU recipe that suits this CPU's instruction sets (scripts/train.sh's choice, each
     measured in docs/cpu-recipe.md): "bfloat16" with AMX (6 blocks x 30 epochs fit the time),
-    "bfloat16-avx512" with AVX512-BF16 alone (a bf16 step ~1.5x float32's but slower than with
-    AMX: 4 blocks x 30 epochs), else "float32" (bfloat16 emulated there, slower)."""
+    "bfloat16-avx512" with AVX512-BF16 alone (a bf16 step ~1.5-1.9x float32's but slower than
+    with AMX: 4 blocks x 34 epochs), else "float32" (bfloat16 emulated there, slower)."""
     if cpu_has_amx():
         return "bfloat16"
     return "bfloat16-avx512" if cpu_has_avx512_bf16() else "float32"
