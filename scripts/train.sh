@@ -4,9 +4,9 @@
 #   no GPU: the ~30-minute CPU recipe, NPROC processes of one thread each under torchrun
 #   (default 2), 128 images per step in all: configs/cifar10_cpu_bf16.yaml where the CPU has
 #   AMX (bfloat16 fastest there: a deeper model and more epochs in the time),
-#   configs/cifar10_cpu_bf16_avx512.yaml where it has AVX512-BF16 alone (more epochs, more weight decay),
-#   else configs/cifar10_cpu.yaml (float32, every CPU). CPU_RECIPE=float32, bfloat16 or
-#   bfloat16-avx512 chooses.
+#   configs/cifar10_cpu_bf16_avx512.yaml where it has AVX512-BF16 alone (more epochs and
+#   weight decay), else configs/cifar10_cpu.yaml (float32, every CPU). CPU_RECIPE=float32,
+#   bfloat16 or bfloat16-avx512 chooses.
 #   bash scripts/train.sh                                  # downloads CIFAR-10 into ./data
 #   DATA=../shared/data/cifar10-jpg bash scripts/train.sh  # a local image-folder copy
 #   DATA=... bash scripts/train.sh --epochs 5              # any train.py flag passes through
