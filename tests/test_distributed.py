@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vit.distributed import DistInfo, from_env
+from vit.distributed import DistInfo, from_env, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 # No MixUp/CutMix or stochastic depth: their random draws differ per process by design.
@@ -25,6 +25,32 @@ def test_from_env_reads_torchrun_variables():
     info = from_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
     assert (info.rank, info.world_size, info.local_rank, info.is_main) == (3, 4, 1, False)
     assert info.enabled and not DistInfo().enabled
+
+
+@pytest.mark.parametrize(
+    ("name", "info", "expected"),
+    [
+        ("cuda", DistInfo(), "cuda:0"),  # one process: the current GPU
+        ("auto", DistInfo(), "cuda:0"),
+        ("cuda", DistInfo(rank=1, world_size=2, local_rank=1), "cuda:1"),  # each its own GPU
+        ("cuda:1", DistInfo(), "cuda:1"),
+    ],
+)
+def test_resolve_device_gives_cuda_an_index_as_set_device_requires(monkeypatch, name, info, expected):
+    """torch.cuda.set_device refuses a bare "cuda" (seen on an H200, torch 2.11: every command
+    with --device cuda stopped with "Expected a torch.device with a specified index")."""
+    chosen = []
+
+    def set_device(device):
+        if torch.device(device).index is None:
+            raise ValueError(f"Expected a torch.device with a specified index, but got:{device}")
+        chosen.append(str(device))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    assert str(resolve_device(name, info)) == expected
+    assert chosen == [expected]
 
 
 def _metrics(run: Path) -> list[dict]:

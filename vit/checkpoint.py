@@ -168,8 +168,21 @@ class TrainingState:
 
 
 def save_training_state(state: dict, path: Path) -> None:
-    """torch.save to a temporary file, then an atomic rename over `path`."""
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    """torch.save to a temporary file, then an atomic rename over `path`. Tensors are saved
+    on the CPU, so a run trained on a GPU loads with a plain torch.load on any machine."""
+    cpu_state = _on_cpu(state)
+    atomic_write(path, lambda tmp: torch.save(cpu_state, tmp))
+
+
+def _on_cpu(value):
+    """`value` with every tensor in its (nested) dicts, lists and tuples moved to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {key: _on_cpu(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(item) for item in value)
+    return value
 
 
 def load_training_state(path: Path) -> dict:

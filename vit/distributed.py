@@ -72,8 +72,9 @@ def resolve_device(name: str, info: DistInfo) -> torch.device:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"--device {name}: CUDA is not available here; use --device cpu")
-        if info.enabled and device.index is None:
-            device = torch.device("cuda", info.local_rank)
+        if device.index is None:  # set_device needs an index: each process its own GPU
+            index = info.local_rank if info.enabled else torch.cuda.current_device()
+            device = torch.device("cuda", index)
         torch.cuda.set_device(device)
     return device
 
