@@ -36,7 +36,9 @@ def test_from_env_reads_torchrun_variables():
         ("cuda:1", DistInfo(), "cuda:1"),
     ],
 )
-def test_resolve_device_gives_cuda_an_index_as_set_device_requires(monkeypatch, name, info, expected):
+def test_resolve_device_gives_cuda_an_index_as_set_device_requires(
+    monkeypatch, name, info, expected
+):
     """torch.cuda.set_device refuses a bare "cuda" (seen on an H200, torch 2.11: every command
     with --device cuda stopped with "Expected a torch.device with a specified index")."""
     chosen = []
