@@ -304,7 +304,8 @@ from pathlib import Path
 import torch
 # The epochs of the last complete checkpoint (metrics.csv may hold one more, stopped mid-save)
 state = torch.load(Path(sys.argv[1]) / "training_state.pt", weights_only=True, mmap=True)
-keys = ("epoch", "epoch_seconds", "train_images_per_s", "train_loss", "test_top1", "ema_top1", "lr")
+keys = ("epoch", "epoch_seconds", "train_images_per_s", "data_seconds", "train_loss", "test_top1",
+        "ema_top1", "lr")
 rows = [{k: row.get(k) for k in keys} for row in state["history"]]
 open(sys.argv[2], "w").write(json.dumps(rows))
 best = max((r["ema_top1"] or r["test_top1"] or 0 for r in rows), default=0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,36 @@ def test_torchrun_answers_with_its_processes_status(tmp_path, ending, status, sa
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(command + [str(script)], env=env, capture_output=True, text=True)
     assert (done.returncode, done.stderr.strip()) == (status, said)
+
+
+def test_a_loss_gone_nan_in_one_process_stops_both(image_folder, tmp_path, tiny_args):
+    """Rank 1's loss turns NaN at its 3rd step; the check runs every HOST_SYNC_EVERY steps and
+    at the epoch's end, so both processes stop together there (none waits forever in an
+    all-reduce) and no checkpoint is written. Each names the first NaN loss it saw itself:
+    rank 1 step 3, rank 0 step 4 (once rank 1's NaN gradients reached its weights); which
+    one's line comes out first is a race between the two processes' exits."""
+    script = tmp_path / "nan_on_rank_1.py"
+    script.write_text(
+        "import os, runpy, sys\n"
+        "from vit.model import VisionTransformer\n"
+        "calls, forward_head = [0], VisionTransformer.forward_head\n"
+        "def maybe_nan(self, x, pre_logits=False):\n"
+        "    out = forward_head(self, x, pre_logits)\n"
+        "    calls[0] += self.training\n"
+        "    return out * float('nan') if self.training and calls[0] >= 3 else out\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    VisionTransformer.forward_head = maybe_nan\n"
+        f"sys.argv = [{str(ROOT / 'train.py')!r}, *sys.argv[1:]]\n"
+        f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n"
+    )
+    run = tmp_path / "run"
+    args = tiny_args(image_folder, run, 1, *DETERMINISTIC) + ["--batch-size", "4"]
+    command = [sys.executable, "-m", "vit.distributed", "--standalone", "--nproc_per_node", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        command + [str(script), *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert re.search(r"training loss became nan at epoch 1, step [34]/6; stopped\.", done.stderr)
+    assert "No checkpoint was written" in done.stderr
+    assert not (run / "training_state.pt").exists()

@@ -72,6 +72,7 @@ def test_run_folder_is_complete_and_loadable(reference_run):
     for row in rows:
         assert 0 <= float(row["test_top1"]) <= float(row["test_top5"]) <= 1
         assert float(row["train_images_per_s"]) > 0
+        assert 0 < float(row["data_seconds"]) < float(row["epoch_seconds"])  # the loader's share
     # 3 colour classes: the tiny model learns them well above chance (1/3) in 4 epochs
     assert float(rows[-1]["ema_top1"]) >= 0.6
 

@@ -57,6 +57,7 @@ METRIC_KEYS = (
     "lr",
     "epoch_seconds",
     "train_images_per_s",
+    "data_seconds",  # of epoch_seconds, the training loop's wait for batches
     "image_size",
 )
 

@@ -660,6 +660,7 @@ def metrics_row(
         "lr": stats["lr"],
         "epoch_seconds": seconds,
         "train_images_per_s": stats["images"] * world_size / seconds,
+        "data_seconds": stats["data_seconds"],
         "image_size": size,
     }
 
@@ -720,53 +721,85 @@ def epoch_summary(row: dict, epochs: int) -> str:
     return (
         f"epoch {row['epoch']}/{epochs}: train loss {row['train_loss']:.4f}{test}, "
         f"{row['train_images_per_s']:.0f} img/s at {row['image_size']}x{row['image_size']}"
+        f"{data_wait(row)}"
     )
 
 
+def data_wait(row: dict) -> str:
+    """', 12% of it waiting for batches': where the loader, not the step, set the pace."""
+    if row.get("data_seconds") is None or not row.get("epoch_seconds"):
+        return ""  # a row of a run saved before the column existed
+    return f", {100 * row['data_seconds'] / row['epoch_seconds']:.0f}% of it waiting for batches"
+
+
+# Steps between the checks that read device values on the host (the non-finite loss check,
+# the progress bar's figures): each read waits for the GPU to finish all queued work, and a
+# wait every step keeps the host from queueing the next step's kernels while the GPU runs.
+HOST_SYNC_EVERY = 25
+
+
 def train_one_epoch(run: Run, epoch: int) -> dict:
-    """One pass over the training data; returns mean loss, accuracy, last lr, image count."""
+    """One pass over the training data; returns mean loss, accuracy, last lr, image count, and
+    the seconds the loop waited for batches."""
     cfg, info, device, state = run.cfg, run.info, run.device, run.state
     run.train_model.train()
-    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, images
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
+    first_bad = torch.full((2,), -1.0, dtype=torch.float64, device=device)  # (step, loss)
+    images, data_seconds = 0, 0.0
     started = time.perf_counter()
     loader = run.train_loader
     # disable=None: a bar on a terminal only, not in a log redirected to a file
     bar = tqdm(
         loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=None if info.is_main else True
     )
-    for step, (images, labels) in enumerate(bar):
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        logits, loss = forward_loss(run, images, labels)
-        # Every process must agree to stop, or the others would wait forever in all-reduce.
-        bad = torch.tensor(float(not torch.isfinite(loss)), device=device)
-        if distributed.all_reduce_sum(bad).item() > 0:
-            raise NonFiniteLossError(diverged_message(cfg, loss.item(), epoch, step, len(loader)))
-        lr = optimizer_step(state, loss, cfg.clip_grad)
-        batch = labels.shape[0]
-        correct = (logits.argmax(dim=1) == labels).sum()
-        totals += torch.stack(
-            [
-                loss.detach().double() * batch,
-                correct.double(),
-                torch.tensor(float(batch), dtype=torch.float64, device=device),
-            ]
+    fetch_started = time.perf_counter()
+    for step, (batch_images, labels) in enumerate(bar):
+        data_seconds += time.perf_counter() - fetch_started
+        batch_images = batch_images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        logits, loss = forward_loss(run, batch_images, labels)
+        loss_now = loss.detach().double()
+        first_bad = torch.where(
+            (first_bad[0] < 0) & ~torch.isfinite(loss_now),
+            torch.stack([torch.full_like(loss_now, step), loss_now]),
+            first_bad,
         )
-        if info.is_main:
-            elapsed = time.perf_counter() - started
+        last = step + 1 == len(loader)
+        if (step + 1) % HOST_SYNC_EVERY == 0 or last:
+            stop_if_diverged(run, first_bad, epoch=epoch, step=step)
+        lr = optimizer_step(state, loss, cfg.clip_grad)
+        images += labels.shape[0]
+        correct = (logits.argmax(dim=1) == labels).sum()
+        sums += torch.stack([loss_now * labels.shape[0], correct.double()])
+        if not bar.disable and ((step + 1) % HOST_SYNC_EVERY == 0 or last):
             bar.set_postfix(
-                loss=f"{totals[0].item() / totals[2].item():.4f}",
-                acc=f"{100 * totals[1].item() / totals[2].item():.1f}%",
+                loss=f"{sums[0].item() / images:.4f}",
+                acc=f"{100 * sums[1].item() / images:.1f}%",
                 lr=f"{lr:.2e}",
-                img_s=f"{totals[2].item() * info.world_size / elapsed:.0f}",
+                img_s=f"{images * info.world_size / (time.perf_counter() - started):.0f}",
             )
-    images = totals[2].item()
+        fetch_started = time.perf_counter()
+    totals = torch.cat([sums, torch.tensor([float(images)], dtype=torch.float64, device=device)])
     distributed.all_reduce_sum(totals)
     return {
         "loss": totals[0].item() / totals[2].item(),
         "acc": totals[1].item() / totals[2].item(),
         "lr": lr,
         "images": images,
+        "data_seconds": data_seconds,
     }
+
+
+def stop_if_diverged(run: Run, first_bad: torch.Tensor, epoch: int, step: int) -> None:
+    """NonFiniteLossError if any process's loss was NaN or inf by `step`: every process must
+    agree to stop, or the others would wait forever in all-reduce."""
+    bad = (first_bad[0] >= 0).double()
+    if distributed.all_reduce_sum(bad).item() > 0:
+        bad_step, loss = first_bad.tolist()
+        if bad_step < 0:  # another process's loss: this one's is still finite
+            bad_step, loss = step, float("nan")
+        message = diverged_message(run.cfg, loss, epoch, int(bad_step), len(run.train_loader))
+        raise NonFiniteLossError(message)
 
 
 def diverged_message(cfg: TrainConfig, loss: float, epoch: int, step: int, steps: int) -> str:

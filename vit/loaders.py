@@ -8,6 +8,9 @@ one. `size` is the epoch's image size under progressive resizing (in-memory batc
 
 from __future__ import annotations
 
+import signal
+
+import cv2
 import numpy as np
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
@@ -26,6 +29,16 @@ class EpochDataLoader(DataLoader):
         self.dataset.set_epoch(epoch)  # the per-sample augmentation seeds
 
 
+def init_worker(worker_id: int) -> None:
+    """Each loader worker process, as it starts: Ctrl-C is left to the main process (which
+    stops the workers itself and prints one line; a worker killed by the terminal's SIGINT
+    makes the pin-memory thread print a traceback), and OpenCV runs one thread per worker (the
+    workers are the parallelism; OpenCV's own pool, a thread per core in every worker, would
+    oversubscribe the cores)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cv2.setNumThreads(1)
+
+
 def eval_loader(
     dataset: ImageDataset, batch_size: int, workers: int, info: DistInfo, pin: bool
 ) -> DataLoader:
@@ -33,7 +46,12 @@ def eval_loader(
     if info.enabled:
         dataset = Subset(dataset, range(info.rank, len(dataset), info.world_size))
     return DataLoader(
-        dataset, batch_size=batch_size, shuffle=False, num_workers=workers, pin_memory=pin
+        dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        pin_memory=pin,
+        worker_init_fn=init_worker,
     )
 
 
@@ -63,6 +81,7 @@ def build_train_loader(
         sampler=sampler,
         num_workers=cfg.workers,
         pin_memory=pin,
+        worker_init_fn=init_worker,
         drop_last=True,  # equal-sized batches: DDP averages gradients over equal shares
     )
 
