@@ -141,7 +141,8 @@ ROWS = {
     ),
     # Two seeds of amp-44ep-wd0.2-nsbf16 ended 0.92 apart (83.50% / 82.58%), with train loss
     # 0.23 against test 0.51 at the end: the regulariser that cost no step, still climbing at 30
-    # epochs (amp-30ep-cutmix0.5), given the 44
+    # epochs (amp-30ep-cutmix0.5), given the 44. 83.65% / 83.43% (85.07% / 84.89% shift TTA):
+    # configs/cifar10_cpu_bf16_avx512_fast.yaml
     "amp-44ep-wd0.2-nsbf16-cutmix0.5": (
         ["--amp", "--epochs", "44", "--weight-decay", "0.2", "--muon-ns-dtype", "bfloat16"]
         + ["--cutmix", "1.0", "--mixup-prob", "0.5"],

@@ -3,10 +3,11 @@
 #   a GPU: configs/cifar10.yaml (200 epochs, --amp), one process;
 #   no GPU: the ~30-minute CPU recipe, NPROC processes of one thread each under torchrun
 #   (default 2), 128 images per step in all: configs/cifar10_cpu_bf16.yaml where the CPU has
-#   AMX (bfloat16 fastest there: a deeper model and more epochs in the time),
-#   configs/cifar10_cpu_bf16_avx512.yaml where it has AVX512-BF16 alone (more epochs and
-#   weight decay), else configs/cifar10_cpu.yaml (float32, every CPU). CPU_RECIPE=float32,
-#   bfloat16 or bfloat16-avx512 chooses.
+#   AMX (bfloat16 fastest there: a deeper model and more epochs in the time); where it has
+#   AVX512-BF16 alone, configs/cifar10_cpu_bf16_avx512_fast.yaml if its bfloat16 products
+#   measure >= 3.2x float32's (more epochs, CutMix), else configs/cifar10_cpu_bf16_avx512.yaml;
+#   configs/cifar10_cpu.yaml (float32) on every other CPU. CPU_RECIPE=float32, bfloat16,
+#   bfloat16-avx512 or bfloat16-avx512-fast chooses.
 #   bash scripts/train.sh                                  # downloads CIFAR-10 into ./data
 #   DATA=../shared/data/cifar10-jpg bash scripts/train.sh  # a local image-folder copy
 #   DATA=... bash scripts/train.sh --epochs 5              # any train.py flag passes through
@@ -49,16 +50,23 @@ if [ $((128 % NPROC)) -ne 0 ]; then
 fi
 CPU_RECIPE="${CPU_RECIPE:-auto}"
 if [ "$CPU_RECIPE" = auto ]; then
-    CPU_RECIPE="$(python -c "from vit.precision import cpu_training_recipe
-print(cpu_training_recipe())")"
+    # the recipe, and on an AVX512-BF16 CPU without AMX the measured speed that chose it
+    read -r CPU_RECIPE SPEEDUP <<<"$(python -c "from vit import precision as p
+s = p.cpu_bf16_matmul_speedup() if p.cpu_has_avx512_bf16() and not p.cpu_has_amx() else None
+print(p.cpu_training_recipe(s), '' if s is None else f'{s:.1f}')")"
+    if [ -n "$SPEEDUP" ]; then
+        echo "[vit] AVX512-BF16: bfloat16 matrix products ${SPEEDUP}x float32's here" \
+            "(the fast recipe from 3.2x)"
+    fi
 fi
 case "$CPU_RECIPE" in
     float32) CONFIG=configs/cifar10_cpu.yaml ;;
     bfloat16) CONFIG=configs/cifar10_cpu_bf16.yaml ;;
     bfloat16-avx512) CONFIG=configs/cifar10_cpu_bf16_avx512.yaml ;;
+    bfloat16-avx512-fast) CONFIG=configs/cifar10_cpu_bf16_avx512_fast.yaml ;;
     *)
         echo "[vit] CPU_RECIPE=$CPU_RECIPE: accepted: auto (the default), float32, bfloat16," \
-            "bfloat16-avx512" >&2
+            "bfloat16-avx512, bfloat16-avx512-fast" >&2
         exit 2
         ;;
 esac

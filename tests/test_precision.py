@@ -90,3 +90,33 @@ def test_predict_in_bfloat16_writes_float32_features_and_the_same_csv(
     assert [r["path"] for r in rows["bfloat16"]] == [r["path"] for r in rows["float32"]]
     agree = [a["label"] == b["label"] for a, b in zip(*rows.values(), strict=True)]
     assert sum(agree) >= len(agree) - 1
+
+
+@pytest.mark.parametrize(
+    ("amx", "avx512_bf16", "speedup", "recipe"),
+    [
+        (True, True, 7.0, "bfloat16"),
+        (False, True, 4.4, "bfloat16-avx512-fast"),  # measured on AMD Zen 5 hosts
+        (False, True, 2.3, "bfloat16-avx512"),  # on Zen 4 hosts, the same flags
+        (False, False, None, "float32"),
+    ],
+)
+def test_cpu_recipe_follows_the_flags_and_the_measured_bfloat16_speed(
+    monkeypatch, amx, avx512_bf16, speedup, recipe
+):
+    from vit import precision
+
+    monkeypatch.setattr(precision, "cpu_has_amx", lambda: amx)
+    monkeypatch.setattr(precision, "cpu_has_avx512_bf16", lambda: avx512_bf16)
+    monkeypatch.setattr(precision, "cpu_bf16_matmul_speedup", lambda: speedup)  # when measured
+    assert precision.cpu_training_recipe() == recipe
+    if speedup is not None and not amx:
+        assert precision.cpu_training_recipe(bf16_speedup=speedup) == recipe
+
+
+def test_bfloat16_speedup_is_measured_on_one_thread_and_leaves_the_threads_as_they_were():
+    from vit.precision import cpu_bf16_matmul_speedup
+
+    threads = torch.get_num_threads()
+    speedup = cpu_bf16_matmul_speedup(repeats=1)
+    assert 0 < speedup < 100 and torch.get_num_threads() == threads

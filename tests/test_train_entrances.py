@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import torch
 import yaml
 
 import vit.data
+from vit.precision import FAST_BF16_SPEEDUP
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SH = ROOT / "scripts" / "train.sh"
@@ -106,20 +108,27 @@ def test_a_mistake_under_two_processes_is_one_line_and_leaves_nothing(
 
 
 def test_cpu_recipe_follows_the_machine_unless_named(image_folder, tmp_path):
-    """scripts/train.sh picks the bfloat16 recipe where the CPU has AMX, its AVX512-BF16 form
-    where it has that alone, float32 elsewhere; CPU_RECIPE names one, and anything else is one
-    line."""
+    """scripts/train.sh picks the bfloat16 recipe where the CPU has AMX; where it has
+    AVX512-BF16 alone, the fast form if bfloat16 products measure FAST_BF16_SPEEDUP x float32's
+    (the figure it prints), else the plain one; float32 elsewhere. CPU_RECIPE names one, and
+    anything else is one line."""
     flags = (
         set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
     )
+    done = train_sh(*TINY, "--epochs", "0", data=image_folder)  # refused after the choice
+    speedup = re.search(r"bfloat16 matrix products ([0-9.]+)x float32's here", done.stdout)
     if "amx_tile" in flags:  # the kernel's names, read apart from torch's probes
         machine, config = "bfloat16", "configs/cifar10_cpu_bf16.yaml"
     elif "avx512_bf16" in flags:
-        machine, config = "bfloat16-avx512", "configs/cifar10_cpu_bf16_avx512.yaml"
+        assert speedup, done.stdout  # measured, and said
+        fast = float(speedup.group(1)) >= FAST_BF16_SPEEDUP
+        machine = "bfloat16-avx512-fast" if fast else "bfloat16-avx512"
+        config = f"configs/cifar10_cpu_bf16_avx512{'_fast' if fast else ''}.yaml"
     else:
         machine, config = "float32", "configs/cifar10_cpu.yaml"
-    done = train_sh(*TINY, "--epochs", "0", data=image_folder)  # refused after the choice
-    assert done.stdout.startswith(f"[vit] no GPU: the {machine} CPU recipe, {config}"), done.stdout
+        assert speedup is None  # nothing to measure
+    chosen = f"[vit] no GPU: the {machine} CPU recipe, {config}"
+    assert any(line.startswith(chosen) for line in done.stdout.splitlines()), done.stdout
 
     run = tmp_path / "run"
     env = {**venv_env(), "DATA": str(image_folder), "CPU_RECIPE": "bfloat16"}
@@ -132,13 +141,18 @@ def test_cpu_recipe_follows_the_machine_unless_named(image_folder, tmp_path):
     env["CPU_RECIPE"] = "fp32"
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.strip() == (
-        "[vit] CPU_RECIPE=fp32: accepted: auto (the default), float32, bfloat16, bfloat16-avx512"
+        "[vit] CPU_RECIPE=fp32: accepted: auto (the default), float32, bfloat16, bfloat16-avx512, "
+        "bfloat16-avx512-fast"
     )
 
 
 @pytest.mark.parametrize(
     ("name", "may_change"),
-    [("cifar10_cpu_bf16", {"model_kwargs"}), ("cifar10_cpu_bf16_avx512", {"weight_decay"})],
+    [
+        ("cifar10_cpu_bf16", {"model_kwargs"}),
+        ("cifar10_cpu_bf16_avx512", {"weight_decay"}),
+        ("cifar10_cpu_bf16_avx512_fast", {"weight_decay", "muon_ns_dtype", "cutmix", "mixup_prob"}),
+    ],
 )
 def test_the_bfloat16_cpu_recipes_are_the_float32_one_with_autocast_and_more_epochs(
     name, may_change

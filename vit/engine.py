@@ -217,6 +217,11 @@ def make_loaders(
 
 
 # -- model, optimizer, schedule, EMA -------------------------------------------------------------
+def _tensors(module: nn.Module) -> list[torch.Tensor]:
+    """A module's parameters and buffers, in an order that is the same for its deep copy."""
+    return [*module.parameters(), *module.buffers()]
+
+
 def warmup_cosine(total_steps: int, warmup_steps: int, min_ratio: float) -> Callable[[int], float]:
     """LR multiplier per optimizer step: linear warmup to 1, then cosine down to min_ratio."""
 
@@ -245,13 +250,16 @@ class ModelEma:
     def update(self, model: nn.Module) -> None:
         self.updates += 1
         decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        for ema, current in zip(
-            self.module.state_dict().values(), model.state_dict().values(), strict=True
-        ):
+        averaged, current = [], []
+        for ema, now in zip(_tensors(self.module), _tensors(model), strict=True):
             if ema.dtype.is_floating_point:
-                ema.lerp_(current.detach(), 1.0 - decay)
+                averaged.append(ema)
+                current.append(now)
             else:
-                ema.copy_(current)
+                ema.copy_(now)
+        # all tensors in one call: a few kernels on a GPU instead of one launch per tensor
+        # (the same per-tensor lerp on the CPU)
+        torch._foreach_lerp_(averaged, current, 1.0 - decay)
 
     def state_dict(self) -> dict:
         return {"module": self.module.state_dict(), "updates": self.updates}

@@ -33,8 +33,8 @@ def init_worker(worker_id: int) -> None:
     """Each loader worker process, as it starts: Ctrl-C is left to the main process (which
     stops the workers itself and prints one line; a worker killed by the terminal's SIGINT
     makes the pin-memory thread print a traceback), and OpenCV runs one thread per worker (the
-    workers are the parallelism; OpenCV's own pool, a thread per core in every worker, would
-    oversubscribe the cores)."""
+    workers are the parallelism; OpenCV's own pool, a thread per core in every worker, can only
+    oversubscribe the cores: level on 2 cores, benchmarks/loader_throughput.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     cv2.setNumThreads(1)
 

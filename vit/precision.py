@@ -11,6 +11,8 @@ features leave as float32 (the commands convert them), so reports and files look
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .cli import MODEL_DTYPES
@@ -25,14 +27,54 @@ def fast_bfloat16(device: torch.device) -> bool:
     return cpu_has_avx512_bf16() or cpu_has_amx()
 
 
-def cpu_training_recipe() -> str:
-    """The CPU recipe that suits this CPU's instruction sets (scripts/train.sh's choice, each
-    measured in docs/cpu-recipe.md): "bfloat16" with AMX (6 blocks x 30 epochs fit the time),
-    "bfloat16-avx512" with AVX512-BF16 alone (a bf16 step ~1.5-1.9x float32's but slower than
-    with AMX: 4 blocks x 34 epochs), else "float32" (bfloat16 emulated there, slower)."""
+# bfloat16 over float32 matrix-product speed from which an AVX512-BF16 CPU takes the "fast"
+# recipe: 4.4-4.9x measured on AMD Zen 5 hosts, 2.3x on Zen 4 ones, whose flags are the same
+# (docs/cpu-recipe.md); the threshold lies between them.
+FAST_BF16_SPEEDUP = 3.2
+
+
+def cpu_training_recipe(bf16_speedup: float | None = None) -> str:
+    """The CPU recipe that suits this CPU (scripts/train.sh's choice, each measured in
+    docs/cpu-recipe.md): "bfloat16" with AMX (6 blocks x 30 epochs fit the time); with
+    AVX512-BF16 alone, "bfloat16-avx512-fast" where bfloat16 products run at least
+    FAST_BF16_SPEEDUP x float32's (Newton-Schulz in bfloat16 too, and 44 epochs fit), else
+    "bfloat16-avx512" (34 epochs); "float32" elsewhere (bfloat16 emulated there, slower).
+    `bf16_speedup`: `cpu_bf16_matmul_speedup()`'s figure, measured here if not given."""
     if cpu_has_amx():
         return "bfloat16"
-    return "bfloat16-avx512" if cpu_has_avx512_bf16() else "float32"
+    if not cpu_has_avx512_bf16():
+        return "float32"
+    if bf16_speedup is None:
+        bf16_speedup = cpu_bf16_matmul_speedup()
+    return "bfloat16-avx512-fast" if bf16_speedup >= FAST_BF16_SPEEDUP else "bfloat16-avx512"
+
+
+def cpu_bf16_matmul_speedup(repeats: int = 5) -> float:
+    """bfloat16 over float32 speed of one thread's matrix products at the CPU recipe's shape
+    (the qkv product of 64 images x 65 tokens, (4160 x 128) @ (128 x 384)), from the best of
+    `repeats` timings of each: ~0.3 s. Flags cannot tell apart hosts whose bfloat16 units differ
+    (AMD Zen 4 and Zen 5 both show avx512_bf16); a timing can, and a load on the other cores
+    slows both dtypes alike."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        generator = torch.Generator().manual_seed(0)
+        a = torch.randn(4160, 128, generator=generator)
+        b = torch.randn(128, 384, generator=generator)
+        seconds = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            x, y = a.to(dtype), b.to(dtype)
+            torch.mm(x, y)  # the first call picks and packs the kernel
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                for _ in range(10):
+                    torch.mm(x, y)
+                best = min(best, time.perf_counter() - start)
+            seconds[dtype] = best
+        return seconds[torch.float32] / seconds[torch.bfloat16]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def cpu_has_avx512_bf16() -> bool:

@@ -1,0 +1,112 @@
+"""Images/s of the training loader alone (no model): the GPU recipe's per-image albumentations
+pipeline (configs/cifar10.yaml: pad-crop, flip, RandAugment x2, random erasing) in DataLoader
+workers, with OpenCV's threads per worker as train.py sets them (1) against OpenCV's default
+(a thread per core in every worker).
+
+    python benchmarks/loader_throughput.py                          # 2 workers, 1 vs default
+    python benchmarks/loader_throughput.py --workers 12 --opencv-threads 1 -1
+
+On a GPU machine this says whether the loader can feed the step: set it beside the training
+images/s that train.py logs (and its `data_seconds`, the loop's wait for batches). Random
+32x32 images stand in for CIFAR-10 (the transform's cost does not depend on the pixels).
+Settings are timed in alternating rounds, so a change in machine load hits each alike; each
+reports its median round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+import yaml
+from torch.utils.data import DataLoader
+
+import vit
+from vit.data import ImageDataset
+from vit.loaders import init_worker
+from vit.train_config import TrainConfig
+from vit.transforms import train_transform
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class OpenCVThreads:
+    """worker_init_fn: train.py's worker set-up, then OpenCV's threads as asked (-1: its
+    default, as before train.py set them)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+
+    def __call__(self, worker_id: int) -> None:
+        default = cv2.getNumThreads()  # what a worker inherits
+        init_worker(worker_id)
+        cv2.setNumThreads(default if self.threads < 0 else self.threads)
+
+
+def images_per_second(dataset: ImageDataset, workers: int, threads: int, batches: int) -> float:
+    loader = DataLoader(
+        dataset,
+        batch_size=128,
+        shuffle=True,
+        num_workers=workers,
+        worker_init_fn=OpenCVThreads(threads),
+        drop_last=True,
+    )
+    batches_seen = iter(loader)
+    next(batches_seen)  # the workers' start-up stays out of the timing
+    started, images = time.perf_counter(), 0
+    for images_batch, _ in itertools.islice(batches_seen, batches):
+        images += len(images_batch)
+    return images / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, nargs="+", default=[2])
+    parser.add_argument(
+        "--opencv-threads", type=int, nargs="+", default=[1, -1], help="per worker; -1: default"
+    )
+    parser.add_argument("--batches", type=int, default=40, help="timed batches of 128 a round")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    recipe = yaml.safe_load((ROOT / "configs" / "cifar10.yaml").read_text())
+    augment = ("crop", "hflip", "aa", "aa_n", "reprob")
+    cfg = TrainConfig(**{key: value for key, value in recipe.items() if key in augment})
+    model = vit.create_model("vit_cifar_patch4_32", num_classes=10)
+    count = 128 * (args.batches + 1) * max(args.workers)
+    rng = np.random.default_rng(0)
+    dataset = ImageDataset(
+        labels=rng.integers(0, 10, count).tolist(),
+        class_names=[str(i) for i in range(10)],
+        images=rng.integers(0, 256, (count, 32, 32, 3), dtype=np.uint8),
+        transform=train_transform(model.preprocess, cfg.augment()),
+    )
+    print(
+        f"cores={len(os.sched_getaffinity(0))} opencv default threads="
+        f"{cv2.getNumThreads()} torch={torch.__version__} opencv={cv2.__version__}"
+    )
+    settings = list(itertools.product(args.workers, args.opencv_threads))
+    rates: dict[tuple[int, int], list[float]] = {s: [] for s in settings}
+    for _ in range(args.rounds):
+        for workers, threads in settings:
+            rates[(workers, threads)].append(
+                images_per_second(dataset, workers, threads, args.batches)
+            )
+    print("| workers | OpenCV threads per worker | images/s (median) | per worker |")
+    print("|---:|---|---:|---:|")
+    for workers, threads in settings:
+        rate = statistics.median(rates[(workers, threads)])
+        label = "default" if threads < 0 else str(threads)
+        print(f"| {workers} | {label} | {rate:,.0f} | {rate / max(workers, 1):,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
