@@ -1,7 +1,8 @@
 """Images/s of the training loader alone (no model): the GPU recipe's per-image albumentations
 pipeline (configs/cifar10.yaml: pad-crop, flip, RandAugment x2, random erasing) in DataLoader
-workers, with OpenCV's threads per worker as train.py sets them (1) against OpenCV's default
-(a thread per core in every worker).
+workers, with OpenCV's default threads in every worker (a thread per core, as train.py leaves
+them) against N. (train.py does not set them: in a worker forked from a process whose OpenCV
+pool had run, setting them deadlocked; here the parent has run no OpenCV before the fork.)
 
     python benchmarks/loader_throughput.py                          # 2 workers, 1 vs default
     python benchmarks/loader_throughput.py --workers 12 --opencv-threads 1 -1
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class OpenCVThreads:
     """worker_init_fn: train.py's worker set-up, then OpenCV's threads as asked (-1: its
-    default, as before train.py set them)."""
+    default, as train.py leaves them)."""
 
     def __init__(self, threads: int) -> None:
         self.threads = threads

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 
-import cv2
 import numpy as np
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
@@ -30,13 +29,12 @@ class EpochDataLoader(DataLoader):
 
 
 def init_worker(worker_id: int) -> None:
-    """Each loader worker process, as it starts: Ctrl-C is left to the main process (which
-    stops the workers itself and prints one line; a worker killed by the terminal's SIGINT
-    makes the pin-memory thread print a traceback), and OpenCV runs one thread per worker (the
-    workers are the parallelism; OpenCV's own pool, a thread per core in every worker, can only
-    oversubscribe the cores: level on 2 cores, benchmarks/loader_throughput.py)."""
+    """Each loader worker process, as it starts: Ctrl-C is left to the main process, which
+    stops the workers itself and prints one line (a worker killed by the terminal's SIGINT
+    makes the pin-memory thread print a traceback). OpenCV's threads are left alone: setting
+    them in a forked worker can deadlock on a lock the parent's pool held at the fork, and one
+    thread per worker ran level with the default anyway (benchmarks/loader_throughput.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    cv2.setNumThreads(1)
 
 
 def eval_loader(
