@@ -55,8 +55,7 @@ if [ "$CPU_RECIPE" = auto ]; then
 s = p.cpu_bf16_matmul_speedup() if p.cpu_has_avx512_bf16() and not p.cpu_has_amx() else None
 print(p.cpu_training_recipe(s), '' if s is None else f'{s:.1f}')")"
     if [ -n "$SPEEDUP" ]; then
-        echo "[vit] AVX512-BF16: bfloat16 matrix products ${SPEEDUP}x float32's here" \
-            "(the fast recipe from 3.2x)"
+        WHY="; bfloat16 matrix products ${SPEEDUP}x float32's here (the fast recipe from 3.2x)"
     fi
 fi
 case "$CPU_RECIPE" in
@@ -70,6 +69,6 @@ case "$CPU_RECIPE" in
         exit 2
         ;;
 esac
-echo "[vit] no GPU: the $CPU_RECIPE CPU recipe, $CONFIG, $NPROC process(es) x 1 thread"
+echo "[vit] no GPU: the $CPU_RECIPE CPU recipe, $CONFIG, $NPROC process(es) x 1 thread${WHY:-}"
 exec python -m vit.distributed --standalone --nproc_per_node "$NPROC" train.py \
     --config "$CONFIG" --batch-size $((128 / NPROC)) --data "$DATA" "$@"
