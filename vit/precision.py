@@ -37,7 +37,7 @@ def cpu_training_recipe(bf16_speedup: float | None = None) -> str:
     """The CPU recipe that suits this CPU (scripts/train.sh's choice, each measured in
     docs/cpu-recipe.md): "bfloat16" with AMX (6 blocks x 30 epochs fit the time); with
     AVX512-BF16 alone, "bfloat16-avx512-fast" where bfloat16 products run at least
-    FAST_BF16_SPEEDUP x float32's (Newton-Schulz in bfloat16 too, and 44 epochs fit), else
+    FAST_BF16_SPEEDUP x float32's (Newton-Schulz in bfloat16 too, and 60 epochs fit), else
     "bfloat16-avx512" (34 epochs); "float32" elsewhere (bfloat16 emulated there, slower).
     `bf16_speedup`: `cpu_bf16_matmul_speedup()`'s figure, measured here if not given."""
     if cpu_has_amx():
