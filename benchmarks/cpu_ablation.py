@@ -150,7 +150,8 @@ ROWS = {
     ),
     # The CutMix row still climbed 1.3-1.4 points over its last 8 epochs; a GPU screen of this
     # recipe at fixed epochs (docs/cpu-recipe.md) put 60 epochs 1.4 points above 44, and CutMix
-    # on every batch 1.7-2.0 below half: the rest of the 30 minutes spent on epochs
+    # on every batch 1.7-2.0 below half: the rest of the 30 minutes spent on epochs. 84.53% /
+    # 84.22% (85.85% / 85.60% shift TTA): configs/cifar10_cpu_bf16_avx512_fast.yaml
     "amp-60ep-wd0.2-nsbf16-cutmix0.5": (
         ["--amp", "--epochs", "60", "--weight-decay", "0.2", "--muon-ns-dtype", "bfloat16"]
         + ["--cutmix", "1.0", "--mixup-prob", "0.5"],
@@ -158,7 +159,8 @@ ROWS = {
     ),
     # Capacity where CutMix leaves the model short of fitting (train loss 0.78 on mixed batches
     # after 60 epochs): the MLP twice as wide learned more per epoch in amp-r4-23ep, at 0.77x
-    # the images/s, so 46 epochs for about the 60-epoch row's wall time
+    # the images/s, so 46 epochs for about the 60-epoch row's wall time: 83.96% (85.21% shift
+    # TTA) in 23.7 min, 0.57 below the 60-epoch row's seed 0
     "amp-r4-46ep-nsbf16-cutmix0.5": (
         ["--amp", "--epochs", "46", "--weight-decay", "0.2", "--muon-ns-dtype", "bfloat16"]
         + ["--cutmix", "1.0", "--mixup-prob", "0.5", "--model-kwargs", *shape(mlp_ratio=4.0)],
