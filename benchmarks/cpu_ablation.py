@@ -38,6 +38,16 @@ def shape(**overrides) -> list[str]:
     return [f"{key}={value}" for key, value in {**recipe, **overrides}.items()]
 
 
+CUTMIX_ON_HALF = ["--cutmix", "1.0", "--mixup-prob", "0.5"]
+
+
+def fast_recipe(epochs: int) -> list[str]:
+    """configs/cifar10_cpu_bf16_avx512_fast.yaml's flags on top of BASE, at `epochs` (bf16
+    autocast, weight decay 0.2, bf16 Newton-Schulz, CutMix on half the batches)."""
+    flags = ["--amp", "--epochs", str(epochs), "--weight-decay", "0.2"]
+    return [*flags, "--muon-ns-dtype", "bfloat16", *CUTMIX_ON_HALF]
+
+
 # configs/cifar10_cpu_bf16.yaml as flags on top of BASE (the row amp-6L-30ep)
 AMX_RECIPE = [
     "--amp",
@@ -144,8 +154,7 @@ ROWS = {
     # epochs (amp-30ep-cutmix0.5), given the 44. 83.65% / 83.43% (85.07% / 84.89% shift TTA):
     # configs/cifar10_cpu_bf16_avx512_fast.yaml until amp-60ep-wd0.2-nsbf16-cutmix0.5
     "amp-44ep-wd0.2-nsbf16-cutmix0.5": (
-        ["--amp", "--epochs", "44", "--weight-decay", "0.2", "--muon-ns-dtype", "bfloat16"]
-        + ["--cutmix", "1.0", "--mixup-prob", "0.5"],
+        fast_recipe(44),
         "bfloat16 autocast, 44 epochs, weight decay 0.2, bf16 Newton-Schulz, CutMix on half",
     ),
     # The CutMix row still climbed 1.3-1.4 points over its last 8 epochs; a GPU screen of this
@@ -153,15 +162,13 @@ ROWS = {
     # on every batch 1.7-2.0 below half: the rest of the 30 minutes spent on epochs. 84.53% /
     # 84.22% (85.85% / 85.60% shift TTA): configs/cifar10_cpu_bf16_avx512_fast.yaml
     "amp-60ep-wd0.2-nsbf16-cutmix0.5": (
-        ["--amp", "--epochs", "60", "--weight-decay", "0.2", "--muon-ns-dtype", "bfloat16"]
-        + ["--cutmix", "1.0", "--mixup-prob", "0.5"],
+        fast_recipe(60),
         "bfloat16 autocast, 60 epochs, weight decay 0.2, bf16 Newton-Schulz, CutMix on half",
     ),
     # Past the 30 minutes, to ask whether epochs keep paying (whether a faster step is worth
     # building): the 60-epoch row at 80. 84.57% (86.13% shift TTA) in 32.8 min: +0.04
     "amp-80ep-wd0.2-nsbf16-cutmix0.5": (
-        ["--amp", "--epochs", "80", "--weight-decay", "0.2", "--muon-ns-dtype", "bfloat16"]
-        + ["--cutmix", "1.0", "--mixup-prob", "0.5"],
+        fast_recipe(80),
         "bfloat16 autocast, 80 epochs, weight decay 0.2, bf16 Newton-Schulz, CutMix on half",
     ),
     # Capacity where CutMix leaves the model short of fitting (train loss 0.78 on mixed batches
@@ -169,8 +176,7 @@ ROWS = {
     # the images/s, so 46 epochs for about the 60-epoch row's wall time: 83.96% (85.21% shift
     # TTA) in 23.7 min, 0.57 below the 60-epoch row's seed 0
     "amp-r4-46ep-nsbf16-cutmix0.5": (
-        ["--amp", "--epochs", "46", "--weight-decay", "0.2", "--muon-ns-dtype", "bfloat16"]
-        + ["--cutmix", "1.0", "--mixup-prob", "0.5", "--model-kwargs", *shape(mlp_ratio=4.0)],
+        [*fast_recipe(46), "--model-kwargs", *shape(mlp_ratio=4.0)],
         "the 60-epoch row with the MLP twice as wide (0.81M parameters), 46 epochs",
     ),
     # The issue's 30 minutes, not 22, spent on what the plateau asks for: CutMix (still climbing
