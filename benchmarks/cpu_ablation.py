@@ -179,6 +179,20 @@ ROWS = {
         [*fast_recipe(46), "--model-kwargs", *shape(mlp_ratio=4.0)],
         "the 60-epoch row with the MLP twice as wide (0.81M parameters), 46 epochs",
     ),
+    # What the last epochs teach: CutMix leaves the model short of fitting (train loss 0.78 on
+    # mixed batches after 60 epochs) and 80 epochs bought nothing, so the last 8 of the 60
+    # train on whole images and their own labels (timm's --mixup-off-epoch); no step time
+    "amp-60ep-wd0.2-nsbf16-cutmix0.5-off52": (
+        [*fast_recipe(60), "--mixup-off-epoch", "52"],
+        "the 60-epoch row with CutMix off for the last 8 epochs (--mixup-off-epoch 52)",
+    ),
+    # Capacity at the 60-epoch row's wall time, paid for with a faster step: 6 blocks (0.81M
+    # parameters) at 128 images a step per process ran 1,113 img/s against the recipe's 1,322 at
+    # 64 (training_throughput.py, one process, bf16 Newton-Schulz, Zen 5), so 50 epochs
+    "amp-6L-bs128-50ep-nsbf16-cutmix0.5": (
+        [*fast_recipe(50), "--batch-size", "128", "--model-kwargs", *shape(depth=6)],
+        "the 60-epoch row with 6 blocks (0.81M parameters), batch 128 a process, 50 epochs",
+    ),
     # The 30 minutes, not 22, spent on what the plateau asks for: CutMix (still climbing
     # at 30 epochs in amp-30ep-cutmix0.5) given 40 epochs, on top of weight decay 0.1
     "amp-40ep-wd0.1-cutmix0.5": (

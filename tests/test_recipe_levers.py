@@ -11,6 +11,7 @@ import torch
 import vit
 import vit.optim
 from vit.batch_loader import InMemoryBatches
+from vit.data import MixupCutmix, one_hot
 from vit.init import mimetic_init_, sincos_2d, sincos_pos_embed_
 from vit.optim import (
     Muon,
@@ -20,7 +21,12 @@ from vit.optim import (
     orthogonalize_all,
     share_work,
 )
-from vit.train_config import TrainConfig, patch_drop_for_epoch, resolve_optimizer
+from vit.train_config import (
+    TrainConfig,
+    mixup_on_for_epoch,
+    patch_drop_for_epoch,
+    resolve_optimizer,
+)
 
 SMALL = {"embed_dim": 64, "depth": 2, "num_heads": 4, "num_classes": 10}
 
@@ -364,6 +370,37 @@ def test_patch_dropout_anneals_to_zero_over_the_last_epochs():
     assert rates[:16] == [0.5] * 16
     assert rates[16:] == [0.375, 0.25, 0.125, 0.0]
     assert patch_drop_for_epoch(TrainConfig(epochs=20, patch_drop=0.5), 19) == 0.5
+
+
+def test_mixup_off_epoch_ends_mixing_from_that_epoch_on():
+    assert [mixup_on_for_epoch(TrainConfig(epochs=6, mixup_off_epoch=4), e) for e in range(6)] == [
+        True, True, True, True, False, False,
+    ]  # fmt: skip
+    assert all(mixup_on_for_epoch(TrainConfig(epochs=6), e) for e in range(6))  # 0: never off
+    torch.manual_seed(0)
+    x, y = torch.rand(4, 3, 8, 8), torch.tensor([0, 1, 2, 3])
+    mixer = MixupCutmix(4, mixup_alpha=0.0, cutmix_alpha=1.0, label_smoothing=0.1)
+    mixer.enabled = False
+    images, targets = mixer(x, y)
+    assert torch.equal(images, x)
+    assert torch.allclose(targets, one_hot(y, 4, smoothing=0.1))
+
+
+def test_training_mixes_until_the_mixup_off_epoch(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch
+):
+    seen = []  # per call of the mixer: whether it was on
+    mix = MixupCutmix.__call__
+
+    def recording(self, x, y):
+        seen.append(self.enabled)
+        return mix(self, x, y)
+
+    monkeypatch.setattr(MixupCutmix, "__call__", recording)
+    flags = ("--cutmix", "1.0", "--mixup-off-epoch", "2")
+    assert train_script.main(tiny_args(image_folder, tmp_path / "run", 3, *flags)) == 0
+    steps = len(seen) // 3  # the same number of steps each epoch
+    assert seen == [True] * (2 * steps) + [False] * steps
 
 
 def test_alternating_flips_show_every_image_both_ways_over_two_epochs():

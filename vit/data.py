@@ -315,13 +315,14 @@ class MixupCutmix:
         self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
         self.prob, self.switch_prob = prob, switch_prob
         self.label_smoothing = label_smoothing
+        self.enabled = True  # False (e.g. after --mixup-off-epoch): one-hot targets, no mixing
 
     def _beta(self, alpha: float) -> float:
         return float(torch.distributions.Beta(alpha, alpha).sample())
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         targets = one_hot(y, self.num_classes, self.label_smoothing)  # (B, K)
-        if float(torch.rand(())) >= self.prob:
+        if not self.enabled or float(torch.rand(())) >= self.prob:
             return x, targets
         use_cutmix = self.cutmix_alpha > 0 and (
             self.mixup_alpha <= 0 or float(torch.rand(())) < self.switch_prob

@@ -68,6 +68,7 @@ from .train_config import (
     DEFAULT_MODEL,
     TrainConfig,
     image_size_for_epoch,
+    mixup_on_for_epoch,
     patch_drop_for_epoch,
     resolve_ema_decay,
     resolve_optimizer,
@@ -607,6 +608,8 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
         )
         run.train_loader.set_epoch(epoch, size)
         run.model.patch_drop.prob = patch_drop_for_epoch(cfg, epoch)
+        if run.mixup is not None:
+            run.mixup.enabled = mixup_on_for_epoch(cfg, epoch)
         started = time.perf_counter()
         stats = train_one_epoch(run, epoch=epoch)
         seconds = time.perf_counter() - started

@@ -108,6 +108,7 @@ class TrainConfig:
     cutmix: float = setting(0.0, "augmentation", "CutMix alpha, 0 for off (the 200-epoch recipes use 1.0)")
     mixup_prob: float = setting(1.0, "augmentation", "probability of mixing a batch")
     mixup_switch_prob: float = setting(0.5, "augmentation", "probability of CutMix rather than MixUp when both are on")
+    mixup_off_epoch: int = setting(0, "augmentation", "train the epochs from this one on (counted from 0, as timm's flag) without MixUp/CutMix; 0: mix to the end")
 
     seed: int = setting(0, "run", "random seed")
     threads: int | None = setting(None, "run", "PyTorch threads per process (default: torch's own choice)")
@@ -179,6 +180,7 @@ LIMITS: dict[str, Range] = {
     "cutmix": NON_NEGATIVE,
     "mixup_prob": PROBABILITY,
     "mixup_switch_prob": PROBABILITY,
+    "mixup_off_epoch": AT_LEAST_0,
     "threads": AT_LEAST_1,
     "eval_interval": AT_LEAST_1,
     "processes": AT_LEAST_1,
@@ -270,6 +272,13 @@ def image_size_for_epoch(cfg: TrainConfig, epoch: int, final: int, patch: int) -
         return final
     size = cfg.progressive_size + (final - cfg.progressive_size) * epoch / ramp
     return max(patch, int(size) // patch * patch)
+
+
+def mixup_on_for_epoch(cfg: TrainConfig, epoch: int) -> bool:
+    """Whether MixUp/CutMix mixes the batches of `epoch` (counted from 0): every epoch before
+    --mixup-off-epoch, or all of them when it is 0. With 60 epochs and 52, the last 8 train
+    on whole images and their own labels."""
+    return cfg.mixup_off_epoch <= 0 or epoch < cfg.mixup_off_epoch
 
 
 def patch_drop_for_epoch(cfg: TrainConfig, epoch: int) -> float:
