@@ -183,7 +183,7 @@ ROWS = {
     # mixed batches after 60 epochs) and 80 epochs bought nothing, so the last 8 of the 60
     # train on whole images and their own labels (timm's --mixup-off-epoch); no step time:
     # 84.63% (86.01% shift TTA) in 26.1 min, +0.10 over the same seed (EMA 84.6% after 56
-    # epochs against 84.1%, the runs bit-identical to epoch 52)
+    # epochs against 84.1%, the runs bit-identical to epoch 52); seed 1 84.47% (85.72%), +0.25
     "amp-60ep-wd0.2-nsbf16-cutmix0.5-off52": (
         [*fast_recipe(60), "--mixup-off-epoch", "52"],
         "the 60-epoch row with CutMix off for the last 8 epochs (--mixup-off-epoch 52)",
