@@ -49,6 +49,12 @@ def fast_recipe(epochs: int, weight_decay: float = 0.2) -> list[str]:
     return [*flags, "--muon-ns-dtype", "bfloat16", *CUTMIX_ON_HALF]
 
 
+def six_blocks(epochs: int, *flags: str) -> list[str]:
+    """fast_recipe(epochs) with 6 blocks (0.81M parameters) at 128 images a step per process,
+    `flags` between (--model-kwargs takes every item after it, so it comes last)."""
+    return [*fast_recipe(epochs), "--batch-size", "128", *flags, "--model-kwargs", *shape(depth=6)]
+
+
 # configs/cifar10_cpu_bf16.yaml as flags on top of BASE (the row amp-6L-30ep)
 AMX_RECIPE = [
     "--amp",
@@ -221,7 +227,7 @@ ROWS = {
     # 64 (training_throughput.py, one process, bf16 Newton-Schulz, Zen 5), so 50 epochs: 84.30%
     # (85.59% shift TTA) in 25.2 min, level with the 60-epoch row (84.53% / 84.22%)
     "amp-6L-bs128-50ep-nsbf16-cutmix0.5": (
-        [*fast_recipe(50), "--batch-size", "128", "--model-kwargs", *shape(depth=6)],
+        six_blocks(50),
         "the 60-epoch row with 6 blocks (0.81M parameters), batch 128 a process, 50 epochs",
     ),
     # Capacity and epochs together: the 6-block row learned the most per epoch of any shape
@@ -229,7 +235,7 @@ ROWS = {
     # ~30 minutes at today's step, so this row asks whether a faster step for it is worth building:
     # 84.75% (86.04% shift TTA) in 30.6 min, +0.22 over the 4-block row's seed 0, 5 minutes more
     "amp-6L-bs128-60ep-nsbf16-cutmix0.5": (
-        [*fast_recipe(60), "--batch-size", "128", "--model-kwargs", *shape(depth=6)],
+        six_blocks(60),
         "the 60-epoch row with 6 blocks (0.81M parameters), batch 128 a process",
     ),
     # The 6-block row's first half made cheaper: progressive resizing from 16 px (16, 20, 24, 28
@@ -238,22 +244,14 @@ ROWS = {
     # (86.57% shift TTA) in 25.3 min, the epochs 22.6 minutes in all against 28.1; EMA top-1
     # behind until epoch 30 (70.8% against 77.0% after 16), ahead from epoch 36 on
     "amp-6L-bs128-60ep-nsbf16-cutmix0.5-prog16": (
-        [
-            *fast_recipe(60),
-            *["--batch-size", "128", "--progressive-size", "16"],
-            *["--model-kwargs", *shape(depth=6)],
-        ],
+        six_blocks(60, "--progressive-size", "16"),
         "the 6-block 60-epoch row, the first 30 epochs growing from 16 to 32 px",
     ),
     # CutMix off for the last 8 epochs (+0.17 on the 4-block row, mean of two seeds) on top:
     # 84.94% (86.45% shift TTA) in 25.5 min, +0.10 (bit-identical to the row above to epoch 52);
     # seed 1 84.88% (86.01%): mean 84.91% against the recipe's 84.38%, both seeds above both of its
     "amp-6L-bs128-60ep-nsbf16-cutmix0.5-prog16-off52": (
-        [
-            *fast_recipe(60),
-            *["--batch-size", "128", "--progressive-size", "16", "--mixup-off-epoch", "52"],
-            *["--model-kwargs", *shape(depth=6)],
-        ],
+        six_blocks(60, "--progressive-size", "16", "--mixup-off-epoch", "52"),
         "the progressive 6-block row with CutMix off for the last 8 epochs",
     ),
     # The issue's 30 minutes, not 22, spent on what the plateau asks for: CutMix (still climbing
