@@ -94,7 +94,13 @@ restore() {  # here: the state and records that came back from $OUT, for the nex
     done
     rm -rf "$RESUME"
     mv "$RESUME.tmp" "$RESUME"
-    echo "$RESUME: the run's state for the next call; it sends $(travel_mib) MiB of ${LIMIT_MIB}"
+    local size
+    size="$(travel_mib)"
+    echo "$RESUME: the run's state for the next call; it sends ${size} MiB of ${LIMIT_MIB}"
+    if awk -v s="$size" -v l="$LIMIT_MIB" 'BEGIN {exit !(s > l)}'; then
+        echo "over ${LIMIT_MIB} MiB in one call: send it in two on one warm machine (docs/gpu.md," \
+            "'Resuming in two calls'): first carry [\"$PACKED\", \"$WHEELS\"], then [\"$RESUME\"]"
+    fi
 }
 
 case "${1:-}" in
@@ -149,6 +155,9 @@ echo "== gpu_check.sh $(date -u +%FT%TZ): stages ${STAGES[*]} into $OUTDIR"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 export NO_ALBUMENTATIONS_UPDATE=1  # no network there: skip albumentations' version check
+# a warm machine keeps what an earlier call installed (the call that sends the run's state
+# carries no wheels: the two-call resume in docs/gpu.md)
+if [ -d "$SITE/albumentations" ]; then export PYTHONPATH="$PYTHONPATH:$SITE"; fi
 if ! "$PYTHON" -c "import albumentations" 2>/dev/null; then
     if ! ls "$WHEELS"/*.whl >/dev/null 2>&1; then
         say "albumentations is missing and $WHEELS holds no wheels: run --pack here, carry $BUILD"
@@ -238,12 +247,13 @@ run_train() {
     local cores workers
     cores="$(nproc)"
     workers="${VIT_GPU_WORKERS:-$(( cores > 14 ? 12 : (cores > 2 ? cores - 2 : 0) ))}"
-    if [ ! -f "$PACKED" ]; then
+    if [ -f "$PACKED" ]; then
+        "$PYTHON" scripts/pack_cifar10.py --unpack "$PACKED" "$DATA"
+    elif [ ! -f "$DATA/.unpacked" ]; then  # (a warm machine keeps an earlier call's images)
         say "no $PACKED: run 'bash scripts/gpu_check.sh --pack' where the data is, carry $BUILD"
         FAILED+=(train)
         return 0
     fi
-    "$PYTHON" scripts/pack_cifar10.py --unpack "$PACKED" "$DATA"
     if [ ! -f "$run/training_state.pt" ] && ls "$RESUME"/run-state.tgz.part-* >/dev/null 2>&1; then
         echo "restoring the run from $RESUME (a fresh machine)"
         mkdir -p "$run"

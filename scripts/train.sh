@@ -2,7 +2,8 @@
 # Train CIFAR-10 in ./.venv (created if needed), with the recipe that suits this machine:
 #   a GPU: configs/cifar10.yaml (200 epochs, --amp), one process;
 #   no GPU: the ~30-minute CPU recipe, NPROC processes of one thread each under torchrun
-#   (default 2), 128 images per step in all: configs/cifar10_cpu_bf16.yaml where the CPU has
+#   (default 2), the config's images per step in all (its batch_size x 2: 128, 256 for the fast
+#   recipe): configs/cifar10_cpu_bf16.yaml where the CPU has
 #   AMX (bfloat16 fastest there: a deeper model and more epochs in the time); where it has
 #   AVX512-BF16 alone, configs/cifar10_cpu_bf16_avx512_fast.yaml if its bfloat16 products
 #   measure >= 3.2x float32's (more epochs, CutMix), else configs/cifar10_cpu_bf16_avx512.yaml;
@@ -44,10 +45,6 @@ if python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
     exec python train.py --config configs/cifar10.yaml --amp --data "$DATA" "$@"
 fi
 NPROC="${NPROC:-2}"
-if [ $((128 % NPROC)) -ne 0 ]; then
-    echo "[vit] NPROC=$NPROC does not divide the recipe's 128 images per step" >&2
-    exit 2
-fi
 CPU_RECIPE="${CPU_RECIPE:-auto}"
 if [ "$CPU_RECIPE" = auto ]; then
     # the recipe, and on an AVX512-BF16 CPU without AMX the measured speed that chose it
@@ -69,6 +66,13 @@ case "$CPU_RECIPE" in
         exit 2
         ;;
 esac
+# A CPU config's batch_size is per process of the two it was measured with: NPROC processes
+# share the same images per step.
+STEP_IMAGES=$((2 * $(sed -n 's/^batch_size: *\([0-9][0-9]*\).*/\1/p' "$CONFIG")))
+if [ $((STEP_IMAGES % NPROC)) -ne 0 ]; then
+    echo "[vit] NPROC=$NPROC does not divide the recipe's $STEP_IMAGES images per step" >&2
+    exit 2
+fi
 echo "[vit] no GPU: the $CPU_RECIPE CPU recipe, $CONFIG, $NPROC process(es) x 1 thread${WHY:-}"
 exec python -m vit.distributed --standalone --nproc_per_node "$NPROC" train.py \
-    --config "$CONFIG" --batch-size $((128 / NPROC)) --data "$DATA" "$@"
+    --config "$CONFIG" --batch-size $((STEP_IMAGES / NPROC)) --data "$DATA" "$@"

@@ -237,6 +237,29 @@ def test_killed_run_resumes_to_identical_weights(
             assert row[key] == ref[key], (key, row["epoch"])
 
 
+def test_ctrl_c_stops_the_run_even_where_its_exception_was_swallowed(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
+):
+    """Ctrl-C's KeyboardInterrupt is raised once, where the signal lands; landing in code whose
+    exceptions Python swallows (a __del__, a weakref callback), it once left a time-boxed run
+    training on and deaf to the next SIGINT. The loop stops at its next step all the same."""
+    original = checkpoint.save_training_state
+
+    def save_then_swallowed_ctrl_c(state: dict, path: Path) -> None:
+        original(state, path)
+        if state["epoch"] == 2:
+            try:
+                signal.raise_signal(signal.SIGINT)  # the handler runs here and raises ...
+            except KeyboardInterrupt:
+                pass  # ... and the exception goes nowhere, as in a __del__
+
+    monkeypatch.setattr(checkpoint, "save_training_state", save_then_swallowed_ctrl_c)
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 4, *RECIPE)) == 130
+    assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 2
+    assert "stopped after epoch 2 of 4" in capsys.readouterr().err
+
+
 def test_sigkilled_process_resumes_to_identical_weights(
     reference_run, image_folder, tmp_path, tiny_args
 ):

@@ -189,6 +189,15 @@ def interrupted() -> bool:
     return _interrupted
 
 
+def stop_if_interrupted(info: DistInfo) -> None:
+    """On rank 0, raise the KeyboardInterrupt of a Ctrl-C already noted. The handler raises it
+    once, where the signal lands; if that is code whose exceptions Python swallows (a `__del__`
+    or a weakref callback: "Exception ignored in ..."), the run would train on and a second
+    Ctrl-C would be ignored. The training loop calls this between steps."""
+    if info.is_main and _interrupted:
+        raise KeyboardInterrupt
+
+
 # -- torchrun, answering as its processes do -----------------------------------------------------
 def torchrun(argv: list[str]) -> int:
     """Run torchrun with `argv` (its own arguments); return the exit status of the first
