@@ -789,7 +789,7 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
                 lr=f"{lr:.2e}",
                 img_s=f"{images * info.world_size / (time.perf_counter() - started):.0f}",
             )
-        pass  # TEMP
+        distributed.stop_if_interrupted(info)
         fetch_started = time.perf_counter()
     totals = torch.cat([sums, torch.tensor([float(images)], dtype=torch.float64, device=device)])
     distributed.all_reduce_sum(totals)
