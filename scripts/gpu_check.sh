@@ -62,6 +62,10 @@ travel_mib() {  # what a device call would send from this checkout: the tree and
         | awk '{s += $1} END {printf "%.1f", s / 2^20}'
 }
 
+over_limit() {  # over_limit MIB: whether a call sending MIB would pass the tool's limit
+    awk -v s="$1" -v l="$LIMIT_MIB" 'BEGIN {exit !(s > l)}'
+}
+
 pack() {  # here: the data and the wheels into build/gpu (ignored by git: never committed)
     "$PYTHON" scripts/pack_cifar10.py --output "$PACKED" "$@"
     mkdir -p "$WHEELS"
@@ -73,7 +77,7 @@ pack() {  # here: the data and the wheels into build/gpu (ignored by git: never 
     size="$(travel_mib)"
     echo "$BUILD: $(find "$WHEELS" -name '*.whl' | wc -l) wheels; a device call sends ${size} MiB" \
         "of the ${LIMIT_MIB} MiB it may (carry [\"$BUILD\"])"
-    awk -v s="$size" -v l="$LIMIT_MIB" 'BEGIN {exit !(s > l)}' && {
+    over_limit "$size" && {
         say "over the device tool's ${LIMIT_MIB} MiB: pack a subset (--per-class N)"
         exit 2
     }
@@ -97,7 +101,7 @@ restore() {  # here: the state and records that came back from $OUT, for the nex
     local size
     size="$(travel_mib)"
     echo "$RESUME: the run's state for the next call; it sends ${size} MiB of ${LIMIT_MIB}"
-    if awk -v s="$size" -v l="$LIMIT_MIB" 'BEGIN {exit !(s > l)}'; then
+    if over_limit "$size"; then
         echo "over ${LIMIT_MIB} MiB in one call: send it in two on one warm machine (docs/gpu.md," \
             "'Resuming in two calls'): first carry [\"$PACKED\", \"$WHEELS\"], then [\"$RESUME\"]"
     fi
