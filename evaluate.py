@@ -20,7 +20,7 @@ A backbone's features, headless or not, are scored with --knn (weighted kNN, DIN
 cosine similarity, the k nearest training images vote with weight exp(similarity / 0.07),
 k = 10, 20, 100, 200) and --linear-probe (CLIP's: logistic regression, its L2 strength chosen
 on a held-out part of the training split, refitted on all of it); both fit on the data's
-train/ split and score its test/ (or val/) split (`vit.probe`):
+train/ split and score its test/ (or val/) split (`vit.inference.probe`):
 
     python evaluate.py --checkpoint path/to/dinov2-folder --data path/to/folder --knn --linear-probe
 
@@ -46,27 +46,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 # Only light modules here: --help and flag errors must not wait for torch.
-from vit.cli import (
-    AT_LEAST_0,
-    AT_LEAST_1,
-    KNN_KS,
-    TTA_CHOICES,
+from vit.cli.flags import (
     ArgumentParser,
     add_model_arguments,
     add_model_dtype_argument,
     add_threads_argument,
-    default_workers,
     missing_model_argument,
     number_in,
     unwritable,
 )
+from vit.data.workers import default_workers
+from vit.inference.options import KNN_KS, TTA_CHOICES
+from vit.utils.ranges import AT_LEAST_0, AT_LEAST_1
 
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from vit.data import ImageDataset
-    from vit.model import VisionTransformer
+    from vit.data.datasets import ImageDataset
+    from vit.models.vision_transformer import VisionTransformer
 
 RUN_WEIGHTS = ("model.safetensors", "best.safetensors")  # the names a run folder's weights have
 
@@ -125,8 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_probe_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags that score a model's frozen features (`vit.probe`): --knn, --linear-probe and
-    their settings."""
+    """The flags that score a model's frozen features (`vit.inference.probe`): --knn,
+    --linear-probe and their settings."""
     p.add_argument(
         "--train-subset",
         type=number_in(AT_LEAST_1),
@@ -136,7 +134,7 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         "--knn",
         action="store_true",
         help="score the model's features by weighted kNN against the train split (DINO's "
-        "protocol; see vit.probe)",
+        "protocol; see vit.inference.probe)",
     )
     p.add_argument(
         "--knn-k",
@@ -150,7 +148,8 @@ def add_probe_arguments(p: argparse.ArgumentParser) -> None:
         "--linear-probe",
         action="store_true",
         help="score the model's features by logistic regression fitted on the train split, "
-        "its L2 strength chosen on a held-out part of it (CLIP's protocol; see vit.probe)",
+        "its L2 strength chosen on a held-out part of it (CLIP's protocol; see "
+        "vit.inference.probe)",
     )
     p.add_argument(
         "--embedding",
@@ -179,7 +178,7 @@ def default_output_dir(checkpoint: str, data: str, split: str = "test") -> Path:
     downloaded weights, such as a transformers folder, is not the place) or a model name.
     `-train` is appended for the training split, so that no evaluation replaces another's
     report."""
-    from vit.checkpoint import CONFIG_FILE, STATE_FILE
+    from vit.training.checkpoint import CONFIG_FILE, STATE_FILE
 
     data_name = (Path(data.rstrip("/")).name or data) + ("" if split == "test" else f"-{split}")
     path = Path(checkpoint)
@@ -200,7 +199,7 @@ def default_output_dir(checkpoint: str, data: str, split: str = "test") -> Path:
 def data_problem(data: str, split: str) -> str | None:
     """Why --data cannot be read (None if it may be), found before the model is loaded: not
     a known data set name nor a folder, or a folder without the split's subfolder."""
-    from vit.data import TORCHVISION_DATASETS, find_split_dir
+    from vit.data.datasets import TORCHVISION_DATASETS, find_split_dir
 
     if data.lower() in TORCHVISION_DATASETS:
         return None
@@ -267,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         problem = unwritable(flag, path, folder)
         if problem:
             parser.error(problem)
-    from vit.images import CorruptImageError
+    from vit.data.images import CorruptImageError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -326,12 +325,12 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     """Evaluate the model's head (if it has one) and, with --knn/--linear-probe, its features;
     write the report to `json_path` (and the confusion matrix PNG, feature caches into
     `out_dir`); returns the report."""
-    from vit.cli import use_threads
-    from vit.distributed import DistInfo, resolve_device
-    from vit.factory import model_from_flags
-    from vit.io import atomic_write
-    from vit.onnx_model import onnx_device, refuse_flags
-    from vit.precision import cast_for_inference
+    from vit.cli.flags import use_threads
+    from vit.cli.model_argument import model_from_flags
+    from vit.inference.precision import cast_for_inference
+    from vit.interop.onnx_runtime import onnx_device, refuse_flags
+    from vit.utils.distributed import DistInfo, resolve_device
+    from vit.utils.files import atomic_write
 
     probing = args.knn or args.linear_probe
     problem = data_problem(args.data, args.split)
@@ -387,9 +386,9 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
 def head_data(args: argparse.Namespace, model: VisionTransformer) -> tuple[ImageDataset, list[int]]:
     """The --split images the head is scored on, labelled in the model's index space, and the
     map from the data's classes to the model's (a mismatch raises ValueError)."""
-    from vit.data import load_split
-    from vit.factory import class_names_for
-    from vit.transforms import EvalTransform
+    from vit.data.datasets import load_split
+    from vit.data.transforms import EvalTransform
+    from vit.models.class_names import class_names_for
 
     data = load_split(
         args.data,
@@ -413,10 +412,10 @@ def evaluate_head(
 ) -> dict:
     """The head's top-1, top-5, per-class accuracy and confusion matrix on `data` (from
     `head_data`); writes the confusion matrix PNG into `out_dir`."""
-    from vit.distributed import DistInfo
-    from vit.engine import evaluate
-    from vit.loaders import eval_loader
-    from vit.plots import plot_confusion_matrix, save_figure
+    from vit.data.loaders import eval_loader
+    from vit.inference.evaluation import evaluate
+    from vit.utils.distributed import DistInfo
+    from vit.utils.plots import plot_confusion_matrix, save_figure
 
     dataset, mapping = data
     class_names = dataset.class_names
@@ -469,8 +468,8 @@ def evaluate_head(
 def probe_splits(args: argparse.Namespace, model: VisionTransformer) -> dict[str, ImageDataset]:
     """The train and test splits the features are taken from, both labelled by the train
     split's classes (--train-subset, else --subset, bounds the first; --subset the second)."""
-    from vit.data import load_split
-    from vit.transforms import EvalTransform
+    from vit.data.datasets import load_split
+    from vit.data.transforms import EvalTransform
 
     splits = {}
     for split, subset in (("train", args.train_subset or args.subset), ("test", args.subset)):
@@ -500,8 +499,8 @@ def split_features(
     """The model's pooled features (N, D) and labels (N,) of the train and test splits, by
     split name, extracted once into OUTPUT_DIR/features-{train,test}.npz (reused when they
     match), and what the extraction took."""
-    from vit.features import check_embedding
-    from vit.probe import check_ks, dataset_features
+    from vit.inference.embed import check_embedding
+    from vit.inference.probe import check_ks, dataset_features
 
     check_embedding(model, args.embedding)  # before the data is read: a mistake is said at once
     splits = probe_splits(args, model)
@@ -543,7 +542,7 @@ def score_features(
 ) -> dict:
     """The report's `features`, and with --knn `knn_top1` and `knn`, with --linear-probe
     `linear_probe_top1` and `linear_probe`."""
-    from vit.probe import KNN_LEAD_K, KNN_TEMPERATURE, knn_accuracy, linear_probe
+    from vit.inference.probe import KNN_LEAD_K, KNN_TEMPERATURE, knn_accuracy, linear_probe
 
     report: dict = {"features": extraction}
     train, test = (features["train"], labels["train"]), (features["test"], labels["test"])

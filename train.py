@@ -11,8 +11,8 @@
 Settings are layered: defaults < --config YAML < flags. --resume RUN continues the run with
 its own settings (its config.yaml) and number of processes: a setting given again must be the
 run's, except --epochs, to extend it, and those that change how it runs, not what it learns
-(vit.train_config.CHANGEABLE_ON_RESUME). Every flag is a field of
-vit.train_config.TrainConfig (where its default and help live).
+(vit.training.settings.CHANGEABLE_ON_RESUME). Every flag is a field of
+vit.training.settings.TrainConfig (where its default and help live).
 
 A mistake is one line on stderr and exit status 2, under torchrun too (rank 0 says it, the
 other processes leave quietly); Ctrl-C is one line naming the last checkpoint and the command
@@ -37,11 +37,11 @@ import yaml
 
 # Only light modules here: `train.py --help` must not wait for torch (the engine is imported
 # once the flags are read).
-from vit.cli import ArgumentParser, unwritable
-from vit.train_config import CHANGEABLE_ON_RESUME, TrainConfig, check_settings, flag_name
+from vit.cli.flags import ArgumentParser, unwritable
+from vit.training.settings import CHANGEABLE_ON_RESUME, TrainConfig, check_settings, flag_name
 
 if typing.TYPE_CHECKING:
-    from vit.engine import TrainingInterrupted
+    from vit.training.errors import TrainingInterrupted
 
 GROUPS = ("data", "model", "optimisation", "augmentation", "run")
 NOTHING_WRITTEN = "train.py: interrupted before training started; nothing was written"
@@ -167,7 +167,7 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
     anything is written."""
     parser = build_parser()
     first, _ = parser.parse_known_args(argv)  # where the YAML layers come from (--help exits)
-    from vit.checkpoint import CONFIG_FILE, STATE_FILE  # after --help: it imports torch
+    from vit.training.checkpoint import CONFIG_FILE, STATE_FILE  # after --help: it imports torch
 
     layers = []
     if first.resume:
@@ -235,8 +235,8 @@ def resume_problem(run: Path, given: dict) -> str | None:
     """Why `--resume run` with the settings `given` cannot continue the run as it was started
     (None if it can): a setting that differs from the run's (--epochs aside: see
     CHANGEABLE_ON_RESUME), or another number of processes than the run's."""
-    from vit import distributed
-    from vit.checkpoint import CONFIG_FILE
+    from vit.training.checkpoint import CONFIG_FILE
+    from vit.utils import distributed
 
     saved_file = run / CONFIG_FILE
     if not saved_file.is_file():  # a run killed before writing it: nothing to compare with
@@ -295,7 +295,7 @@ def resume_command(run: str, processes: int) -> str:
 def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
     """Why a new run cannot go into `folder` (None if it can): it is a file, it cannot be
     written, or it holds a run that only --overwrite may replace."""
-    from vit.checkpoint import run_files
+    from vit.training.checkpoint import run_files
 
     problem = unwritable("--output-dir", folder, folder=True)
     if problem:
@@ -324,14 +324,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(cfg: TrainConfig, overwrite: bool) -> int:
     """Train; one line on stderr (rank 0's) and an exit status for what stopped it."""
-    from vit import distributed
-    from vit.engine import (
+    from vit.training.engine import train
+    from vit.training.errors import (
         START_ERRORS,
         NonFiniteLossError,
         TrainingError,
         TrainingInterrupted,
-        train,
     )
+    from vit.utils import distributed
 
     info = distributed.from_env()
     logging.basicConfig(

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import yaml
 
-from vit.data import load_split
-from vit.engine import TrainConfig
+from vit.data.datasets import load_split
+from vit.training.settings import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ["--config", "configs/cifar10_cpu.yaml"]

@@ -22,7 +22,7 @@ import torch
 import transformers
 
 import vit
-from vit.weights import read_checkpoint
+from vit.interop.weights import read_checkpoint
 
 REAL_DINOV2 = Path(__file__).resolve().parents[1] / "../shared/data/dinov2-small"
 BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)

@@ -26,7 +26,7 @@ import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit
-from vit.configs import MODELS
+from vit.models.registry import MODELS
 
 DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from training_throughput import cpu_flags  # noqa: E402
 
 import vit  # noqa: E402
-from vit.export import export_onnx  # noqa: E402
+from vit.interop.onnx_export import export_onnx  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"

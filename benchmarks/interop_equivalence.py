@@ -23,7 +23,9 @@ import torchvision
 import transformers
 
 import vit
-from vit.export import export_onnx, export_torchvision, export_transformers
+from vit.interop.onnx_export import export_onnx
+from vit.interop.torchvision_export import export_torchvision
+from vit.interop.transformers_export import export_transformers
 
 # our name: (torchvision builder, transformers geometry: hidden, layers, heads, patch)
 SIZES = {

@@ -30,10 +30,10 @@ import yaml
 from torch.utils.data import DataLoader
 
 import vit
-from vit.data import ImageDataset
-from vit.loaders import init_worker
-from vit.train_config import TrainConfig
-from vit.transforms import train_transform
+from vit.data.datasets import ImageDataset
+from vit.data.loaders import init_worker
+from vit.data.transforms import train_transform
+from vit.training.settings import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

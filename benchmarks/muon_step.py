@@ -26,7 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import vit
-from vit.optim import Muon, muon_param_groups
+from vit.training.optimizers import Muon, muon_param_groups
 
 
 def recipe_model() -> vit.VisionTransformer:
@@ -62,14 +62,20 @@ def measure(args: argparse.Namespace, rank: int = 0, world: int = 1) -> None:
             "torch.optim.Muon (bfloat16 Newton-Schulz)": torch.optim.Muon(
                 hidden, lr=1e-3, adjust_lr_fn="match_rms_adamw"
             ),
-            "vit.optim.Muon (float32, qkv split in 3)": muon(model),
-            "vit.optim.Muon (bfloat16, qkv split in 3)": muon(model, ns_dtype=torch.bfloat16),
+            "vit.training.optimizers.Muon (float32, qkv split in 3)": muon(model),
+            "vit.training.optimizers.Muon (bfloat16, qkv split in 3)": muon(
+                model, ns_dtype=torch.bfloat16
+            ),
         }
     else:
         optimizers = {
-            "vit.optim.Muon, every process orthogonalises every matrix": muon(model, share=False),
-            f"vit.optim.Muon, the work shared by {world} processes": muon(model, share=True),
-            f"vit.optim.Muon, bfloat16, the work shared by {world} processes": muon(
+            "vit.training.optimizers.Muon, every process orthogonalises every matrix": muon(
+                model, share=False
+            ),
+            f"vit.training.optimizers.Muon, the work shared by {world} processes": muon(
+                model, share=True
+            ),
+            f"vit.training.optimizers.Muon, bfloat16, the work shared by {world} processes": muon(
                 model, share=True, ns_dtype=torch.bfloat16
             ),
         }

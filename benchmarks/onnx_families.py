@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 import vit
-from vit.export import export_onnx
+from vit.interop.onnx_export import export_onnx
 
 REAL_DINOV2 = Path(__file__).resolve().parents[1] / "../shared/data/dinov2-small"
 # name: what its switches are, for the table

@@ -10,8 +10,8 @@ installed (`pip install openvino`: not a dependency of the package), in one run.
 DINOv2 ViT-S/14 folder (../shared/data/dinov2-small, run at its 224 px, the position embeddings
 resampled from 518 px as it does; timm's model gets the same weights and dynamic_img_size); a
 model name is built with random weights (speed does not depend on them). bfloat16 is fast only
-on CPUs with AVX512-BF16 or AMX (`vit.precision.fast_bfloat16`, printed first): elsewhere its
-rows show how much slower it is. The paths are timed in alternating
+on CPUs with AVX512-BF16 or AMX (`vit.inference.precision.fast_bfloat16`, printed first):
+elsewhere its rows show how much slower it is. The paths are timed in alternating
 rounds (each path once per round, so machine load drifts hit all alike); each reports its
 median round as images/s and the ratio to timm eager float32 in the same run. The ONNX files
 are made by `vit.export.export_onnx` (each verified against our model as it is written).
@@ -41,8 +41,8 @@ from inference_throughput import timm_model  # noqa: E402
 from training_throughput import cpu_flags  # noqa: E402
 
 import vit  # noqa: E402
-from vit.export import OnnxOptions, export_onnx  # noqa: E402
-from vit.precision import cast_for_inference, fast_bfloat16  # noqa: E402
+from vit.inference.precision import cast_for_inference, fast_bfloat16  # noqa: E402
+from vit.interop.onnx_export import OnnxOptions, export_onnx  # noqa: E402
 
 try:  # an optional comparison: OpenVINO is not a dependency of the package
     import openvino

@@ -21,7 +21,7 @@ import timm
 import torch
 
 import vit
-from vit.configs import MODELS
+from vit.models.registry import MODELS
 
 FAMILIES = ("dinov2", "clip", "siglip", "deit", "deit3")
 

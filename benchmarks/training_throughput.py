@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import vit
-from vit.optim import build_optimizer
+from vit.training.optimizers import build_optimizer
 
 # (label, ViTConfig overrides on top of vit_cifar_patch4_32)
 SHAPES = {
@@ -116,8 +116,8 @@ def make_step(
     """A closure running one training step of `shape` (with the recipe's pooling unless it says
     otherwise) on a fixed random batch: the forward pass and loss under bfloat16 autocast for
     dtype "bfloat16", through the explicit attention path as train.py --amp does on a CPU
-    (vit.engine.wrap_model says why); compiled by torch.compile as train.py --compile does if
-    `compile`. The optimizer step runs inside a profiler range named "optimizer step" (for
+    (vit.training.build.wrap_model says why); compiled by torch.compile as train.py --compile
+    does if `compile`. The optimizer step runs inside a profiler range named "optimizer step" (for
     benchmarks/step_profile.py; free without a profiler). Returns (model, optimizer, step)."""
     torch.manual_seed(0)
     model = vit.create_model(

@@ -3,13 +3,12 @@
     python benchmarks/tta_views.py --checkpoint weights/cifar10_vit_cpu.safetensors \
         --data ../shared/data/cifar10-jpg --radius 3
 
-Scores every view once: the test images moved by (dy, dx) for dy, dx in -radius..radius (the
-border black, as `vit.tta.shift` moves them), each also mirrored; then prints the top-1 of the
-mean probability over each set of views (evaluate.py --tta shift is the `cross` set at 1/16
-of the side, 2 px at 32). Costs (2 * radius + 1)^2 * 2 passes over the test set: about 14 and
-18 minutes for the shipped CIFAR-10 models at radius 3 on a 2-core CPU. A figure chosen as the
-best of this table is chosen on the test set: quote it as such.
-"""
+Scores every view once: the test images moved by (dy, dx) for dy, dx in -radius..radius (the border
+black, as `vit.inference.tta.shift` moves them), each also mirrored; then prints the top-1 of the
+mean probability over each set of views (evaluate.py --tta shift is the `cross` set at 1/16 of the
+side, 2 px at 32). Costs (2 * radius + 1)^2 * 2 passes over the test set: about 14 and 18 minutes
+for the shipped CIFAR-10 models at radius 3 on a 2-core CPU. A figure chosen as the best of this
+table is chosen on the test set: quote it as such."""
 
 from __future__ import annotations
 
@@ -20,9 +19,9 @@ import time
 import torch
 
 import vit
-from vit.data import load_split
-from vit.transforms import EvalTransform
-from vit.tta import black_pixel, mean_probability, shift
+from vit.data.datasets import load_split
+from vit.data.transforms import EvalTransform
+from vit.inference.tta import black_pixel, mean_probability, shift
 
 View = tuple[int, int, bool]  # (dy, dx, mirrored)
 

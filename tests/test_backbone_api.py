@@ -19,7 +19,7 @@ import torch
 from conftest import RTOL, relative_error
 
 import vit
-from vit.configs import CIFAR10_MEAN, CIFAR10_STD
+from vit.models.registry import CIFAR10_MEAN, CIFAR10_STD
 
 transformers = pytest.importorskip("transformers")
 timm = pytest.importorskip("timm")
@@ -336,4 +336,4 @@ def test_set_input_size_equals_timms(one_thread):
 
 def test_resolve_model_data_config_is_exported():
     assert "resolve_model_data_config" in vit.__all__
-    assert vit.resolve_model_data_config is vit.configs.resolve_model_data_config
+    assert vit.resolve_model_data_config is vit.models.registry.resolve_model_data_config

@@ -12,7 +12,7 @@ from timm.data import resolve_data_config
 from timm.models import get_pretrained_cfg
 
 import vit
-from vit.configs import MODELS, get_spec
+from vit.models.registry import MODELS, get_spec
 
 # timm's standard ViT names: sizes tiny..huge, patch 8/14/16/32, input 224/384.
 STANDARD_PATTERN = r"vit_(tiny|small|base|large|huge)_patch(8|14|16|32)_(224|384)"

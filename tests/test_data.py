@@ -10,17 +10,15 @@ import torch
 from PIL import Image
 
 import vit
-from vit.configs import Preprocess
-from vit.data import (
+from vit.data.datasets import (
     CorruptImageError,
     ImageDataset,
-    MixupCutmix,
     load_split,
-    one_hot,
-    soft_target_cross_entropy,
     stratified_indices,
 )
-from vit.transforms import AugmentConfig, EvalTransform, train_transform
+from vit.data.mixup import MixupCutmix, one_hot, soft_target_cross_entropy
+from vit.data.transforms import AugmentConfig, EvalTransform, train_transform
+from vit.models.registry import Preprocess
 
 CLASSES = ("blue", "green", "red")  # as made by conftest.make_image_folder
 CIFAR_PRE = vit.create_model("vit_cifar_patch4_32", depth=1).preprocess
@@ -225,7 +223,7 @@ def test_decoded_images_are_kept_on_disk_and_redecoded_when_a_file_changes(
     def no_decoding(path):
         raise AssertionError(f"decoded {path} again")
 
-    monkeypatch.setattr("vit.data.load_image", no_decoding)
+    monkeypatch.setattr("vit.data.datasets.load_image", no_decoding)
     again = load_split(str(folder), "train", cache=True, cache_dir=cache)
     assert np.array_equal(np.stack(first.images), again.images)
     monkeypatch.undo()
@@ -249,9 +247,10 @@ def _sigint_ignored(image: np.ndarray) -> torch.Tensor:
 def test_loader_workers_leave_ctrl_c_to_the_main_process():
     """Seen on a GPU: Ctrl-C (or the SIGINT of a time box) killed the workers too, and the
     pin-memory thread printed a traceback over train.py's one line."""
-    from vit.distributed import DistInfo
-    from vit.loaders import build_train_loader, eval_loader
-    from vit.train_config import TrainConfig
+    from vit.data.loaders import eval_loader
+    from vit.training.settings import TrainConfig
+    from vit.training.train_loader import build_train_loader
+    from vit.utils.distributed import DistInfo
 
     images = np.zeros((8, 8, 8, 3), dtype=np.uint8)
     dataset = ImageDataset(labels=[0, 1] * 4, class_names=["a", "b"], images=images)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vit.distributed import DistInfo, from_env, resolve_device
+from vit.utils.distributed import DistInfo, from_env, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 # No MixUp/CutMix or stochastic depth: their random draws differ per process by design.
@@ -128,7 +128,7 @@ def test_a_loss_gone_nan_in_one_process_stops_both(image_folder, tmp_path, tiny_
     script = tmp_path / "nan_on_rank_1.py"
     script.write_text(
         "import os, runpy, sys\n"
-        "from vit.model import VisionTransformer\n"
+        "from vit.models.vision_transformer import VisionTransformer\n"
         "calls, forward_head = [0], VisionTransformer.forward_head\n"
         "def maybe_nan(self, x, pre_logits=False):\n"
         "    out = forward_head(self, x, pre_logits)\n"

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import vit
-from vit.data import load_split
-from vit.engine import evaluate
-from vit.factory import class_names_for
-from vit.transforms import EvalTransform
+from vit.data.datasets import load_split
+from vit.data.transforms import EvalTransform
+from vit.inference.evaluation import evaluate
+from vit.models.class_names import class_names_for
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_data_is_checked_before_the_model_is_loaded(
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded before --data was checked")
 
-    monkeypatch.setattr(vit.factory, "resolve_model", never)
+    monkeypatch.setattr(vit.cli.model_argument, "resolve_model", never)
     no_test = make_images(tmp_path / "no-test", test_name="elsewhere", train_per_class=1)
     for data, split, message in (
         (tmp_path / "nowhere", "test", "neither one of cifar10, cifar100 nor an existing folder"),

@@ -14,7 +14,11 @@ from conftest import RTOL, relative_error
 
 import vit
 from vit import export
-from vit.export import MissingExtraError, export_onnx, export_torchvision, export_transformers
+from vit.interop import torchvision_export, transformers_export
+from vit.interop.export_check import MissingExtraError
+from vit.interop.onnx_export import OnnxOptions, export_onnx
+from vit.interop.torchvision_export import export_torchvision
+from vit.interop.transformers_export import export_transformers
 
 onnxruntime = pytest.importorskip("onnxruntime")
 transformers = pytest.importorskip("transformers")
@@ -57,7 +61,7 @@ def test_onnx_has_a_dynamic_batch_height_and_width_and_our_logits(model, tmp_pat
     metadata = session.get_modelmeta().custom_metadata_map
     assert json.loads(metadata["vit.class_names"]) == NAMES
     assert json.loads(metadata["vit.preprocess"])["mean"] == [0.4, 0.5, 0.6]
-    assert json.loads(metadata["vit.precision"]) == "float32"
+    assert json.loads(metadata["vit.inference.precision"]) == "float32"
     assert json.loads(metadata["vit.output"]) == "logits"
     assert json.loads(metadata["vit.model_name"]) is None  # built by hand, no registry name
     assert leftovers(tmp_path) == []
@@ -65,7 +69,7 @@ def test_onnx_has_a_dynamic_batch_height_and_width_and_our_logits(model, tmp_pat
 
 def test_static_size_onnx_keeps_the_model_input_size(model, tmp_path, one_thread):
     path = tmp_path / "model.onnx"
-    export_onnx(model, path, options=export.OnnxOptions(dynamic_size=False))
+    export_onnx(model, path, options=OnnxOptions(dynamic_size=False))
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
 
@@ -151,7 +155,7 @@ def test_optimize_fuses_gelu_keeps_attention_fused_and_stays_exact(
     model, tmp_path, one_thread, capsys
 ):
     path = tmp_path / "model.onnx"
-    result = export_onnx(model, path, options=export.OnnxOptions(optimize=True))
+    result = export_onnx(model, path, options=OnnxOptions(optimize=True))
     assert result.max_relative_difference <= RTOL
     fused = dict(re.findall(r"(\w+) (\d+)", str(result).split("fused ", 1)[1].split(" logits")[0]))
     # opset 23 writes attention as one Attention operator per block; onnxruntime fuses GELU
@@ -164,7 +168,10 @@ def test_optimize_fuses_gelu_keeps_attention_fused_and_stays_exact(
         "residual + LayerNorm fusion did not match this export"
     ]
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    assert json.loads(session.get_modelmeta().custom_metadata_map["vit.precision"]) == "float32"
+    assert (
+        json.loads(session.get_modelmeta().custom_metadata_map["vit.inference.precision"])
+        == "float32"
+    )
 
 
 # int8 on random images and tiny random models: max relative logit difference 0.01-0.03
@@ -179,12 +186,12 @@ def test_int8_is_smaller_and_agrees_with_float(tmp_path, one_thread):
     torch.nn.init.normal_(model.head.weight, std=0.5)
     float_path, int8_path = tmp_path / "float.onnx", tmp_path / "int8.onnx"
     export_onnx(model, float_path)
-    result = export_onnx(model, int8_path, options=export.OnnxOptions(int8=True))
+    result = export_onnx(model, int8_path, options=OnnxOptions(int8=True))
     assert 1e-4 < result.max_relative_difference <= INT8_TOLERANCE  # quantized, yet close
     assert int8_path.stat().st_size < 0.6 * float_path.stat().st_size
     session = onnxruntime.InferenceSession(str(int8_path), providers=["CPUExecutionProvider"])
     metadata = session.get_modelmeta().custom_metadata_map
-    assert json.loads(metadata["vit.precision"]) == "int8"
+    assert json.loads(metadata["vit.inference.precision"]) == "int8"
     assert json.loads(metadata["vit.class_names"]) == [f"class {i}" for i in range(10)]
     ops = {node.op_type for node in __import__("onnx").load(str(int8_path)).graph.node}
     assert (
@@ -336,7 +343,9 @@ def test_transformers_export_of_every_family_round_trips(family, tmp_path, one_t
 def test_transformers_refuses_what_no_class_holds_in_one_line(switches, named, tmp_path):
     config = vit.ViTConfig(**{**TINY, **switches})
     with pytest.raises(ValueError, match=re.escape(named)) as refused:
-        vit.layouts.huggingface.config_to_hf(config, None)  # checked before anything is written
+        vit.interop.layouts.huggingface.config_to_hf(
+            config, None
+        )  # checked before anything is written
     assert "\n" not in str(refused.value)
     with pytest.raises(ValueError, match=re.escape(named)):
         export_transformers(vit.VisionTransformer(**{**TINY, **switches}), tmp_path / "hf")
@@ -414,7 +423,8 @@ def test_a_failed_check_writes_nothing_and_keeps_the_previous_export(
     folder = tmp_path / "hf"
     export_transformers(model, folder)
     before = (folder / "model.safetensors").read_bytes()
-    monkeypatch.setattr(export, "relative_difference", lambda theirs, ours: 0.5)
+    for module in (transformers_export, torchvision_export):
+        monkeypatch.setattr(module, "relative_difference", lambda theirs, ours: 0.5)
     with pytest.raises(ValueError, match=r"max relative difference 5\.00e-01 > tolerance"):
         export_transformers(vit.VisionTransformer(**TINY), folder)
     assert (folder / "model.safetensors").read_bytes() == before
@@ -438,7 +448,7 @@ def test_import_and_predict_need_no_extra(tmp_path):
     code = (
         "import sys\n"
         f"for name in {blocked}: sys.modules[name] = None\n"
-        "import vit, vit.export, vit.predict, vit.weights\n"
+        "import vit, vit.export, vit.predict, vit.interop.weights\n"
         "m = vit.VisionTransformer(img_size=16, patch_size=8, embed_dim=16, depth=1, num_heads=2)\n"
         "print(m(__import__('torch').zeros(1, 3, 16, 16)).shape)\n"
     )

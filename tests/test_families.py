@@ -14,9 +14,9 @@ import torch
 from conftest import RTOL, relative_error
 
 import vit
-from vit import families
-from vit.configs import MODELS
-from vit.model import VisionTransformerDistilled, model_class
+from vit.models import families
+from vit.models.registry import MODELS
+from vit.models.vision_transformer import VisionTransformerDistilled, model_class
 
 FAMILIES = ("dinov2", "clip", "siglip", "deit", "deit3")
 FAMILY_NAMES = [name for name, spec in MODELS.items() if spec.family in FAMILIES]
@@ -424,7 +424,7 @@ def test_saved_family_models_reload_with_their_switches(tmp_path):
             assert torch.equal(loaded(x), model(x))
 
 
-# -- the family records (vit.families) -----------------------------------------------------------
+# -- the family records (vit.models.families) ----------------------------------------------------
 def test_every_named_model_is_read_as_its_familys_record():
     records = {  # ModelSpec.family -> the records its names may be
         "dinov2": {"dinov2", "dinov2_reg"},
@@ -466,10 +466,10 @@ def test_readout_of_names_the_tokens_the_head_reads():
 
 def test_transformers_model_types_are_read_by_their_familys_layout():
     named = {layout for family in families.BY_NAME.values() for layout in family.layouts}
-    assert named == set(vit.layouts.BY_NAME)  # every layout reads some family's checkpoints
-    assert set(vit.layouts.CONFIGS) == set(families.BY_MODEL_TYPE)
+    assert named == set(vit.interop.layouts.BY_NAME)  # every layout reads some family's checkpoints
+    assert set(vit.interop.layouts.CONFIGS) == set(families.BY_MODEL_TYPE)
     for model_type, family in families.BY_MODEL_TYPE.items():
-        assert vit.layouts.CONFIGS[model_type].__name__.endswith("." + family.hf_layout)
+        assert vit.interop.layouts.CONFIGS[model_type].__name__.endswith("." + family.hf_layout)
     mae = families.family_of(vit.ViTConfig(num_classes=0), "vit_base_patch16_224.mae")
     assert mae is families.MAE and mae.hf_class(0).name == "ViTMAEModel"
     assert families.family_of(vit.ViTConfig(), "facebook/vit-mae-base") is families.MAE
@@ -479,7 +479,7 @@ def test_transformers_model_types_are_read_by_their_familys_layout():
 
 
 def test_families_and_configs_import_without_torch():
-    code = "import sys, vit.families, vit.configs; print('torch' in sys.modules)"
+    code = "import sys, vit.models.families, vit.models.registry; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"

@@ -21,8 +21,8 @@ from conftest import RTOL, relative_error
 from safetensors.torch import load_file
 
 import vit
-from vit.pos_embed import resample_pos_embed
-from vit.weights import read_checkpoint
+from vit.interop.weights import read_checkpoint
+from vit.models.pos_embed import resample_pos_embed
 
 transformers = pytest.importorskip("transformers")
 

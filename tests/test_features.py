@@ -1,6 +1,6 @@
-"""`vit.features`, the embedding engine, and `python -m vit.predict --features` on it: features
-copied out of the batch, images streamed, shards resumed after a kill, unreadable images listed,
-the feature choices of DINOv2, DINO and CLIP, torchrun's two processes writing the one file;
+"""`vit.inference.embed`, the embedding engine, and `python -m vit.predict --features` on it:
+features copied out of the batch, images streamed, shards resumed after a kill, unreadable images
+listed, the feature choices of DINOv2, DINO and CLIP, torchrun's two processes writing the one file;
 and predict's last_block maps of a headless backbone."""
 
 import os
@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 import vit
-from vit.features import (
+from vit.inference.embed import (
     DEFAULT_SHARD_IMAGES,
     FeaturesError,
     check_embedding,
@@ -26,8 +26,9 @@ from vit.features import (
     parts_folder,
     read_features,
 )
+from vit.inference.explanations import head_maps_figure
 from vit.predict import DEFAULT_SHARD_IMAGES as PREDICT_SHARD_IMAGES
-from vit.predict import head_maps_figure, main
+from vit.predict import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

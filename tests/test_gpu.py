@@ -27,9 +27,9 @@ from safetensors.torch import load_file
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit
-from vit import engine
-from vit.distributed import DistInfo
-from vit.train_config import TrainConfig
+from vit.training import build, engine
+from vit.training.settings import TrainConfig
+from vit.utils.distributed import DistInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = torch.cuda.is_available()
@@ -168,7 +168,7 @@ def test_bf16_autocast_logits_match_timm_within_tolerance(device, seed):
 
 
 # -- training steps through the engine ----------------------------------------------------------
-def engine_run(device: torch.device, **settings) -> engine.Run:
+def engine_run(device: torch.device, **settings) -> build.Run:
     """What train.py's epoch loop works with, around the TINY model on `device`, without data
     (the tests feed batches themselves): constant learning rate, no MixUp, no EMA unless
     asked."""
@@ -187,21 +187,21 @@ def engine_run(device: torch.device, **settings) -> engine.Run:
     cfg = TrainConfig(**{**options, **settings})
     info = DistInfo()
     torch.manual_seed(0)
-    model = engine.build_training_model(cfg, list(CLASSES))
+    model = build.build_training_model(cfg, list(CLASSES))
     # a zero head gives no gradient below it; drawn on the CPU, so every device starts alike
     torch.nn.init.normal_(model.head.weight, std=0.02)
     model.to(device)
-    state = engine.build_training_state(cfg, model, steps_per_epoch=8, device=device, info=info)
-    return engine.Run(
+    state = build.build_training_state(cfg, model, steps_per_epoch=8, device=device, info=info)
+    return build.Run(
         cfg=cfg,
         info=info,
         device=device,
         model=model,
-        train_model=engine.wrap_model(model, cfg, info, device),
+        train_model=build.wrap_model(model, cfg, info, device),
         train_loader=None,
         test_loader=None,
         state=state,
-        mixup=engine.build_mixup(cfg, len(CLASSES)),
+        mixup=build.build_mixup(cfg, len(CLASSES)),
         num_images=0,
     )
 
@@ -213,7 +213,7 @@ def fixed_batch(device: torch.device, size: int = 16) -> tuple[torch.Tensor, tor
     return images.to(device), labels.to(device)
 
 
-def train_steps(run: engine.Run, steps: int) -> list[float]:
+def train_steps(run: build.Run, steps: int) -> list[float]:
     """`steps` optimizer steps on one fixed batch, through the engine; the losses."""
     images, labels = fixed_batch(run.device)
     run.train_model.train()
@@ -238,7 +238,7 @@ def test_amp_steps_follow_float32_training(device, dtype):
     assert logits.dtype == getattr(torch, dtype) and loss.dtype == torch.float32
     assert run.state.scaler.is_enabled() is (dtype == "float16")
     # the CPU trains under autocast through the explicit attention (its fused backward is slow
-    # in bf16: vit.engine.wrap_model); a GPU keeps the fused kernels
+    # in bf16: vit.training.build.wrap_model); a GPU keeps the fused kernels
     fused = {block.attn.fused_attn for block in run.model.blocks}
     assert fused == {device.type != "cpu"}
     losses = train_steps(run, 6)
@@ -334,7 +334,7 @@ def train_run(
 
 def stopped_after_first_epoch(train_script, image_folder, run, device, monkeypatch) -> Path:
     """A 2-epoch run stopped by Ctrl-C once its epoch-1 checkpoint is saved (status 130)."""
-    from vit import checkpoint
+    from vit.training import checkpoint
 
     original = checkpoint.save_training_state
 
@@ -506,7 +506,7 @@ def test_bfloat16_weights_on_the_device_stay_near_float32(
     image of six changes), probabilities within bfloat16's rounding, no warning where bf16 is
     native (a GPU, or a CPU with AVX512-BF16 / AMX)."""
     from vit import predict
-    from vit.precision import fast_bfloat16
+    from vit.inference.precision import fast_bfloat16
 
     images = image_folder / "test" / "red"
     output = tmp_path / "bf16.json"

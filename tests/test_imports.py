@@ -1,10 +1,18 @@
-"""The package's imports: no circle, read from the source (module-level and function-level
-imports alike), and the floors of `vit.explain` importing only downwards."""
+"""The package's imports, read from the source (module-level and function-level imports alike):
+no circle; the subpackages are floors, each importing only the floors below it; nothing but the
+command lines imports `vit.cli`; and the floors of `vit.explain` import only downwards. Then
+the names and commands the layout keeps for users."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
+import tomllib
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vit"
 
@@ -101,10 +109,12 @@ def test_the_package_has_no_import_circle():
 
 def test_the_graph_sees_every_kind_of_import():
     graph = import_graph(PACKAGE)
-    assert "vit.eval_transform" in graph["vit.transforms"]  # module level, relative
-    assert "vit.transforms" in graph["vit.factory"]  # inside a function
-    assert "vit.model" in graph["vit.explain.capture"]  # two dots up, inside a function
-    assert "vit.explain" in graph["vit.predict"]  # `from . import explain`
+    assert "vit.data.eval_transform" in graph["vit.data.transforms"]  # module level, relative
+    assert "vit.data.transforms" in graph["vit.data.transforms_factory"]  # inside a function
+    assert (
+        "vit.models.vision_transformer" in graph["vit.explain.capture"]
+    )  # two dots up, inside a function
+    assert "vit.explain" in graph["vit.inference.explanations"]  # `from .. import explain`
     assert {"vit.explain.capture", "vit.explain.rollout"} <= graph["vit.explain.maps"]
     assert graph["vit"] == set()  # only importlib and TYPE_CHECKING imports there
 
@@ -138,3 +148,137 @@ def test_explain_floors_import_only_downwards():
                 assert below < floor, f"vit.explain.{name} imports {target}, not a lower floor"
     # the arithmetic needs no model: it imports nothing of the package
     assert graph["vit.explain.rollout"] == set()
+
+
+# The subpackages, lowest first: a module imports only from floors below its own (and from its
+# own subpackage). Two subpackages on one floor do not import each other. The front ends (the
+# modules directly in vit/: `python -m vit.predict`, `vit.export`, `vit.distributed`) sit above.
+FLOORS = {
+    "utils": 0,  # atomic files, the process group, figures, ranges
+    "models": 1,  # the network, its parts, the registry of names, the families
+    "data": 2,  # images, datasets, transforms, MixUp/CutMix, loaders
+    "interop": 2,  # weights files, foreign layouts, ONNX export and runtime
+    "factory": 3,  # create_model, load_model
+    "explain": 3,  # attention maps
+    "inference": 4,  # evaluation, TTA, precision, embeddings, probes, prediction
+    "training": 5,  # settings, the loop and its pieces, checkpoints, optimizers
+    "cli": 6,  # flags, one-line errors, the model argument
+}
+FRONT_ENDS = {"vit.predict", "vit.export", "vit.distributed"}
+
+
+def floor_of(module: str) -> str | None:
+    """'vit.models.registry' -> 'models'; None for vit itself and the front ends."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in FLOORS) else None
+
+
+def test_every_module_sits_on_a_floor_or_is_a_front_end():
+    graph = import_graph(PACKAGE)
+    homeless = {m for m in graph if m != "vit" and floor_of(m) is None} - FRONT_ENDS
+    assert not homeless, f"modules on no floor (add them to FLOORS or FRONT_ENDS): {homeless}"
+    assert {floor_of(m) for m in graph} - {None} == set(FLOORS)
+
+
+def test_floors_import_only_downwards():
+    graph = import_graph(PACKAGE)
+    wrong = []
+    for module, targets in graph.items():
+        here = floor_of(module)
+        if here is None:
+            continue
+        for target in targets:
+            there = floor_of(target)
+            if there is None or (there != here and FLOORS[there] >= FLOORS[here]):
+                wrong.append(f"{module} ({here}) imports {target} ({there or 'front end'})")
+    assert not wrong, "imports that go up or sideways:\n" + "\n".join(sorted(wrong))
+
+
+def test_only_the_command_lines_import_cli():
+    graph = import_graph(PACKAGE)
+    importers = {m for m, targets in graph.items() for t in targets if floor_of(t) == "cli"}
+    assert importers - FRONT_ENDS - {m for m in importers if floor_of(m) == "cli"} == set()
+    root = PACKAGE.parent  # train.py and evaluate.py are front ends too, outside the package
+    assert "vit.cli" in (root / "train.py").read_text()
+
+
+def test_the_floor_test_sees_a_library_module_importing_cli(tmp_path):
+    package = tmp_path / "vit"
+    for floor in ("cli", "models"):
+        (package / floor).mkdir(parents=True)
+        (package / floor / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "cli" / "flags.py").write_text("")
+    (package / "models" / "model.py").write_text("def f():\n    from ..cli import flags\n")
+    graph = import_graph(package)
+    assert "vit.cli.flags" in graph["vit.models.model"]
+    assert floor_of("vit.cli.flags") == "cli" and FLOORS["cli"] > FLOORS["models"]
+
+
+# -- what the layout keeps for users --------------------------------------------------------------
+KEPT_NAMES = [
+    "Attention", "Block", "LoadReport", "Mlp", "PatchEmbed", "Preprocess", "ViTConfig",
+    "VisionTransformer", "create_model", "create_transform", "list_models", "load_model",
+    "load_weights", "resample_abs_pos_embed", "resolve_model", "resolve_model_data_config",
+    "save_weights",
+]  # fmt: skip
+KEPT_EXPLAIN_NAMES = [
+    "attention_rollout", "gradient_rollout", "relevance", "last_block_attention",
+    "capture_attention", "record_attention", "rollout_matrix", "relevance_matrix",
+    "gradient_rollout_matrix", "fuse_heads", "discard_lowest", "patch_map", "grid_of",
+    "num_registers", "readout_tokens", "faithfulness", "perturbation_curve", "random_map",
+    "area_under_curve", "mean_attention_distance", "model_attention_distance",
+    "similarity_scores", "embed", "remove_patches", "drop_tokens",
+]  # fmt: skip
+
+
+def run_python(code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=PACKAGE.parent, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()
+
+
+def test_the_public_names_are_kept_and_import_vit_loads_no_torch():
+    code = (
+        "import sys, vit\n"
+        "print(sorted(vit.__all__))\n"
+        "print('torch' in sys.modules)\n"
+        "import vit.explain as e\n"
+        f"print([n for n in {KEPT_NAMES!r} if not callable(getattr(vit, n))])\n"
+        f"print([n for n in {KEPT_EXPLAIN_NAMES!r} if n not in e.__all__ or not hasattr(e, n)])\n"
+    )
+    names, torch_loaded, missing, missing_explain = run_python(code).splitlines()
+    assert names == str(sorted(KEPT_NAMES))
+    assert torch_loaded == "False"
+    assert missing == "[]" and missing_explain == "[]"
+
+
+def test_the_console_scripts_point_at_the_front_ends():
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {
+        "vit-predict": "vit.predict:main",
+        "vit-export": "vit.export:main",
+    }
+    for entry in project["scripts"].values():
+        module, name = entry.split(":")
+        assert f"def {name}(" in (PACKAGE.parent / (module.replace(".", "/") + ".py")).read_text()
+
+
+@pytest.mark.parametrize("module", ["vit.predict", "vit.export", "vit.distributed"])
+def test_the_module_commands_still_run(module):
+    """`python -m vit.predict`, `vit.export` and `vit.distributed` answer --help (the last is
+    torchrun's own help, which it passes through)."""
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
+    result = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        env=env,
+        cwd=PACKAGE.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "usage:" in result.stdout

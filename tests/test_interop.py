@@ -14,7 +14,7 @@ from conftest import RTOL, relative_error
 from safetensors.torch import load_file
 
 import vit
-from vit.layouts import torchvision as torchvision_layout
+from vit.interop.layouts import torchvision as torchvision_layout
 
 transformers = pytest.importorskip("transformers")
 torchvision = pytest.importorskip("torchvision")
@@ -223,7 +223,7 @@ def test_every_torchvision_vit_maps_onto_a_named_model(builder):
     with torch.device("meta"):
         theirs = getattr(torchvision.models, builder)(weights=None)
         ours = vit.create_model(ours_name, num_classes=1000)
-    state, layout, _ = vit.layouts.to_timm(theirs.state_dict(), builder)
+    state, layout, _ = vit.interop.layouts.to_timm(theirs.state_dict(), builder)
     assert layout == "torchvision"
     assert {k: v.shape for k, v in state.items()} == {
         k: v.shape for k, v in ours.state_dict().items()

@@ -9,7 +9,7 @@ from conftest import RTOL, relative_error
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit
-from vit.configs import MODELS
+from vit.models.registry import MODELS
 
 # Every plain ViT name that timm also has (the families: tests/test_families.py).
 STANDARD = [n for n in vit.list_models() if n in timm.list_models() and MODELS[n].family == "vit"]

@@ -11,8 +11,11 @@ import torch
 from PIL import Image
 
 import vit
-from vit import export, factory
-from vit.factory import ModelArgumentError, class_names_for, resolve_model
+from vit import export
+from vit.cli.model_argument import ModelArgumentError, resolve_model
+from vit.factory.create import timm_weights
+from vit.interop.export_check import ExportCheck
+from vit.models.class_names import class_names_for
 from vit.predict import main as predict_main
 
 transformers = pytest.importorskip("transformers")
@@ -165,7 +168,7 @@ def refusal(err: str, prefix: str) -> str:
 def offline(monkeypatch):
     """No network and nothing in the Hugging Face cache, wherever the tests run."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(factory, "_cached_timm_weights", lambda full_name: None)
+    monkeypatch.setattr(timm_weights, "_cached_timm_weights", lambda full_name: None)
 
 
 @pytest.fixture
@@ -176,7 +179,7 @@ def exported(monkeypatch):
 
     def record(model, path, tolerance, **options):
         models.append(model)
-        return export.ExportCheck(path, "recorded", 0.0)
+        return ExportCheck(path, "recorded", 0.0)
 
     monkeypatch.setattr(export, "export_onnx", record)
     return models

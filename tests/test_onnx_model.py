@@ -1,6 +1,6 @@
-"""An exported ONNX file run by evaluate.py and `python -m vit.predict` (vit.onnx_model): the
-same report, classes, probabilities and files as the PyTorch weights it was exported from;
-what needs the PyTorch model, and a file without our metadata, refused in one line."""
+"""An exported ONNX file run by evaluate.py and `python -m vit.predict` (vit.interop.onnx_runtime):
+the same report, classes, probabilities and files as the PyTorch weights it was exported from; what
+needs the PyTorch model, and a file without our metadata, refused in one line."""
 
 import csv
 import json
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import vit
-from vit.export import export_onnx
-from vit.factory import ModelArgumentError, resolve_model
-from vit.onnx_model import OnnxModel
+from vit.cli.model_argument import ModelArgumentError, resolve_model
+from vit.interop.onnx_export import export_onnx
+from vit.interop.onnx_runtime import OnnxModel
 from vit.predict import main as predict_main
 
 pytest.importorskip("onnxruntime", reason="running ONNX files needs onnxruntime ([interop])")

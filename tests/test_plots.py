@@ -1,4 +1,5 @@
-"""vit.plots: every figure comes back as a matplotlib Figure; save_figure writes it atomically."""
+"""vit.utils.plots: every figure comes back as a matplotlib Figure; save_figure writes it
+atomically."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from vit.explain import (
     model_attention_distance,
     record_attention,
 )
-from vit.plots import (
+from vit.utils.plots import (
     denormalize,
     heatmap_for_display,
     overlay,

@@ -1,6 +1,6 @@
-"""--model-dtype bfloat16 (vit.precision): the weights cast, float32 images taken as they are,
-logits and features given back in float32 and close to float32's; the same reports and files
-as float32 from evaluate.py and `python -m vit.predict`; a warning where bfloat16 is slow."""
+"""--model-dtype bfloat16 (vit.inference.precision): the weights cast, float32 images taken as they
+are, logits and features given back in float32 and close to float32's; the same reports and files as
+float32 from evaluate.py and `python -m vit.predict`; a warning where bfloat16 is slow."""
 
 import csv
 import json
@@ -11,9 +11,9 @@ import torch
 from conftest import CLASSES
 
 import vit
-import vit.precision
-from vit.features import read_features
-from vit.precision import cast_for_inference
+import vit.inference.precision
+from vit.inference.embed import read_features
+from vit.inference.precision import cast_for_inference
 from vit.predict import main as predict_main
 
 
@@ -46,11 +46,11 @@ def test_bfloat16_weights_take_float32_images_and_stay_near_float32(weights, one
 
 def test_a_slow_bfloat16_device_gets_a_warning(weights, monkeypatch):
     model = vit.load_model(str(weights))
-    monkeypatch.setattr(vit.precision, "fast_bfloat16", lambda device: False)
+    monkeypatch.setattr(vit.inference.precision, "fast_bfloat16", lambda device: False)
     warning = cast_for_inference(model, "bfloat16", torch.device("cpu"))
     assert warning.startswith("--model-dtype bfloat16: this CPU has neither AVX512-BF16 nor AMX")
     assert "slower than float32" in warning
-    monkeypatch.setattr(vit.precision, "fast_bfloat16", lambda device: True)
+    monkeypatch.setattr(vit.inference.precision, "fast_bfloat16", lambda device: True)
     assert cast_for_inference(vit.load_model(str(weights)), "bfloat16", torch.device("cpu")) is None
 
 
@@ -104,7 +104,7 @@ def test_predict_in_bfloat16_writes_float32_features_and_the_same_csv(
 def test_cpu_recipe_follows_the_flags_and_the_measured_bfloat16_speed(
     monkeypatch, amx, avx512_bf16, speedup, recipe
 ):
-    from vit import precision
+    from vit.inference import precision
 
     monkeypatch.setattr(precision, "cpu_has_amx", lambda: amx)
     monkeypatch.setattr(precision, "cpu_has_avx512_bf16", lambda: avx512_bf16)
@@ -115,7 +115,7 @@ def test_cpu_recipe_follows_the_flags_and_the_measured_bfloat16_speed(
 
 
 def test_bfloat16_speedup_is_measured_on_one_thread_and_leaves_the_threads_as_they_were():
-    from vit.precision import cpu_bf16_matmul_speedup
+    from vit.inference.precision import cpu_bf16_matmul_speedup
 
     threads = torch.get_num_threads()
     speedup = cpu_bf16_matmul_speedup(repeats=1)

@@ -1,5 +1,5 @@
-"""`python -m vit.predict` and `vit.images`: files, folders and globs; CSV/JSON records; attention
-PNGs; evaluate.py's top-1; clear messages for bad input."""
+"""`python -m vit.predict` and `vit.data.images`: files, folders and globs; CSV/JSON records;
+attention PNGs; evaluate.py's top-1; clear messages for bad input."""
 
 import csv
 import json
@@ -15,10 +15,11 @@ from PIL import Image
 from safetensors.torch import save_file
 
 import vit
-from vit.data import load_split
-from vit.images import CorruptImageError, expand_image_paths, load_image, open_image
-from vit.predict import class_names_for, main
-from vit.transforms import EvalTransform
+from vit.data.datasets import load_split
+from vit.data.images import CorruptImageError, expand_image_paths, load_image, open_image
+from vit.data.transforms import EvalTransform
+from vit.models.class_names import class_names_for
+from vit.predict import main
 
 NAMES = ["cat", "dog", "ship"]
 
@@ -81,7 +82,7 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-# -- vit.images ----------------------------------------------------------------------------------
+# -- vit.data.images ---------------------------------------------------------------------------
 def test_grayscale_and_transparent_images_become_rgb(images, tmp_path):
     _, gray, rgba = images
     assert open_image(gray).mode == "RGB"

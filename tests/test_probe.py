@@ -1,5 +1,5 @@
-"""vit.probe and evaluate.py --knn / --linear-probe: weighted kNN as DINO scores it, the CLIP
-linear probe, the feature caches beside the report, and the one-line mistakes."""
+"""vit.inference.probe and evaluate.py --knn / --linear-probe: weighted kNN as DINO scores it,
+the CLIP linear probe, the feature caches beside the report, and the one-line mistakes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import vit
-from vit.probe import (
+from vit.inference.probe import (
     check_ks,
     dataset_features,
     knn_accuracy,
@@ -146,8 +146,8 @@ def tiny_model(num_classes: int = 3, seed: int = 0) -> vit.VisionTransformer:
 def test_dataset_features_are_cached_and_reused_only_for_the_same_model(
     image_folder, tmp_path, one_thread
 ):
-    from vit.data import load_split
-    from vit.transforms import EvalTransform
+    from vit.data.datasets import load_split
+    from vit.data.transforms import EvalTransform
 
     model = tiny_model()
     data = load_split(str(image_folder), "test", transform=EvalTransform(model.preprocess))
@@ -164,13 +164,13 @@ def test_dataset_features_are_cached_and_reused_only_for_the_same_model(
     def never(*args, **kwargs):
         raise AssertionError("extracted again although the cache holds these features")
 
-    import vit.probe
+    import vit.inference.probe
 
-    original, vit.probe.extract_features = vit.probe.extract_features, never
+    original, vit.inference.probe.extract_features = vit.inference.probe.extract_features, never
     try:
         again, _ = dataset_features(model, data, cache)
     finally:
-        vit.probe.extract_features = original
+        vit.inference.probe.extract_features = original
     assert np.array_equal(again, features) and cache.stat().st_mtime_ns == stamp
     other, _ = dataset_features(tiny_model(seed=1), data, cache)  # other weights: extracted
     assert not np.allclose(other, features)

@@ -9,11 +9,11 @@ import timm
 import torch
 
 import vit
-import vit.optim
-from vit.batch_loader import InMemoryBatches
-from vit.data import MixupCutmix, one_hot
-from vit.init import mimetic_init_, sincos_2d, sincos_pos_embed_
-from vit.optim import (
+import vit.training.optimizers
+from vit.data.batch_pipeline import InMemoryBatches
+from vit.data.mixup import MixupCutmix, one_hot
+from vit.models.initializers import mimetic_init_, sincos_2d, sincos_pos_embed_
+from vit.training.optimizers import (
     Muon,
     build_optimizer,
     muon_param_groups,
@@ -21,7 +21,7 @@ from vit.optim import (
     orthogonalize_all,
     share_work,
 )
-from vit.train_config import (
+from vit.training.settings import (
     TrainConfig,
     mixup_on_for_epoch,
     patch_drop_for_epoch,
@@ -296,13 +296,13 @@ def _muon_steps(rank: int, world: int, init_file: str, out_file: str, ns_dtype: 
             "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world
         )
     calls = []
-    real = vit.optim.orthogonalize
+    real = vit.training.optimizers.orthogonalize
 
     def counted(batch, steps, dtype):  # (b, m, n): b same-shaped matrices
         calls.extend([batch.shape[1:]] * len(batch))
         return real(batch, steps, dtype=dtype)
 
-    vit.optim.orthogonalize = counted
+    vit.training.optimizers.orthogonalize = counted
     try:
         torch.manual_seed(0)
         model = small_model()
@@ -321,7 +321,7 @@ def _muon_steps(rank: int, world: int, init_file: str, out_file: str, ns_dtype: 
         alone.step()
         alone_calls = len(calls) - shared_calls
     finally:
-        vit.optim.orthogonalize = real
+        vit.training.optimizers.orthogonalize = real
     result = {"state": model.state_dict(), "calls": shared_calls, "unshared": alone_calls}
     torch.save(result, f"{out_file}.{rank}")
     if world > 1:

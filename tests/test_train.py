@@ -17,10 +17,11 @@ import yaml
 from safetensors.torch import load_file
 
 import vit
-import vit.checkpoint as checkpoint
-import vit.engine as engine
-from vit.model import VisionTransformer
-from vit.optim import param_groups
+import vit.training.checkpoint as checkpoint
+import vit.training.settings as settings
+from vit.models.vision_transformer import VisionTransformer
+from vit.training.optimizers import param_groups
+from vit.training.schedule import warmup_cosine
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN_FILES = (
@@ -83,10 +84,10 @@ def test_run_folder_is_complete_and_loadable(reference_run):
     model = vit.load_model(run / "model.safetensors")  # the file alone rebuilds the model
     assert model.class_names == ["blue", "green", "red"]
     assert model.config.depth == 2 and model.num_classes == 3
-    metadata = vit.weights.read_metadata(run / "model.safetensors")
-    assert metadata["vit.weights"] == "ema" and metadata["vit.epoch"] == 4
+    metadata = vit.interop.weights.read_metadata(run / "model.safetensors")
+    assert metadata["vit.interop.weights"] == "ema" and metadata["vit.epoch"] == 4
     assert metadata["vit.top1"] == pytest.approx(float(rows[-1]["ema_top1"]))
-    best = vit.weights.read_metadata(run / "best.safetensors")
+    best = vit.interop.weights.read_metadata(run / "best.safetensors")
     assert best["vit.top1"] == pytest.approx(max(float(r["ema_top1"]) for r in rows))
 
     state = torch.load(run / "training_state.pt", weights_only=True)  # no pickled code
@@ -101,7 +102,7 @@ def test_config_yaml_is_overridden_by_flags(tmp_path, train_script):
     assert cfg.lr == 1e-3 and isinstance(cfg.lr, float)  # YAML reads 1e-3 as a string
     assert (cfg.epochs, cfg.batch_size, cfg.aa) == (3, 16, "none")
     assert cfg.model_kwargs == {"depth": 3}
-    assert cfg.weight_decay == engine.TrainConfig.weight_decay  # untouched default
+    assert cfg.weight_decay == settings.TrainConfig.weight_decay  # untouched default
     cfg = train_script.parse_config(["--config", str(config), "--model-kwargs", "depth=5"])
     assert cfg.model_kwargs == {"depth": 5}
 
@@ -160,9 +161,9 @@ def test_every_setting_is_a_flag_and_every_flag_a_setting(train_script):
         for option in action.option_strings
         if option.startswith("--") and not option.startswith("--no-")
     }
-    assert flags - {"help", "config", "overwrite"} == set(engine.TrainConfig.field_names())
+    assert flags - {"help", "config", "overwrite"} == set(settings.TrainConfig.field_names())
     cfg = train_script.parse_config([])
-    assert cfg == engine.TrainConfig()  # the flags' defaults are the dataclass's
+    assert cfg == settings.TrainConfig()  # the flags' defaults are the dataclass's
 
 
 def test_flag_values_keep_their_meaning(train_script):
@@ -382,13 +383,13 @@ def test_interrupted_atomic_write_keeps_the_old_file(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        vit.io.atomic_write(path, dies_mid_write)
+        vit.utils.files.atomic_write(path, dies_mid_write)
     assert checkpoint.load_training_state(path) == {"epoch": 1}
     assert no_temporary_files(tmp_path)
 
 
 def test_warmup_cosine_schedule():
-    factor = engine.warmup_cosine(total_steps=110, warmup_steps=10, min_ratio=0.01)
+    factor = warmup_cosine(total_steps=110, warmup_steps=10, min_ratio=0.01)
     assert factor(0) == pytest.approx(0.1) and factor(9) == pytest.approx(1.0)
     assert factor(60) == pytest.approx(0.01 + 0.99 * 0.5)  # halfway through the cosine
     assert factor(110) == pytest.approx(0.01)
@@ -473,29 +474,29 @@ def test_learns_real_cifar10_well_above_chance(tmp_path, train_script, evaluate_
 
 
 def test_epoch_based_settings_follow_the_length_of_the_run():
-    short, long = engine.TrainConfig(epochs=4), engine.TrainConfig(epochs=200)
-    assert engine.resolve_warmup_epochs(short) == pytest.approx(0.2)  # not 10 of 4 epochs
-    assert engine.resolve_warmup_epochs(long) == pytest.approx(10)
-    assert engine.resolve_warmup_epochs(engine.TrainConfig(epochs=4, warmup_epochs=1)) == 1
+    short, long = settings.TrainConfig(epochs=4), settings.TrainConfig(epochs=200)
+    assert settings.resolve_warmup_epochs(short) == pytest.approx(0.2)  # not 10 of 4 epochs
+    assert settings.resolve_warmup_epochs(long) == pytest.approx(10)
+    assert settings.resolve_warmup_epochs(settings.TrainConfig(epochs=4, warmup_epochs=1)) == 1
     with pytest.raises(ValueError, match="--warmup-epochs 10.0 is not shorter than --epochs 4"):
-        engine.resolve_warmup_epochs(engine.TrainConfig(epochs=4, warmup_epochs=10.0))
+        settings.resolve_warmup_epochs(settings.TrainConfig(epochs=4, warmup_epochs=10.0))
     # 4 epochs of 5,000 images at batch 128: 156 steps. A 0.999 EMA would still hold 86% of
     # the random initial weights at the end; the default spans ~2% of the steps instead.
     steps = 4 * (5000 // 128)
-    decay = engine.resolve_ema_decay(short, steps)
+    decay = settings.resolve_ema_decay(short, steps)
     assert decay**steps < 1e-6
-    assert engine.resolve_ema_decay(long, 200 * 390) == pytest.approx(1 - 1 / 1560)
-    assert engine.resolve_ema_decay(engine.TrainConfig(model_ema_decay=0.9), steps) == 0.9
+    assert settings.resolve_ema_decay(long, 200 * 390) == pytest.approx(1 - 1 / 1560)
+    assert settings.resolve_ema_decay(settings.TrainConfig(model_ema_decay=0.9), steps) == 0.9
 
 
 def test_progressive_image_size_grows_in_whole_patches_to_the_model_size():
-    cfg = engine.TrainConfig(epochs=20, progressive_size=16)
-    sizes = [engine.image_size_for_epoch(cfg, e, final=32, patch=4) for e in range(20)]
+    cfg = settings.TrainConfig(epochs=20, progressive_size=16)
+    sizes = [settings.image_size_for_epoch(cfg, e, final=32, patch=4) for e in range(20)]
     assert sizes[0] == 16 and sizes[10:] == [32] * 10  # grows over half of the run
     assert sizes == sorted(sizes) and all(s % 4 == 0 for s in sizes)
     assert len(set(sizes[:10])) >= 4  # several steps, not a jump
-    fixed = engine.TrainConfig(epochs=20)
-    assert {engine.image_size_for_epoch(fixed, e, final=32, patch=4) for e in range(20)} == {32}
+    fixed = settings.TrainConfig(epochs=20)
+    assert {settings.image_size_for_epoch(fixed, e, final=32, patch=4) for e in range(20)} == {32}
 
 
 FAST = (
@@ -542,7 +543,7 @@ def test_second_round_cpu_levers_train_and_resume_exactly(
     reference = tmp_path / "reference"
     assert train_script.main(tiny_args(image_folder, reference, 4, *ROUND_TWO)) == 0
     model = vit.load_model(reference / "model.safetensors")
-    fixed = vit.init.sincos_2d(model.grid_size, model.embed_dim)
+    fixed = vit.models.initializers.sincos_2d(model.grid_size, model.embed_dim)
     assert torch.equal(model.pos_embed[0, 1:], fixed)  # never trained
     run = tmp_path / "run"
     with monkeypatch.context() as patch:

@@ -19,8 +19,8 @@ import pytest
 import torch
 import yaml
 
-import vit.data
-from vit.precision import FAST_BF16_SPEEDUP
+import vit.data.datasets
+from vit.inference.precision import FAST_BF16_SPEEDUP
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SH = ROOT / "scripts" / "train.sh"
@@ -272,7 +272,7 @@ def test_a_failed_download_leaves_no_data_folder(
         (root / f"{name}.tar.gz").write_bytes(b"partial")
         raise FileNotFoundError(f"{name} is not in {root} and could not be downloaded")
 
-    monkeypatch.setattr(vit.data, "_torchvision_split", offline)
+    monkeypatch.setattr(vit.data.datasets, "_torchvision_split", offline)
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
     args = tiny_args("cifar10", run, 1) + ["--data-root", "downloads/cifar"]

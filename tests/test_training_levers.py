@@ -6,7 +6,7 @@ import timm
 import torch
 
 import vit
-from vit.batch_loader import InMemoryBatches, random_crop, random_erase
+from vit.data.batch_pipeline import InMemoryBatches, random_crop, random_erase
 
 TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 5}
 

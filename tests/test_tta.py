@@ -1,13 +1,13 @@
-"""Test-time augmentation (vit.tta): the shifted views, their black border, their mean."""
+"""Test-time augmentation (vit.inference.tta): the shifted views, their black border, their mean."""
 
 import numpy as np
 import pytest
 import torch
 
 import vit
-from vit.engine import evaluate
-from vit.transforms import EvalTransform
-from vit.tta import black_pixel, mean_probability, shift, tta_logits, views
+from vit.data.transforms import EvalTransform
+from vit.inference.evaluation import evaluate
+from vit.inference.tta import black_pixel, mean_probability, shift, tta_logits, views
 
 PREPROCESS = vit.Preprocess(
     input_size=(32, 32), crop_pct=1.0, mean=(0.49, 0.48, 0.45), std=(0.25, 0.24, 0.26)

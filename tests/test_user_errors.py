@@ -16,9 +16,12 @@ import torch
 import yaml
 
 import vit
-import vit.engine as engine
-from vit.model import VisionTransformer
+import vit.training.build as build
+import vit.training.engine as engine
+from vit.models.vision_transformer import VisionTransformer
 from vit.predict import main as predict_main
+from vit.training.settings import TrainConfig
+from vit.utils.distributed import DistInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,7 +97,12 @@ def test_overwrite_replaces_the_run_and_removes_its_stale_outputs(
     assert not (run / "eval-old").exists() and not (run / "eval.json").exists()
     assert (run / "notes.txt").read_text() == "mine"
     assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 1
-    assert vit.weights.read_metadata(run / "model.safetensors")["vit.train_config"]["seed"] == 1
+    assert (
+        vit.interop.weights.read_metadata(run / "model.safetensors")["vit.training.settings"][
+            "seed"
+        ]
+        == 1
+    )
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1].startswith(f"train.py: wrote {run}/: model.safetensors")
     assert "\r" not in err and "it/s" not in err  # no progress bar in a redirected log
@@ -255,10 +263,10 @@ def test_offline_pretrained_is_one_line_naming_the_flag(
 ):
     """train.py --pretrained without network or cached weights: one line advising the flag
     spelling (--pretrained PATH, not Python's pretrained=PATH), no traceback, no run folder."""
-    import vit.factory
+    import vit.factory.timm_weights
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(vit.factory, "_cached_timm_weights", lambda full_name: None)
+    monkeypatch.setattr(vit.factory.timm_weights, "_cached_timm_weights", lambda full_name: None)
     run = tmp_path / "run"
     flags = ("--model", "vit_tiny_patch16_224", "--pretrained", "--img-size", "32")
     assert train_script.main(tiny_args(image_folder, run, 1, *flags)) == 2
@@ -361,12 +369,12 @@ def test_resume_with_overwrite_is_refused(finished_run, train_script, capsys):
 
 def test_default_run_folders_never_share_a_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(engine.time, "strftime", lambda _: "20260101-000000")
-    cfg = engine.TrainConfig(data="some/folder/")
-    first = engine.default_run_dir(cfg, engine.DistInfo())
+    monkeypatch.setattr(build.time, "strftime", lambda _: "20260101-000000")
+    cfg = TrainConfig(data="some/folder/")
+    first = build.default_run_dir(cfg, DistInfo())
     assert first == "runs/vit_cifar_patch4_32-folder-20260101-000000"
     Path(first).mkdir(parents=True)
-    assert engine.default_run_dir(cfg, engine.DistInfo()) == f"{first}-2"
+    assert build.default_run_dir(cfg, DistInfo()) == f"{first}-2"
 
 
 def test_output_dir_that_is_a_file_is_refused(image_folder, tmp_path, train_script, tiny_args,
@@ -408,7 +416,7 @@ def test_a_pickle_with_code_is_named_unsafe_without_unsafe_advice(tmp_path):
     path = tmp_path / "evil.pth"
     torch.save({"weight": torch.zeros(2), "hook": print}, path)
     with pytest.raises(ValueError) as info:
-        vit.weights.read_checkpoint(path)
+        vit.interop.weights.read_checkpoint(path)
     message = str(info.value)
     assert "refused to load" in message and "builtins.print" in message
     assert "weights_only=False" not in message
@@ -521,23 +529,23 @@ def test_predict_flag_errors_are_one_line(tmp_path, capsys):
 
 # -- defaults picked from the machine, warnings ------------------------------------------------
 def test_default_workers_follow_the_cores(monkeypatch):
-    import vit.cli as cli
+    import vit.cli.flags as cli
 
     for cores, workers in ((1, 0), (2, 1), (3, 2), (64, 4)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda _, n=cores: set(range(n)))
         assert cli.default_workers() == workers
-    assert engine.TrainConfig().workers <= max(0, (os.cpu_count() or 1) - 1)
+    assert TrainConfig().workers <= max(0, (os.cpu_count() or 1) - 1)
 
 
 def test_float16_autocast_on_cpu_warns(monkeypatch, caplog):
     monkeypatch.setattr(engine, "_train", lambda *args: {})
-    cfg = engine.TrainConfig(amp=True, amp_dtype="float16", device="cpu")
+    cfg = TrainConfig(amp=True, amp_dtype="float16", device="cpu")
     with caplog.at_level("WARNING", logger="vit"):
         engine.train(cfg)
     assert "--amp --amp-dtype float16 on a CPU" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING", logger="vit"):
-        engine.train(engine.TrainConfig(amp=True, amp_dtype="bfloat16", device="cpu"))
+        engine.train(TrainConfig(amp=True, amp_dtype="bfloat16", device="cpu"))
     assert "float16 on a CPU" not in caplog.text
 
 
@@ -569,7 +577,8 @@ def test_import_vit_and_train_help_do_not_import_torch():
     code = (
         "import sys, vit\n"
         "m = vit.create_model('vit_cifar_patch4_32', depth=1, embed_dim=32, num_heads=2)\n"
-        "print(type(m).__name__, 'torchvision' in sys.modules, vit.io.atomic_write.__name__)\n"
+        "print(type(m).__name__, 'torchvision' in sys.modules,"
+        " vit.utils.files.atomic_write.__name__)\n"
     )
     assert run_python(code) == "VisionTransformer False atomic_write"
 

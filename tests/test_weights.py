@@ -13,7 +13,7 @@ from timm.layers import resample_abs_pos_embed as timm_resample
 from timm.models.vision_transformer import _load_weights as timm_load_npz
 
 import vit
-from vit.weights import convert_jax_checkpoint, read_metadata
+from vit.interop.weights import convert_jax_checkpoint, read_metadata
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=48, depth=2, num_heads=3, num_classes=5)
 
@@ -93,7 +93,7 @@ def test_a_failed_save_leaves_the_previous_file_intact(tmp_path, monkeypatch):
         Path(args[1]).write_bytes(b"half a file")  # the write gets partway, then dies
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("vit.weights.save_file", crash)
+    monkeypatch.setattr("vit.interop.weights.save_file", crash)
     with pytest.raises(KeyboardInterrupt):
         vit.save_weights(model, path)
     assert path.read_bytes() == before
@@ -335,7 +335,7 @@ def offline_hub(tmp_path, monkeypatch):
 
     monkeypatch.setattr("timm.models._hub.hf_hub_download", hf_hub_download)
     # the hub counts as reachable, and its cache as empty, so the download path is taken
-    monkeypatch.setattr("vit.factory._hub_offline_reason", lambda: None)
+    monkeypatch.setattr("vit.factory.timm_weights._hub_offline_reason", lambda: None)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
     return published.eval(), requests
 

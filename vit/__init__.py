@@ -1,6 +1,6 @@
 """vit: a Vision Transformer written from scratch, numerically identical to timm's.
 
-`import vit` is lazy: each public name (and each submodule, `vit.weights`, `vit.io`, ...) is
+`import vit` is lazy: each public name (and each subpackage, `vit.models`, `vit.utils`, ...) is
 imported the first time it is used, so that `import vit` and a command's `--help` do not pay
 for torch, torchvision and albumentations before they are needed.
 """
@@ -14,30 +14,31 @@ __version__ = "0.1.0"
 
 # Public name -> the submodule that defines it. A new public name is one line here.
 _EXPORTS = {
-    "Attention": "model",
-    "Block": "model",
-    "LoadReport": "weights",
-    "Mlp": "model",
-    "PatchEmbed": "model",
-    "Preprocess": "configs",
-    "ViTConfig": "model",
-    "VisionTransformer": "model",
-    "create_model": "factory",
-    "create_transform": "factory",
-    "list_models": "configs",
-    "load_model": "factory",
-    "load_weights": "weights",
-    "resample_abs_pos_embed": "pos_embed",
-    "resolve_model_data_config": "configs",
-    "resolve_model": "factory",
-    "save_weights": "weights",
+    "Attention": "models.vision_transformer",
+    "Block": "models.vision_transformer",
+    "LoadReport": "interop.weights",
+    "Mlp": "models.vision_transformer",
+    "PatchEmbed": "models.vision_transformer",
+    "Preprocess": "models.registry",
+    "ViTConfig": "models.vision_transformer",
+    "VisionTransformer": "models.vision_transformer",
+    "create_model": "factory.create",
+    "create_transform": "data.transforms_factory",
+    "list_models": "models.registry",
+    "load_model": "factory.create",
+    "load_weights": "interop.weights",
+    "resample_abs_pos_embed": "models.pos_embed",
+    "resolve_model_data_config": "models.registry",
+    "resolve_model": "cli.model_argument",
+    "save_weights": "interop.weights",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    """Import a public name's module on first use (PEP 562); `vit.io` & co as submodules."""
+    """Import a public name's module on first use (PEP 562); `vit.utils.files` & co as
+    submodules."""
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
     elif not name.startswith("_"):
@@ -58,8 +59,17 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static tools (type checkers, IDEs) see the names directly
-    from .configs import Preprocess, list_models, resolve_model_data_config  # noqa: F401
-    from .factory import create_model, create_transform, load_model, resolve_model  # noqa: F401
-    from .model import Attention, Block, Mlp, PatchEmbed, VisionTransformer, ViTConfig  # noqa: F401
-    from .pos_embed import resample_abs_pos_embed  # noqa: F401
-    from .weights import LoadReport, load_weights, save_weights  # noqa: F401
+    from .cli.model_argument import resolve_model  # noqa: F401
+    from .data.transforms_factory import create_transform  # noqa: F401
+    from .factory.create import create_model, load_model  # noqa: F401
+    from .interop.weights import LoadReport, load_weights, save_weights  # noqa: F401
+    from .models.pos_embed import resample_abs_pos_embed  # noqa: F401
+    from .models.registry import Preprocess, list_models, resolve_model_data_config  # noqa: F401
+    from .models.vision_transformer import (  # noqa: F401
+        Attention,
+        Block,
+        Mlp,
+        PatchEmbed,
+        VisionTransformer,
+        ViTConfig,
+    )

@@ -6,27 +6,27 @@
         [--explain DIR [--method rollout|gradient_rollout|relevance|last_block]]
         [--features FILE.npz|.csv|.json [--embedding pooled|clstoken|...] [--shard-size N]]
 
-The model argument is read as by evaluate.py and `vit.export` (`vit.factory.resolve_model`):
+The model argument is read as by evaluate.py and `vit.export` (`vit.resolve_model`):
 --checkpoint is a train.py run folder (its model.safetensors) or a weights file in it, one of
 our `.safetensors` files, a transformers folder (their architecture and class names are
 stored), a weights file of another layout (timm, torchvision, transformers state dicts, Google
 .npz) with --model NAME, or a model name with --pretrained (timm's weights) or --pretrained
 PATH. --model NAME alone means timm's pretrained weights for that name (downloaded once). An
-ONNX file exported by `vit.export` is run in onnxruntime (`vit.onnx_model`), with the same
+ONNX file exported by `vit.export` is run in onnxruntime (`vit.interop.onnx_runtime`), with the same
 classes, probabilities and --output files; --explain needs the PyTorch model, and --features
 the file of a headless model (its output, the pooled embedding).
 
 Images are prepared exactly as `evaluate.py` prepares them (the model's resize, centre crop and
 normalisation), so the top-1 class here is evaluate's, under the class names evaluate
-reports (`vit.factory.class_names_for`). Without --output the top-k classes are printed per
-image; with it, one record per image is written as it goes (CSV or JSON: path, label,
+reports (`vit.models.class_names.class_names_for`). Without --output the top-k classes are
+printed per image; with it, one record per image is written as it goes (CSV or JSON: path, label,
 probability, label_2, probability_2, ...), then put in place at the end. A file that cannot be
 read is named on stderr, the other images are still classified, and the exit status is 1 at
 the end. An existing --output or --features file is replaced only with --overwrite.
 
 --features FILE writes one embedding per image with its path, through the embedding engine
-`vit.features` (docs/embeddings.md): memory flat in the number of images, work saved in shards
-of --shard-size images as it goes (the same command run again after a kill continues from the
+`vit.inference.embed` (docs/embeddings.md): memory flat in the number of images, work saved in
+shards of --shard-size images as it goes (the same command run again after a kill continues from the
 last complete shard), unreadable images listed in FILE.errors.txt, and under torchrun
 (`torchrun --nproc_per_node M -m vit.predict ...`) the images split between the processes into
 one file. --embedding: pooled (default; the pre-logits features, what a headless backbone such
@@ -46,18 +46,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli import (
-    TTA_CHOICES,
+from .cli.flags import (
     ArgumentParser,
     add_model_arguments,
     add_model_dtype_argument,
     add_threads_argument,
 )
+from .inference.options import TTA_CHOICES
 
 METHOD_NAMES = ("gradient_rollout", "last_block", "relevance", "rollout")  # --method
 OUTPUT_SUFFIXES = (".csv", ".json")
 FEATURE_SUFFIXES = (".npz", ".csv", ".json")
-# vit.features.DEFAULT_SHARD_IMAGES, not imported here: --help answers before torch is loaded
+# vit.inference.embed.DEFAULT_SHARD_IMAGES, not imported here: --help answers before torch is loaded
 DEFAULT_SHARD_IMAGES = 2048
 EMBEDDING_HELP = (
     "for --features: pooled (default: the pre-logits features, timm's; DINOv2's pooler "
@@ -133,39 +133,22 @@ if __name__ == "__main__":
     build_parser().parse_args()
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
-import csv
-import json
-import os
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TextIO
+from collections.abc import Callable
 
-import numpy as np
 import torch
-from matplotlib.figure import Figure
-from PIL import Image
 from tqdm import tqdm
 
-from . import explain
-from .cli import missing_model_argument, unwritable, use_threads
-from .distributed import DistInfo, cleanup, from_env, resolve_device, setup
-from .factory import class_names_for, create_transform, model_from_flags
-from .families import family_of
-from .features import FeaturesError, check_embedding, describe, extract_features
-from .images import CorruptImageError, expand_image_paths, open_image
-from .io import atomic_write
-from .model import VisionTransformer
-from .onnx_model import onnx_device, refuse_flags
-from .plots import add_colorbar, denormalize, draw_overlay, plot_head_attention, save_figure
-from .precision import cast_for_inference
-from .tta import black_pixel, tta_logits
-
-METHODS: dict[str, Callable[[VisionTransformer, torch.Tensor], torch.Tensor]] = {
-    "rollout": explain.attention_rollout,
-    "gradient_rollout": explain.gradient_rollout,
-    "relevance": explain.relevance,
-}
-HEAD_MAP_CMAP = "inferno"  # plot_head_attention's colours, for the colour bar
+from .cli.flags import missing_model_argument, unwritable, use_threads
+from .cli.model_argument import model_from_flags
+from .data.images import expand_image_paths
+from .inference.embed import FeaturesError, FeaturesResult, check_embedding, describe
+from .inference.explanations import rollout_note
+from .inference.precision import cast_for_inference
+from .inference.prediction import PredictJob, RecordWriter, classified_batches, embed, print_records
+from .interop.onnx_runtime import onnx_device, refuse_flags
+from .models.vision_transformer import VisionTransformer
+from .utils.distributed import DistInfo, cleanup, from_env, resolve_device, setup
+from .utils.files import atomic_write
 
 
 class InputError(Exception):
@@ -174,170 +157,6 @@ class InputError(Exception):
 
 class _NothingRead(Exception):
     """No image was read: the --output file being written is dropped, an earlier one kept."""
-
-
-@torch.inference_mode()
-def predict(model: VisionTransformer, images: list[Image.Image], top_k: int) -> tuple:
-    """PIL images -> (probabilities, class indices), each (B, top_k), best first."""
-    transform = create_transform(model.preprocess)
-    batch = torch.stack([transform(image) for image in images])  # (B, 3, H, W)
-    device = next(model.parameters()).device
-    return top_classes(model, batch.to(device), top_k)
-
-
-@torch.inference_mode()
-def top_classes(model: VisionTransformer, batch: torch.Tensor, top_k: int) -> tuple:
-    """A prepared batch (B, 3, H, W) -> (probabilities, class indices), each (B, k), best first."""
-    return best_of(model.eval()(batch), top_k)
-
-
-def best_of(logits: torch.Tensor, top_k: int) -> tuple:
-    """Logits (B, num_classes) -> (probabilities, class indices), each (B, k), best first."""
-    probs = logits.float().softmax(dim=-1)  # (B, num_classes)
-    return probs.topk(min(top_k, probs.shape[-1]), dim=-1)
-
-
-def prepared_batches(
-    paths: Sequence[Path], transform, batch_size: int, workers: int
-) -> Iterator[tuple[list[Path], torch.Tensor | None, list[str]]]:
-    """Decode and prepare images batch by batch: (paths read, (B, 3, H, W) or None, errors)."""
-
-    def prepare(path: Path) -> torch.Tensor | str:
-        try:
-            return transform(open_image(path))
-        except CorruptImageError as e:
-            return str(e)
-
-    with ThreadPoolExecutor(max(1, workers)) as pool:  # PIL decodes without holding the GIL
-        for start in range(0, len(paths), batch_size):
-            chunk = paths[start : start + batch_size]
-            results = list(pool.map(prepare, chunk))
-            good = [(p, r) for p, r in zip(chunk, results, strict=True) if not isinstance(r, str)]
-            errors = [r for r in results if isinstance(r, str)]
-            batch = torch.stack([r for _, r in good]) if good else None
-            yield [p for p, _ in good], batch, errors
-
-
-def records_for(paths, probs, indices, names: list[str]) -> list[dict]:
-    """One dict per image: path, label, probability, label_2, probability_2, ..."""
-    records = []
-    for path, row_p, row_i in zip(paths, probs.tolist(), indices.tolist(), strict=True):
-        record = {"path": str(path)}
-        for rank, (p, i) in enumerate(zip(row_p, row_i, strict=True), start=1):
-            suffix = "" if rank == 1 else f"_{rank}"
-            record[f"label{suffix}"] = names[i]
-            record[f"probability{suffix}"] = round(p, 6)
-        records.append(record)
-    return records
-
-
-class RecordWriter:
-    """Records streamed to an open file as they come: CSV (a header row, one row per image) or
-    JSON (a list of objects, as json.dumps(records, indent=2) writes it)."""
-
-    def __init__(self, file: TextIO, top_k: int, as_json: bool) -> None:
-        self.file, self.as_json, self.count = file, as_json, 0
-        fields = ["path", "label", "probability"]
-        fields += [
-            f"{name}_{rank}" for rank in range(2, top_k + 1) for name in ("label", "probability")
-        ]
-        self.csv = None if as_json else csv.DictWriter(file, fieldnames=fields, lineterminator="\n")
-        if self.csv is not None:
-            self.csv.writeheader()
-
-    def write(self, records: list[dict]) -> None:
-        for record in records:
-            if self.csv is not None:
-                self.csv.writerow(record)
-            else:
-                indented = json.dumps(record, indent=2).replace("\n", "\n  ")
-                self.file.write(("[\n  " if self.count == 0 else ",\n  ") + indented)
-            self.count += 1
-
-    def close(self) -> None:
-        if self.as_json and self.count:
-            self.file.write("\n]\n")
-
-
-def print_records(records: list[dict], top_k: int) -> None:
-    """The terminal format: the path, then one `probability  label` line per class."""
-    for record in records:
-        print(record["path"])
-        for rank in range(1, top_k + 1):
-            suffix = "" if rank == 1 else f"_{rank}"
-            print(f"  {record[f'probability{suffix}']:7.2%}  {record[f'label{suffix}']}")
-
-
-# -- attention overlays --------------------------------------------------------------------------
-def explanation_paths(paths: Sequence[Path], folder: Path) -> dict[Path, Path]:
-    """One PNG per image under `folder`, mirroring the images' folders below their common
-    parent (cats/a.jpg -> DIR/cats/a.png; a.jpg and a.png side by side -> a_jpg.png, a_png.png)."""
-    absolute = [p.resolve() for p in paths]
-    root = Path(os.path.commonpath([p.parent for p in absolute])) if absolute else Path()
-    stems: dict[Path, int] = {}
-    for p in absolute:
-        key = p.relative_to(root).with_suffix("")
-        stems[key] = stems.get(key, 0) + 1
-    out = {}
-    for original, p in zip(paths, absolute, strict=True):
-        rel = p.relative_to(root)
-        name = rel.stem if stems[rel.with_suffix("")] == 1 else f"{rel.stem}_{rel.suffix[1:]}"
-        out[original] = folder / rel.parent / f"{name}.png"
-    return out
-
-
-def explanation_figure(image: np.ndarray, heatmap: torch.Tensor, title: str, method: str):
-    """The image (H, W, 3) in [0, 1] beside the same image with its map (gh, gw) over it."""
-    fig = Figure(figsize=(6.4, 3.6), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    left.imshow(image, interpolation="nearest")
-    left.set_title(title, fontsize=10)
-    draw_overlay(right, image, heatmap)
-    right.set_title(method.replace("_", " "), fontsize=10)
-    for ax in (left, right):
-        ax.set_xticks([])
-        ax.set_yticks([])
-    return fig
-
-
-def head_maps_figure(image: np.ndarray, head_maps: torch.Tensor, title: str) -> Figure:
-    """The DINO picture as notebooks/attention_maps.ipynb draws it: the image, then one map
-    (gh, gw) per head of `head_maps` (nh, gh, gw) over it, with a colour bar."""
-    fig = plot_head_attention(head_maps, image=image, title=title)
-    add_colorbar(fig, cmap=HEAD_MAP_CMAP, label="attention / head max")
-    return fig
-
-
-def save_explanations(
-    model: VisionTransformer,
-    batch: torch.Tensor,
-    records: list[dict],
-    targets: dict[Path, Path],
-    paths: Sequence[Path],
-    method: str,
-    weights: str,
-) -> None:
-    """Explain the batch with `method` (the predicted classes, or the last block's heads) and
-    write one PNG per image (a headless model's records have no label: the title is the file
-    name); `weights` names where the weights came from, for last_block's title."""
-    pixels = denormalize(batch.cpu(), model.preprocess.mean, model.preprocess.std)  # (B, H, W, 3)
-    if method == "last_block":
-        heads = explain.last_block_attention(model, batch, include_registers=False)
-        maps = heads.detach().cpu()  # (B, nh, gh, gw)
-    else:
-        maps = METHODS[method](model, batch).detach().cpu()  # (B, gh, gw)
-    for path, record, image, heatmap in zip(paths, records, pixels, maps, strict=True):
-        if "label" in record:
-            title = f"{record['label']} ({record['probability']:.1%})"
-        else:
-            title = Path(path).name
-        if method == "last_block":
-            reader = "class token" if model.cls_token is not None else "readout"
-            title = f"{title}: last block, {reader} to patches, per head. Weights: {weights}"
-            fig = head_maps_figure(image, heatmap, title)
-        else:
-            fig = explanation_figure(image, heatmap, title, method)
-        save_figure(fig, targets[path], dpi=100)
 
 
 def weights_label(args: argparse.Namespace, model: VisionTransformer) -> str:
@@ -420,15 +239,25 @@ def writable_location(flag: str, path: Path, folder: bool) -> None:
         raise InputError(problem)
 
 
-def rollout_note(model: VisionTransformer, method: str) -> str | None:
-    """The note for rollout on DINOv2 without registers: its few lit patches are the model's."""
-    if method == "rollout" and family_of(model).name == "dinov2":
-        return (
-            "note: rollout on DINOv2 without registers lights a few high-norm artifact patches, "
-            "a property of the model (Darcet et al. 2024, 'Vision Transformers Need "
-            "Registers'); --method last_block draws the heads"
-        )
-    return None
+def build_job(args: argparse.Namespace, model: VisionTransformer, paths: list[Path]) -> PredictJob:
+    """The flags, checked, as one frozen job for `model`."""
+    method = None
+    if args.explain is not None:
+        method = args.method or ("rollout" if model.num_classes > 0 else "last_block")
+    return PredictJob(
+        paths=tuple(paths),
+        top_k=min(args.top_k, model.num_classes),
+        batch_size=args.batch_size,
+        workers=args.workers,
+        tta=args.tta,
+        explain=args.explain,
+        method=method,
+        weights=weights_label(args, model) if args.explain else "",
+        features=args.features,
+        embedding=args.embedding,
+        shard_size=args.shard_size,
+        overwrite=args.overwrite,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -457,171 +286,146 @@ def main(argv: list[str] | None = None) -> int:
         check_headless(args, model)
         if args.features is not None:
             args.embedding = check_embedding(model, args.embedding)
+        job = build_job(args, model, paths)
     except (InputError, ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         code = 0
-        if args.features is not None:
-            code = embed_images(args, model, paths, device, problems if info.is_main else [])
+        if job.features is not None:
+            code = embed_images(job, model, device, problems if info.is_main else [], info)
             problems = []  # said by embed_images
-        if code != 2 and not info.enabled and (model.num_classes > 0 or args.explain):
+        if code != 2 and not info.enabled and (model.num_classes > 0 or job.explain):
             # with --features, the unreadable images are already said
-            quiet = args.features is not None
-            code = max(code, classify_images(args, model, paths, device, problems, quiet))
+            quiet = job.features is not None
+            code = max(code, classify_images(job, args.output, model, device, problems, quiet))
         return code
     finally:
         cleanup()
 
 
 def embed_images(
-    args: argparse.Namespace,
+    job: PredictJob,
     model: VisionTransformer,
-    paths: list[Path],
     device: torch.device,
     problems: list[str],
+    info: DistInfo,
 ) -> int:
-    """--features through the embedding engine; the lines to say and the exit status."""
+    """--features through the embedding engine: says what it wrote; the exit status."""
     try:
-        result = extract_features(
-            model,
-            [str(p) for p in paths],
-            lambda i: open_image(paths[i]),
-            args.features,
-            embedding=args.embedding,
-            batch_size=args.batch_size,
-            workers=args.workers,
-            device=device,
-            shard_images=args.shard_size,
-            overwrite=args.overwrite,
-        )
+        result = embed(job, model, device)
     except FeaturesError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"error: --features {args.features}: cannot write it ({e})", file=sys.stderr)
+        print(f"error: --features {job.features}: cannot write it ({e})", file=sys.stderr)
         return 2
-    if not from_env().is_main:
+    if not info.is_main:
         return 0
+    messages = features_report(job, result) + problems
+    for message in messages:
+        print(f"error: {message}", file=sys.stderr)
+    return 1 if messages else 0
+
+
+def features_report(job: PredictJob, result: FeaturesResult) -> list[str]:
+    """Say what --features wrote; the error lines to say after it (unreadable images)."""
+    problems = []
     if result.path is not None:
         resumed = f"; {result.resumed_shards} shards from an earlier run" * bool(
             result.resumed_shards
         )
         print(
             f"wrote {result.count} embeddings ({result.dim} values each, "
-            f"{describe(args.embedding)}) to {args.features}{resumed}",
+            f"{describe(job.embedding)}) to {job.features}{resumed}",
             file=sys.stderr,
         )
     else:
-        problems.append(f"no image was read; --features {args.features} was not written")
+        problems.append(f"no image was read; --features {job.features} was not written")
     problems = [reason for _, reason in result.errors[:5]] + problems
     if len(result.errors) > 5:
         problems.append(f"{len(result.errors) - 5} more unreadable images")
     if result.errors_path is not None:
         problems.append(f"{len(result.errors)} unreadable images listed in {result.errors_path}")
-    for message in problems:
-        print(f"error: {message}", file=sys.stderr)
-    return 1 if problems else 0
+    return problems
 
 
 def classify_images(
-    args: argparse.Namespace,
+    job: PredictJob,
+    output: Path | None,
     model: VisionTransformer,
-    paths: list[Path],
     device: torch.device,
     problems: list[str],
     quiet: bool = False,
 ) -> int:
-    """Classes (printed, or streamed to --output) and --explain maps; the exit status. quiet:
+    """Classes (printed, or streamed to `output`) and --explain maps; the exit status. quiet:
     the unreadable images are not said again (--features said them)."""
-    top_k = min(args.top_k, model.num_classes)
-    method = args.method or ("rollout" if model.num_classes > 0 else "last_block")
-    note = rollout_note(model, method) if args.explain else None
+    note = rollout_note(model, job.method) if job.explain else None
     if note:
         print(note, file=sys.stderr)
-
-    unreadable: list[str] = []
-
-    def run(sink: Callable[[list[dict]], None]) -> int:
-        return classify_batches(args, model, paths, device, unreadable, top_k, method, sink)
-
-    if args.output is None:
-        count = run(lambda records: print_records(records, top_k))
+    if output is None:
+        count, unreadable = run_batches(job, model, device, lambda r: print_records(r, job.top_k))
     else:
-        count = 0
-
-        def write(tmp: Path) -> None:
-            nonlocal count
-            with open(tmp, "w", newline="", encoding="utf-8") as f:
-                writer = RecordWriter(f, top_k, as_json=args.output.suffix.lower() == ".json")
-                count = run(writer.write)
-                writer.close()
-            if count == 0:
-                raise _NothingRead
-
         try:
-            atomic_write(args.output, write)
-            print(f"wrote {count} predictions to {args.output}", file=sys.stderr)
-        except _NothingRead:
-            problems.append(f"no image was read; --output {args.output} was not written")
+            count, unreadable = write_records(job, output, model, device)
+            print(f"wrote {count} predictions to {output}", file=sys.stderr)
+        except _NothingRead as nothing:
+            count, unreadable = 0, nothing.args[0]
+            problems = problems + [f"no image was read; --output {output} was not written"]
         except OSError as e:
-            print(f"error: --output {args.output}: cannot write it ({e})", file=sys.stderr)
+            print(f"error: --output {output}: cannot write it ({e})", file=sys.stderr)
             return 2
-    if args.explain and count:
-        print(f"wrote {count} attention maps to {args.explain}", file=sys.stderr)
+    if job.explain and count:
+        print(f"wrote {count} attention maps to {job.explain}", file=sys.stderr)
     problems = problems + ([] if quiet else unreadable)
     for message in problems:
         print(f"error: {message}", file=sys.stderr)
     return 1 if problems or not count else 0
 
 
-def classify_batches(
-    args: argparse.Namespace,
+def write_records(
+    job: PredictJob, output: Path, model: VisionTransformer, device: torch.device
+) -> tuple[int, list[str]]:
+    """The records streamed into `output` (CSV or JSON), put in place only once complete:
+    (images read, unreadable images); _NothingRead if no image was read."""
+    result: tuple[int, list[str]] = (0, [])
+
+    def write(tmp: Path) -> None:
+        nonlocal result
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            writer = RecordWriter(f, job.top_k, as_json=output.suffix.lower() == ".json")
+            result = run_batches(job, model, device, writer.write)
+            writer.close()
+        if result[0] == 0:
+            raise _NothingRead(result[1])
+
+    atomic_write(output, write)
+    return result
+
+
+def run_batches(
+    job: PredictJob,
     model: VisionTransformer,
-    paths: list[Path],
     device: torch.device,
-    unreadable: list[str],
-    top_k: int,
-    method: str,
     sink: Callable[[list[dict]], None],
-) -> int:
-    """Classify (and explain) batch by batch, handing each batch's records to `sink` (nothing
-    kept); unreadable images are added to `unreadable`. Returns the number of images read."""
-    names = class_names_for(model)
-    transform = create_transform(model.preprocess)
-    targets = explanation_paths(paths, args.explain) if args.explain else {}
-    weights = weights_label(args, model) if args.explain else ""
-    black = black_pixel(model.preprocess).to(device)  # --tta shift's border, normalised
-    count = 0
+) -> tuple[int, list[str]]:
+    """Hand each batch's records to `sink` (a classifier's; a headless model's are not
+    written), with a progress bar on a terminal: (images read, unreadable images)."""
+    count, unreadable = 0, []
     progress = tqdm(
-        total=len(paths),
+        total=len(job.paths),
         unit="img",
         file=sys.stderr,
-        disable=len(paths) <= args.batch_size or None,  # None: only on a terminal
+        disable=len(job.paths) <= job.batch_size or None,  # None: only on a terminal
     )
-    for batch_paths, batch, errors in prepared_batches(
-        paths, transform, args.batch_size, args.workers
-    ):
-        unreadable += errors
-        if batch is not None:
-            batch = batch.to(device)
-            if model.num_classes > 0:
-                with torch.inference_mode():
-                    _, logits = tta_logits(model.eval(), batch, args.tta, black)  # (B, K)
-                probs, indices = best_of(logits, top_k)
-                batch_records = records_for(batch_paths, probs, indices, names)
-            else:  # a headless model: paths only
-                batch_records = [{"path": str(path)} for path in batch_paths]
-            if model.num_classes > 0:
-                sink(batch_records)
-            if args.explain:
-                save_explanations(
-                    model, batch, batch_records, targets, batch_paths, method, weights
-                )
-            count += len(batch_paths)
-        progress.update(len(batch_paths) + len(errors))
+    for result in classified_batches(job, model, device):
+        unreadable += result.unreadable
+        if model.num_classes > 0:
+            sink(result.records)
+        count += len(result.records)
+        progress.update(len(result.records) + len(result.unreadable))
     progress.close()
-    return count
+    return count, unreadable
 
 
 if __name__ == "__main__":

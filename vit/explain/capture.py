@@ -34,13 +34,16 @@ def _pool_module(model: nn.Module) -> nn.Module | None:
 
 def _attention_modules(model: nn.Module) -> list[nn.Module]:
     """Every self-attention module of the model, in forward (depth) order (not the pool's)."""
-    from ..model import Attention
+    from ..models.vision_transformer import Attention
 
     pool = _pool_module(model)
     in_pool = {id(m) for m in pool.modules()} if pool is not None else set()
     modules = [m for m in model.modules() if isinstance(m, Attention) and id(m) not in in_pool]
     if not modules:
-        raise ValueError(f"{type(model).__name__} has no vit.model.Attention modules to capture")
+        raise ValueError(
+            f"{type(model).__name__} has no vit.models.vision_transformer.Attention modules to "
+            "capture"
+        )
     return modules
 
 

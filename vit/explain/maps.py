@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..families import readout_of
+from ..models.families import readout_of
 from .capture import AttentionRecord, Similarity, Target, record_attention
 from .readout import grid_of, num_registers, readout_tokens
 from .rollout import (

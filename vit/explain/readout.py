@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..families import readout_of
+from ..models.families import readout_of
 
 
 def num_registers(model: nn.Module) -> int:
@@ -23,7 +23,7 @@ def num_registers(model: nn.Module) -> int:
 
 def readout_tokens(model: nn.Module) -> list[int]:
     """The token rows a class-token head reads, as the model's family record says
-    (`vit.families.readout_of`): the class token (0), and for a distilled model (DeiT) the
+    (`vit.models.families.readout_of`): the class token (0), and for a distilled model (DeiT) the
     distillation token (1) too, because its two heads' outputs are averaged; [] for a model
     that does not read prefix tokens (mean or attention pooling)."""
     return list(readout_of(model).tokens)

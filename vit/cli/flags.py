@@ -1,0 +1,131 @@
+"""What the command-line front ends share: one-line flag errors, checked numbers, the model,
+--threads and --model-dtype flags.
+
+Light on purpose (argparse and os only): `train.py --help` and friends import it before
+anything heavy, and print their help without loading torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import NoReturn
+
+from ..factory.timm_weights import TIMM_WEIGHTS
+from ..inference.options import MODEL_DTYPES
+from ..utils.ranges import AT_LEAST_1, Range
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line on stderr (exit status 2) instead of the whole
+    usage text: `train.py: error: --epochs 0: training epochs; accepted: an integer >= 1`."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def number_in(accepted: Range):
+    """An argparse `type` that reads a number and refuses it outside `accepted`."""
+    parse = int if accepted.integer else float
+
+    def convert(text: str):
+        try:
+            value = parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {str(accepted)}") from None
+        if value not in accepted:
+            raise argparse.ArgumentTypeError(f"{text} is outside the accepted range: {accepted}")
+        return value
+
+    convert.__name__ = parse.__name__
+    return convert
+
+
+def unwritable(flag: str, path: Path, folder: bool) -> str | None:
+    """Why `path` could not be written at the end of a command (None if it could), so that a
+    command refuses it before any work: a folder where a file goes (or the reverse), or a
+    location without write permission."""
+    path = Path(path)
+    if not folder and path.is_dir():
+        return f"{flag} {path}: is a folder; give a file name"
+    if folder and path.exists() and not path.is_dir():
+        return f"{flag} {path}: exists and is not a folder"
+    existing = path if folder and path.is_dir() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        return f"{flag} {path}: cannot write there ({existing} is not a writable folder)"
+    return None
+
+
+# -- the model arguments of evaluate.py, predict and export ---------------------------------------
+CHECKPOINT_HELP = (
+    "a train.py run folder (or a weights file in it), one of our .safetensors files, a "
+    "transformers folder, a weights file of another layout (with --model), or a model name "
+    "(with --pretrained)"
+)
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, positional: bool = False) -> None:
+    """The model arguments every command takes, resolved by `vit.resolve_model`:
+    --checkpoint (or a positional CHECKPOINT), --model NAME and --pretrained [PATH]."""
+    if positional:
+        parser.add_argument("checkpoint", metavar="CHECKPOINT", help=CHECKPOINT_HELP)
+    else:
+        parser.add_argument("--checkpoint", help=CHECKPOINT_HELP)
+    alone = "" if positional else "; alone: that model with timm's pretrained weights"
+    parser.add_argument(
+        "--model",
+        metavar="NAME",
+        help=f"the architecture of a weights file that does not record it (a name of "
+        f"vit.list_models()){alone}",
+    )
+    parser.add_argument(
+        "--pretrained",
+        nargs="?",
+        const=TIMM_WEIGHTS,
+        metavar="PATH",
+        help="with a model name: timm's pretrained weights, or those of the weights file PATH",
+    )
+
+
+def add_threads_argument(parser: argparse.ArgumentParser) -> None:
+    """--threads: one setting for both runtimes (`use_threads`)."""
+    parser.add_argument(
+        "--threads",
+        type=number_in(AT_LEAST_1),
+        metavar="N",
+        help="CPU threads for inference, PyTorch's (torch.set_num_threads) and onnxruntime's "
+        "(intra_op_num_threads) alike (default: torch's, the machine's physical cores)",
+    )
+
+
+def add_model_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """--model-dtype (timm's name): the weights' dtype for inference (`vit.inference.precision`)."""
+    parser.add_argument(
+        "--model-dtype",
+        choices=MODEL_DTYPES,
+        default="float32",
+        help="the weights' dtype: bfloat16 ran 3-5x faster than float32 on a CPU with AMX (ViT-S, "
+        "ViT-B, DINOv2 at 224 px) and is slower on CPUs without AVX512-BF16 (a warning says so); "
+        "accuracy in docs/fast-inference.md (default: %(default)s)",
+    )
+
+
+def use_threads(threads: int | None) -> None:
+    """--threads N for PyTorch and, read from torch when a session is made, for onnxruntime."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def missing_model_argument(args: argparse.Namespace) -> str | None:
+    """The one-line complaint when neither --checkpoint nor --model names a model."""
+    if args.checkpoint is None and args.model is None:
+        return (
+            "no model given: pass --checkpoint (a model name, a weights file or folder) or "
+            "--model NAME"
+        )
+    return None

@@ -1,0 +1,120 @@
+"""What a dataset's transform is: numpy RGB uint8 (H, W, 3) in, a (3, H, W) float tensor out.
+
+`train_transform`: the albumentations training pipeline (crop, flip, RandAugment, erasing,
+normalise), built from the model's `Preprocess` and the run's `AugmentConfig`.
+`EvalTransform`: the model's evaluation preprocessing (resize, centre crop, normalise) on numpy
+images: `vit.data.eval_transform`'s pipeline, the one `vit.create_transform` returns, so that
+evaluate.py, predict and timm agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import albumentations as A
+import cv2
+import numpy as np
+import torch
+from albumentations.pytorch import ToTensorV2
+from PIL import Image
+
+from ..models.registry import Preprocess
+from .datasets import CACHE_MAX_SIDE
+from .eval_transform import eval_transform
+
+
+def randaugment_ops() -> list[A.BasicTransform]:
+    """A RandAugment-strength menu (Cubuk et al. 2020, magnitude ~9/30): geometric and
+    photometric ops, each applied fully when picked."""
+    return [
+        A.Affine(rotate=(-20, 20), p=1.0),
+        A.Affine(shear={"x": (-15, 15), "y": (0, 0)}, p=1.0),
+        A.Affine(shear={"x": (0, 0), "y": (-15, 15)}, p=1.0),
+        A.Affine(translate_percent={"x": (-0.15, 0.15), "y": (0, 0)}, p=1.0),
+        A.Affine(translate_percent={"x": (0, 0), "y": (-0.15, 0.15)}, p=1.0),
+        A.ColorJitter(brightness=0.4, contrast=0, saturation=0, hue=0, p=1.0),
+        A.ColorJitter(brightness=0, contrast=0.4, saturation=0, hue=0, p=1.0),
+        A.ColorJitter(brightness=0, contrast=0, saturation=0.5, hue=0, p=1.0),
+        A.Posterize(num_bits=(4, 6), p=1.0),
+        A.Solarize(threshold_range=(0.5, 1.0), p=1.0),
+        A.Equalize(p=1.0),
+        A.AutoContrast(p=1.0),
+        A.Sharpen(alpha=(0.2, 0.6), p=1.0),
+    ]
+
+
+@dataclass
+class AugmentConfig:
+    """Training augmentation settings (the train.py flags of the same names)."""
+
+    crop: str = "auto"  # "pad": pad 4 + random crop; "rrc": random resized crop; auto: by size
+    rrc_scale: float = 0.08  # smallest area fraction of random resized crop
+    hflip: float = 0.5
+    aa: str = "randaug"  # "none" or "randaug"
+    aa_n: int = 2  # ops picked per image from the RandAugment menu
+    reprob: float = 0.25  # random erasing probability
+
+
+def train_transform(preprocess: Preprocess, aug: AugmentConfig) -> A.Compose:
+    """Albumentations training pipeline: crop, flip, RandAugment, erasing, normalise, tensor.
+
+    Input: RGB uint8 (H, W, 3) of any size; output: float tensor (3, *preprocess.input_size).
+    """
+    h, w = preprocess.input_size
+    crop = aug.crop if aug.crop != "auto" else ("pad" if max(h, w) <= CACHE_MAX_SIDE else "rrc")
+    if crop == "pad":
+        # The CIFAR standard: resize to the model size if needed, pad by 1/8, crop back.
+        pad = max(h, w) // 8
+        ops = [
+            A.Resize(h, w, interpolation=cv2.INTER_CUBIC),
+            A.PadIfNeeded(h + 2 * pad, w + 2 * pad, border_mode=cv2.BORDER_CONSTANT, fill=0),
+            A.RandomCrop(h, w),
+        ]
+    elif crop == "rrc":
+        ops = [A.RandomResizedCrop(size=(h, w), scale=(aug.rrc_scale, 1.0), interpolation=2)]
+    else:
+        raise ValueError(f"crop must be 'auto', 'pad' or 'rrc', got {aug.crop!r}")
+    if aug.hflip > 0:
+        ops.append(A.HorizontalFlip(p=aug.hflip))
+    if aug.aa == "randaug":
+        if aug.aa_n > 0:
+            ops.append(A.SomeOf(randaugment_ops(), n=aug.aa_n, p=1.0))
+    elif aug.aa != "none":
+        raise ValueError(f"--aa must be 'none' or 'randaug', got {aug.aa!r}")
+    if aug.reprob > 0:
+        # Random erasing (Zhong et al. 2017): one box of 10-40% per side filled with noise.
+        ops.append(
+            A.CoarseDropout(
+                num_holes_range=(1, 1),
+                hole_height_range=(0.1, 0.4),
+                hole_width_range=(0.1, 0.4),
+                fill="random",
+                p=aug.reprob,
+            )
+        )
+    ops += [A.Normalize(mean=preprocess.mean, std=preprocess.std), ToTensorV2()]
+    return A.Compose(ops)
+
+
+class TrainTransform:
+    """`train_transform` on PIL images (what `vit.create_transform(..., is_training=True)`
+    returns): RGB PIL image in, augmented (3, H, W) float tensor out."""
+
+    def __init__(self, preprocess: Preprocess, aug: AugmentConfig) -> None:
+        self.preprocess = preprocess
+        self.transform = train_transform(preprocess, aug)
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        return self.transform(image=np.asarray(image.convert("RGB")))["image"]  # (3, H, W)
+
+
+class EvalTransform:
+    """The model's evaluation preprocessing (resize, centre crop, normalise) on numpy images;
+    the same torchvision pipeline as `vit.create_transform`, so timm's numbers reproduce."""
+
+    def __init__(self, preprocess: Preprocess) -> None:
+        self.preprocess = preprocess
+        self.transform = eval_transform(preprocess)
+
+    def __call__(self, image: np.ndarray) -> torch.Tensor:
+        return self.transform(Image.fromarray(image))  # (3, H, W)

@@ -1,0 +1,250 @@
+"""What every transformers layout here shares: renaming a state dict both ways (q, k and v
+fused into timm's qkv on reading, split on writing), the `config.json` fields every ViT-like
+transformers config states alike, `preprocessor_config.json`, and finding a folder's files.
+
+The layouts themselves are `huggingface` (ViT, MAE), `hf_deit`, `hf_dinov2`, `hf_clip` and
+`hf_siglip`; `vit.models.families` says which family each reads and writes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from ...models import families
+from ...models.vision_transformer import ViTConfig, to_pair
+from .keymap import KeyMap, rename
+from .refused import SUPPORTED
+
+# transformers' hidden_act -> our act_layer
+ACT_LAYERS = {
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "quick_gelu": "quick_gelu",
+}
+# our act_layer -> the hidden_act transformers' configs write for it
+HIDDEN_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "quick_gelu": "quick_gelu"}
+
+
+def prefixed(prefix: str, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(prefix + theirs, ours) for theirs, ours in pairs]
+
+
+def convert(
+    state: Mapping[str, torch.Tensor],
+    source: str,
+    what: str,
+    keys: KeyMap,
+    qkv: str,
+    ignored: Mapping[str, str | None],
+) -> tuple[dict, list[str]]:
+    """Rename a transformers state dict by `keys`, fusing q/k/v (matched by the regex `qkv`),
+    dropping `ignored` and refusing any other key, naming it: another architecture."""
+    out, notes, unknown = rename(state, keys, re.compile(qkv), ignored)
+    if unknown:
+        raise ValueError(
+            f"{source} has tensors a {what} does not ({unknown[:8]}): another architecture; "
+            f"supported: {SUPPORTED}"
+        )
+    return out, [f"{source}: {note}" for note in notes]
+
+
+ANY = object()  # in check_switches: any true value (e.g. LayerScale's init_values)
+# timm's fused qkv, split into transformers' three Linear layers on writing
+QKV_KEY = re.compile(r"^blocks\.(?P<block>\d+)\.attn\.qkv\.(?P<kind>weight|bias)$")
+
+
+def from_timm(
+    state: Mapping[str, torch.Tensor],
+    keys: KeyMap,
+    qkv: str,
+    parts: tuple[str, str, str],
+    what: str,
+) -> dict[str, torch.Tensor]:
+    """timm names -> a transformers file's by `keys`, each block's qkv split into the q, k and v
+    Linear layers named by the template `qkv` (`{i}` the block, `{part}` one of `parts`, `{kind}`
+    weight or bias). A tensor without a counterpart raises a ValueError naming it."""
+    out = {}
+    for key, value in state.items():
+        found = QKV_KEY.match(key)
+        if found:
+            for part, chunk in zip(parts, value.chunk(3), strict=True):  # q's rows, k's, v's
+                name = qkv.format(i=found["block"], part=part, kind=found["kind"])
+                out[name] = chunk.contiguous()
+        elif keys.from_timm(key) is not None:
+            out[keys.from_timm(key)] = value
+        else:
+            raise ValueError(f"{key} has no counterpart in transformers' {what}")
+    return out
+
+
+# -- config.json ---------------------------------------------------------------------------------
+def act_layer(hf: dict, source: str) -> str:
+    """transformers' `hidden_act` -> our `act_layer`, or a ValueError naming what is accepted."""
+    act = hf["hidden_act"]
+    if act not in ACT_LAYERS:
+        raise ValueError(
+            f"{source} uses hidden_act={act!r}; accepted: {sorted(ACT_LAYERS)} (exact GELU, "
+            f"tanh-approximated GELU, QuickGELU)"
+        )
+    return ACT_LAYERS[act]
+
+
+# transformers' ViTConfig defaults: a config.json may leave out what equals them
+DEFAULTS = dict(
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    image_size=224,
+    patch_size=16,
+    num_channels=3,
+    hidden_act="gelu",
+    layer_norm_eps=1e-12,
+)
+
+
+def backbone_config(hf: dict, source: str, defaults: dict = DEFAULTS) -> dict:
+    """The `ViTConfig` fields every transformers ViT-like config states the same way, with the
+    family's defaults for what `hf` leaves out."""
+    hf = {**defaults, **hf}
+    dim = int(hf["hidden_size"])
+    return dict(
+        img_size=to_pair(hf["image_size"], "image_size"),
+        patch_size=to_pair(hf["patch_size"], "patch_size"),
+        in_chans=int(hf["num_channels"]),
+        embed_dim=dim,
+        depth=int(hf["num_hidden_layers"]),
+        num_heads=int(hf["num_attention_heads"]),
+        mlp_ratio=int(hf["intermediate_size"]) / dim,
+        norm_eps=float(hf["layer_norm_eps"]),
+        act_layer=act_layer(hf, source),
+    )
+
+
+def class_names_of(hf: dict) -> list[str] | None:
+    labels = hf.get("id2label") or {}
+    return [labels[k] for k in sorted(labels, key=int)] if labels else None
+
+
+def backbone_to_hf(config: ViTConfig) -> dict:
+    """The `config.json` fields every transformers ViT-like config states the same way (the
+    inverse of `backbone_config`); square images and patches only."""
+    image, patch = to_pair(config.img_size, "img_size"), to_pair(config.patch_size, "patch_size")
+    return {
+        "hidden_size": config.embed_dim,
+        "num_hidden_layers": config.depth,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": int(config.embed_dim * config.mlp_ratio),
+        "hidden_act": HIDDEN_ACTS[config.act_layer],
+        "layer_norm_eps": config.norm_eps,
+        "image_size": image[0] if image[0] == image[1] else list(image),
+        "patch_size": patch[0] if patch[0] == patch[1] else list(patch),
+        "num_channels": config.in_chans,
+    }
+
+
+def check_switches(config: ViTConfig, what: str, why: str, square: bool = True, **expected) -> None:
+    """Refuse, in one ValueError line, a config that transformers' `what` cannot hold: family
+    switches other than `expected` (the plain ViT's otherwise; any activation is fine), a
+    readout other than the class token after the final norm, a non-square size (`square`)."""
+    wanted = {**families.PLAIN, "act_layer": config.act_layer, **expected}
+    problems = [
+        f"{name}={getattr(config, name)!r}"
+        for name, value in wanted.items()
+        if getattr(config, name) != value and not (value is ANY and getattr(config, name))
+    ]
+    if config.uses_fc_norm:
+        problems.append("a LayerNorm after pooling (fc_norm)")
+    sizes = {"image": config.img_size, "patch": config.patch_size}
+    for name, size in sizes.items():
+        pair = to_pair(size, name)
+        if square and pair[0] != pair[1]:
+            problems.append(f"a non-square {name} size {pair}")
+    if problems:
+        raise ValueError(
+            f"transformers' {what} cannot hold this model: it has {', '.join(problems)}; {why}"
+        )
+
+
+def labels_to_hf(class_names: list[str] | None, num_classes: int) -> dict:
+    names = class_names or [f"LABEL_{i}" for i in range(num_classes)]
+    return {
+        "id2label": {str(i): name for i, name in enumerate(names)},
+        "label2id": {name: i for i, name in enumerate(names)},
+    }
+
+
+# -- preprocessor_config.json --------------------------------------------------------------------
+PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+
+
+def preprocess_from_hf(processor: dict, img_size: tuple[int, int]) -> dict:
+    """A `preprocessor_config.json` -> `vit.Preprocess` fields.
+
+    ViTImageProcessor (and SigLIP's) resizes straight to `size`: we resize the shorter side and
+    centre-crop (crop_pct 1.0), identical for square images, a crop instead of a squash
+    otherwise. CLIP's and DINOv2's processors resize the shorter side to `size` and centre-crop
+    `crop_size`, which is crop_pct = crop / shorter side (DINOv2: 224 / 256)."""
+    size, crop = processor.get("size") or {}, processor.get("crop_size") or {}
+    if isinstance(size, int):  # older processors: one number, the shorter side
+        size = {"shortest_edge": size}
+    if isinstance(crop, int):
+        crop = {"height": crop, "width": crop}
+    height = size.get("height", size.get("shortest_edge", img_size[0]))
+    width = size.get("width", size.get("shortest_edge", img_size[1]))
+    crop_pct = 1.0
+    if processor.get("do_center_crop") and "shortest_edge" in size and crop:
+        crop_pct = crop["height"] / size["shortest_edge"]
+        height, width = crop["height"], crop["width"]
+    return dict(
+        input_size=(int(height), int(width)),
+        mean=tuple(processor.get("image_mean", (0.5, 0.5, 0.5))),
+        std=tuple(processor.get("image_std", (0.5, 0.5, 0.5))),
+        interpolation=PIL_RESAMPLE.get(processor.get("resample", 2), "bilinear"),
+        crop_pct=crop_pct,
+    )
+
+
+def preprocess_to_hf(preprocess) -> dict:
+    """Our `Preprocess` -> a ViTImageProcessor `preprocessor_config.json` dict."""
+    resample = {name: code for code, name in PIL_RESAMPLE.items()}
+    height, width = preprocess.input_size
+    return {
+        "image_processor_type": "ViTImageProcessor",
+        "do_resize": True,
+        "size": {"height": height, "width": width},
+        "resample": resample.get(preprocess.interpolation, 3),
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": list(preprocess.mean),
+        "image_std": list(preprocess.std),
+    }
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}") from e
+
+
+def weights_files(folder: Path) -> list[Path]:
+    """The weights files of a transformers folder: one file, or the shards of an index."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (folder / name).is_file():
+            return [folder / name]
+        index = folder / f"{name}.index.json"
+        if index.is_file():
+            shards = sorted(set(read_json(index).get("weight_map", {}).values()))
+            return [folder / shard for shard in shards]
+    raise FileNotFoundError(
+        f"{folder} has a config.json but no weights: expected model.safetensors or "
+        f"pytorch_model.bin (or a sharded *.index.json)"
+    )

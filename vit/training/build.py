@@ -1,0 +1,307 @@
+"""The pieces of a run, built from its settings before anything is written: the data, the model,
+the loaders, the optimizer with its schedule and EMA, and (for --resume) the saved state.
+
+`start` builds them all into a `Run`, on every process together; `start_run_dir` then writes the
+run folder, the first write of a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from ..data.batch_pipeline import InMemoryBatches
+from ..data.datasets import ImageDataset, load_split
+from ..data.loaders import EpochDataLoader, eval_loader
+from ..data.mixup import MixupCutmix
+from ..data.transforms import EvalTransform, train_transform
+from ..factory.create import create_model
+from ..factory.timm_weights import PretrainedUnavailableError
+from ..models.initializers import mimetic_init_, sincos_pos_embed_
+from ..models.vision_transformer import VisionTransformer
+from ..utils import distributed
+from ..utils.distributed import DistInfo
+from .checkpoint import (
+    CONFIG_FILE,
+    CheckpointSaver,
+    TrainingState,
+    remove_run,
+    save_yaml,
+    seed_everything,
+)
+from .ema import ModelEma
+from .errors import START_ERRORS
+from .optimizers import build_optimizer
+from .schedule import warmup_cosine
+from .settings import (
+    TrainConfig,
+    resolve_ema_decay,
+    resolve_optimizer,
+    resolve_warmup_epochs,
+)
+from .train_loader import build_train_loader
+
+logger = logging.getLogger("vit")
+
+
+def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageDataset]:
+    """The raw train and test splits (no transform yet: that needs the model's preprocessing).
+
+    Rank 0 loads first, so that a CIFAR download happens once, not once per process; if it
+    fails there, every process stops (`distributed.rank0_first`). The folders a failed download
+    made for --data-root are removed: a failed start leaves nothing behind."""
+    data_root = Path(cfg.data_root)  # its first folder that does not exist yet, if any:
+    made = next((p for p in [*reversed(data_root.parents), data_root] if not p.exists()), None)
+
+    def load() -> tuple[ImageDataset, ImageDataset]:
+        return tuple(
+            load_split(
+                cfg.data,
+                split,
+                data_root=cfg.data_root,
+                download=cfg.download,
+                cache=cfg.cache,
+                subset=subset,
+                seed=cfg.seed,
+                cache_dir=cfg.cache_path,
+            )
+            for split, subset in (("train", cfg.train_subset), ("test", cfg.test_subset))
+        )
+
+    try:
+        train_set, test_set = distributed.rank0_first(info, load, errors=START_ERRORS)
+    except START_ERRORS:
+        if info.is_main and made is not None and made.is_dir():
+            shutil.rmtree(made)  # what the failed download made: nothing of the user's
+        raise
+    if test_set.class_names != train_set.class_names:
+        raise ValueError(
+            f"train and test splits of {cfg.data} have different classes: "
+            f"{train_set.class_names} vs {test_set.class_names}"
+        )
+    return train_set, test_set
+
+
+def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTransformer:
+    """The model to train: --model with the run's classes, input size, stochastic depth and
+    dropout, from --pretrained weights or freshly initialised (then --mimetic-init and
+    --pos-embed apply)."""
+    overrides = {
+        "drop_path_rate": cfg.drop_path,
+        "drop_rate": cfg.drop,
+        "patch_drop_rate": cfg.patch_drop,
+        # Progressive resizing feeds smaller images early on: resample pos_embed on the fly.
+        "dynamic_img_size": cfg.progressive_size is not None,
+        **cfg.model_kwargs,
+    }
+    try:
+        model = create_model(
+            cfg.model,
+            pretrained=cfg.pretrained_weights,
+            num_classes=len(class_names),
+            img_size=cfg.img_size,
+            **overrides,
+        )
+    except TypeError as e:  # create_model's word for a --model-kwargs key it does not know
+        raise ValueError(f"--model-kwargs: {e}") from e
+    except PretrainedUnavailableError as e:  # offline: one line, advising the flag to use
+        raise ValueError(f"--pretrained: {e.advising('--pretrained PATH')}") from None
+    except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
+        raise ValueError(f"--model {cfg.model}: {e}") from e
+    model.class_names = list(class_names)
+    if cfg.pretrained_weights is False:  # initialisations for training from scratch only
+        if cfg.mimetic_init:
+            mimetic_init_(model)
+        if cfg.pos_embed == "sincos":
+            sincos_pos_embed_(model)
+    return model
+
+
+def make_loaders(
+    cfg: TrainConfig,
+    train_set: ImageDataset,
+    test_set: ImageDataset,
+    model: VisionTransformer,
+    info: DistInfo,
+    device: torch.device,
+) -> tuple[EpochDataLoader | InMemoryBatches, DataLoader]:
+    """Training and test loaders over datasets made with the model's transforms."""
+    pin = device.type == "cuda"
+    if not cfg.batch_augment:  # in-memory batches augment the raw images themselves
+        train_set = train_set.with_transform(train_transform(model.preprocess, cfg.augment()))
+    test_set = test_set.with_transform(EvalTransform(model.preprocess))
+    train_loader = build_train_loader(
+        cfg, train_set=train_set, preprocess=model.preprocess, info=info, pin=pin
+    )
+    test_loader = eval_loader(
+        test_set, batch_size=cfg.batch_size, workers=cfg.workers, info=info, pin=pin
+    )
+    return train_loader, test_loader
+
+
+def build_training_state(
+    cfg: TrainConfig, model: nn.Module, steps_per_epoch: int, device: torch.device, info: DistInfo
+) -> TrainingState:
+    """AdamW, or Muon + AdamW (no decay on biases, norms, embeddings), warmup + cosine per
+    step, a gradient scaler for float16 autocast, and the EMA, around `model`; nothing trained
+    yet."""
+    optimizer = build_optimizer(
+        model,
+        resolve_optimizer(cfg),
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        muon_lr=cfg.muon_lr,
+        muon_ns_dtype=cfg.muon_ns_dtype,
+    )
+    total_steps = cfg.epochs * steps_per_epoch
+    schedule = warmup_cosine(
+        total_steps=total_steps,
+        warmup_steps=round(resolve_warmup_epochs(cfg) * steps_per_epoch),
+        min_ratio=cfg.min_lr / cfg.lr,
+    )
+    # A gradient scaler only for float16: bfloat16 has float32's range and needs none.
+    scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp and cfg.amp_dtype == "float16")
+    ema = ModelEma(model, resolve_ema_decay(cfg, total_steps)) if cfg.model_ema else None
+    return TrainingState(
+        model=model,
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
+        scaler=scaler,
+        ema=ema,
+        info=info,
+        config=cfg.to_dict(),
+    )
+
+
+def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo, device: torch.device):
+    """What runs forward in training: `model`, maybe DDP-wrapped and/or compiled."""
+    if cfg.amp and device.type == "cpu":
+        # PyTorch's CPU flash-attention backward ran 11x slower in bfloat16 than in float32
+        # (14 against 1.3 ms a call, the CPU recipe's model, on a Xeon with AMX), so under CPU
+        # autocast the explicit softmax path, whose bf16 matrix products are fast, trains: there
+        # a step took 0.72x float32's time, against 1.30x with the fused path (docs/cpu-recipe.md).
+        model.set_fused_attn(False)
+    wrapped = model
+    if info.enabled:
+        device_ids = [device.index] if device.type == "cuda" else None
+        wrapped = DistributedDataParallel(model, device_ids=device_ids)
+    if cfg.compile:
+        # dynamic=False: one static graph per token count. When --patch-drop-anneal changed
+        # the count, the default (a dynamic-shape graph from the second shape on) failed to
+        # compile (torch 2.14, bfloat16 autocast, 2 DDP processes on a CPU).
+        wrapped = torch.compile(wrapped, dynamic=False)
+    return wrapped
+
+
+def build_mixup(cfg: TrainConfig, num_classes: int) -> MixupCutmix | None:
+    if cfg.mixup <= 0 and cfg.cutmix <= 0:
+        return None
+    return MixupCutmix(
+        num_classes,
+        mixup_alpha=cfg.mixup,
+        cutmix_alpha=cfg.cutmix,
+        prob=cfg.mixup_prob,
+        switch_prob=cfg.mixup_switch_prob,
+        label_smoothing=cfg.label_smoothing,
+    )
+
+
+@dataclass
+class Run:
+    """What the epoch loop works with, once set up."""
+
+    cfg: TrainConfig
+    info: DistInfo
+    device: torch.device
+    model: VisionTransformer  # the bare module: what EMA follows and checkpoints hold
+    train_model: nn.Module  # what runs forward in training (maybe DDP-wrapped, compiled)
+    train_loader: EpochDataLoader | InMemoryBatches
+    test_loader: DataLoader
+    state: TrainingState
+    mixup: MixupCutmix | None
+    num_images: int  # in the training split
+
+
+def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: CheckpointSaver) -> Run:
+    """Everything the epoch loop needs, and (for --resume) the saved state loaded: the data,
+    the model, the loaders, the optimizer, schedule and EMA. Writes nothing."""
+    # Different RNG streams per process (MixUp, stochastic depth); rank 0 matches a
+    # single-process run. DDP copies rank 0's initial weights to every process.
+    seed_everything(cfg.seed + info.rank)
+    train_set, test_set = load_data(cfg, info)
+    model = build_training_model(cfg, train_set.class_names).to(device)
+    train_loader, test_loader = make_loaders(
+        cfg, train_set=train_set, test_set=test_set, model=model, info=info, device=device
+    )
+    state = build_training_state(
+        cfg, model, steps_per_epoch=len(train_loader), device=device, info=info
+    )
+    if cfg.resume:
+        resume(saver, state, cfg, info)
+    return Run(
+        cfg=cfg,
+        info=info,
+        device=device,
+        model=model,
+        train_model=wrap_model(model, cfg, info, device),
+        train_loader=train_loader,
+        test_loader=test_loader,
+        state=state,
+        mixup=build_mixup(cfg, train_set.num_classes),
+        num_images=len(train_set),
+    )
+
+
+def resume(saver: CheckpointSaver, state: TrainingState, cfg: TrainConfig, info: DistInfo) -> None:
+    """Continue from the run folder's last complete checkpoint (train.py checked it exists);
+    ValueError if the run has already done its --epochs."""
+    saver.resume(state)
+    if state.epoch >= cfg.epochs:
+        raise ValueError(
+            f"--resume {cfg.resume}: the run has done {state.epoch} epochs, all of the "
+            f"{cfg.epochs} asked for; give --epochs N (more than {state.epoch}) to extend it"
+        )
+    if info.is_main:
+        logger.info(
+            "resumed %s after epoch %d (best top-1 %.4f)",
+            cfg.resume,
+            state.epoch,
+            state.best_top1,
+        )
+
+
+def default_run_dir(cfg: TrainConfig, info: DistInfo) -> str:
+    """runs/MODEL-DATA-TIMESTAMP (-2, -3, ... when a run started in the same second), chosen
+    by rank 0 and shared so every process agrees."""
+    data_name = Path(cfg.data.rstrip("/")).name or cfg.data
+    base = f"runs/{cfg.model}-{data_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name, count = [base], 1
+    while Path(name[0]).exists():  # never into another run's folder
+        count += 1
+        name = [f"{base}-{count}"]
+    if info.enabled:
+        torch.distributed.broadcast_object_list(name, src=0)
+    return name[0]
+
+
+def start_run_dir(run_dir: Path, cfg: TrainConfig, overwrite: bool) -> None:
+    """Create the run folder (after --overwrite, without the previous run's files) and write
+    the effective configuration into it."""
+    if overwrite and not cfg.resume:
+        removed = remove_run(run_dir)
+        if removed:
+            logger.info(
+                "--overwrite: removed the previous run's %s from %s",
+                ", ".join(p.name for p in removed),
+                run_dir,
+            )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_yaml(cfg.to_dict(), run_dir / CONFIG_FILE)

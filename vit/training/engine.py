@@ -1,0 +1,333 @@
+"""The training loop: `train(cfg)` runs a whole training into a run folder.
+
+    config.yaml            the effective configuration (flags over YAML over defaults), the
+                           number of processes included
+    metrics.csv            one row per epoch (train loss/acc, test loss/top-1/top-5, lr, ...)
+    curves.png             loss and accuracy curves, redrawn after every epoch
+    tensorboard/           the same metrics as TensorBoard events
+    training_state.pt      everything `--resume` needs (`vit.training.checkpoint.TrainingState`)
+    model.safetensors      the latest weights (the final ones once done), loadable alone
+    best.safetensors       the weights with the best test top-1 so far
+
+The order `train` runs things: `vit.training.build.start`, on every process together (a failure
+on one stops all: `distributed.failing_together`), builds the run's pieces and writes nothing;
+then `start_run_dir` (the first write) and `run_epochs`, whose loop trains (`train_one_epoch`),
+evaluates (`vit.inference.evaluation.evaluate`), logs (`vit.training.run_log.RunLog`) and saves
+(`vit.training.checkpoint.CheckpointSaver`). On CPU with the same seed, a resumed run ends with
+exactly the weights of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from ..data.mixup import soft_target_cross_entropy
+from ..inference.evaluation import evaluate
+from ..inference.precision import autocast
+from ..utils import distributed
+from ..utils.distributed import DistInfo
+from .build import Run, default_run_dir, start, start_run_dir
+from .checkpoint import STATE_FILE, CheckpointSaver, TrainingState
+from .errors import START_ERRORS, NonFiniteLossError, TrainingError, TrainingInterrupted
+from .run_log import RunLog
+from .settings import (
+    TrainConfig,
+    image_size_for_epoch,
+    mixup_on_for_epoch,
+    patch_drop_for_epoch,
+)
+
+logger = logging.getLogger("vit")
+
+
+# -- data and model ------------------------------------------------------------------------------
+
+
+# -- model, optimizer, schedule, EMA -------------------------------------------------------------
+
+
+# -- evaluation ----------------------------------------------------------------------------------
+
+
+# -- training ------------------------------------------------------------------------------------
+def train(cfg: TrainConfig, info: DistInfo | None = None, overwrite: bool = False) -> dict:
+    """Train per `cfg` into its run folder; returns the last epoch's metrics row.
+
+    Nothing is written until the data, model, loaders and (for --resume) the saved state are
+    ready, so a failed start leaves no run folder behind. `overwrite`: the folder holds a
+    previous run (train.py refuses it otherwise), whose files are removed at that point.
+    Raises NonFiniteLossError (leaving the last checkpoint untouched) if the loss diverges,
+    TrainingInterrupted on Ctrl-C, and, under DDP, a start that fails on any process on every
+    process (`distributed.failing_together`).
+    """
+    info = info or DistInfo()
+    if cfg.processes is None:  # recorded in config.yaml: --resume continues with as many
+        cfg.processes = info.world_size
+    elif cfg.processes != info.world_size:
+        raise ValueError(
+            f"--processes {cfg.processes}: this start has {info.world_size} process(es); "
+            f"start {cfg.processes} (torchrun --nproc_per_node {cfg.processes}), or leave the "
+            f"setting out (processes: null in a YAML file)"
+        )
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = distributed.resolve_device(cfg.device, info)
+    if cfg.amp and cfg.amp_dtype == "float16" and device.type == "cpu" and info.is_main:
+        logger.warning(
+            "--amp --amp-dtype float16 on a CPU: float16 matrix products are emulated there "
+            "(about 20x slower than float32); use --amp-dtype bfloat16, or no --amp"
+        )
+    distributed.setup(info, device)
+    leave_group = True
+    try:
+        return _train(cfg, info, device, overwrite)
+    except TrainingInterrupted:
+        # Rank 0 left first (see distributed.stop_on_interrupt): the others' process group is
+        # broken, and taking it down can abort the process.
+        leave_group = info.is_main
+        raise
+    finally:
+        if leave_group:
+            distributed.cleanup()
+
+
+def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bool) -> dict:
+    if cfg.output_dir is None:
+        cfg.output_dir = default_run_dir(cfg, info)
+    run_dir = Path(cfg.output_dir)
+    saver = CheckpointSaver(run_dir, info, data=cfg.data, config=cfg.to_dict())
+    started = False  # whether this start wrote the run folder
+    try:
+        with distributed.failing_together(info, START_ERRORS):
+            run = start(cfg, info, device, saver)
+        if info.is_main:  # everything is ready, on every process: the run folder can be written
+            start_run_dir(run_dir, cfg, overwrite)
+            started = True
+        log = RunLog(run_dir, info, cfg.epochs, start_epoch=run.state.epoch)
+        try:
+            log.start(run, num_images=run.num_images)
+            return run_epochs(run, saver, log)
+        except START_ERRORS as e:
+            raise TrainingError(str(e)) from e
+        finally:
+            log.close()
+    except BaseException as e:
+        if not interrupted(e, info):
+            raise
+        if not (started or cfg.resume):  # nothing written: a run --overwrite would replace
+            raise TrainingInterrupted(None, None, cfg.epochs) from None  # is left as it was
+        epoch = saver.saved_epoch() if info.is_main else None
+        raise TrainingInterrupted(str(run_dir), epoch, cfg.epochs) from None
+
+
+def interrupted(error: BaseException, info: DistInfo) -> bool:
+    """Whether `error` ended the run because of Ctrl-C: a KeyboardInterrupt, or, on a process
+    other than rank 0, a collective broken by rank 0 leaving for it (see
+    `distributed.stop_on_interrupt`)."""
+    if isinstance(error, KeyboardInterrupt):
+        return True
+    return isinstance(error, Exception) and not info.is_main and distributed.interrupted()
+
+
+def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
+    """The epoch loop, from the state's epoch to cfg.epochs; returns the last metrics row."""
+    cfg, state = run.cfg, run.state
+    row: dict = state.history[-1] if state.history else {}
+    for epoch in range(state.epoch, cfg.epochs):
+        size = image_size_for_epoch(
+            cfg,
+            epoch,
+            final=run.model.preprocess.input_size[0],
+            patch=run.model.patch_embed.patch_size[0],
+        )
+        run.train_loader.set_epoch(epoch, size)
+        run.model.patch_drop.prob = patch_drop_for_epoch(cfg, epoch)
+        if run.mixup is not None:
+            run.mixup.enabled = mixup_on_for_epoch(cfg, epoch)
+        started = time.perf_counter()
+        stats = train_one_epoch(run, epoch=epoch)
+        seconds = time.perf_counter() - started
+        due = (epoch + 1) % cfg.eval_interval == 0 or epoch + 1 == cfg.epochs
+        test, ema_test = evaluate_epoch(run) if due else (None, None)
+        row = metrics_row(
+            epoch=epoch,
+            stats=stats,
+            test=test,
+            ema_test=ema_test,
+            seconds=seconds,
+            size=size,
+            world_size=run.info.world_size,
+        )
+        kept_metrics = ema_test if state.ema is not None else test  # see TrainingState.kept
+        improved = state.end_epoch(row, kept_metrics)
+        log.epoch(row, state.history)
+        saver.save(state, kept_metrics, improved)
+        distributed.barrier()
+    return row
+
+
+def evaluate_epoch(run: Run) -> tuple[dict, dict | None]:
+    """Test metrics of the model and of its EMA (None without one)."""
+    settings = {
+        "loader": run.test_loader,
+        "num_classes": run.model.num_classes,
+        "device": run.device,
+        "amp": run.cfg.amp,
+        "amp_dtype": run.cfg.amp_dtype,
+        "progress": run.info.is_main,
+    }
+    test = evaluate(run.model, **settings)
+    ema_test = evaluate(run.state.ema.module, **settings) if run.state.ema is not None else None
+    return test, ema_test
+
+
+def metrics_row(
+    *,
+    epoch: int,
+    stats: dict,
+    test: dict | None,
+    ema_test: dict | None,
+    seconds: float,
+    size: int,
+    world_size: int,
+) -> dict:
+    """One metrics.csv row (see `vit.training.checkpoint.METRIC_KEYS`); test columns None when the
+    epoch was not evaluated."""
+    return {
+        "epoch": epoch + 1,
+        "train_loss": stats["loss"],
+        "train_acc": stats["acc"],
+        "test_loss": test["loss"] if test else None,
+        "test_top1": test["top1"] if test else None,
+        "test_top5": test["top5"] if test else None,
+        "ema_top1": ema_test["top1"] if ema_test else None,
+        "ema_top5": ema_test["top5"] if ema_test else None,
+        "lr": stats["lr"],
+        "epoch_seconds": seconds,
+        "train_images_per_s": stats["images"] * world_size / seconds,
+        "data_seconds": stats["data_seconds"],
+        "image_size": size,
+    }
+
+
+# Steps between the checks that read device values on the host (the non-finite loss check,
+# the progress bar's figures): each read waits for the GPU to finish all queued work, and a
+# wait every step keeps the host from queueing the next step's kernels while the GPU runs.
+HOST_SYNC_EVERY = 25
+
+
+def train_one_epoch(run: Run, epoch: int) -> dict:
+    """One pass over the training data; returns mean loss, accuracy, last lr, image count, and
+    the seconds the loop waited for batches."""
+    cfg, info, device, state = run.cfg, run.info, run.device, run.state
+    run.train_model.train()
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
+    first_bad = torch.full((2,), -1.0, dtype=torch.float64, device=device)  # (step, loss)
+    images, data_seconds = 0, 0.0
+    started = time.perf_counter()
+    loader = run.train_loader
+    # disable=None: a bar on a terminal only, not in a log redirected to a file
+    bar = tqdm(
+        loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=None if info.is_main else True
+    )
+    fetch_started = time.perf_counter()
+    for step, (batch_images, labels) in enumerate(bar):
+        data_seconds += time.perf_counter() - fetch_started
+        batch_images = batch_images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        logits, loss = forward_loss(run, batch_images, labels)
+        loss_now = loss.detach().double()
+        first_bad = torch.where(
+            (first_bad[0] < 0) & ~torch.isfinite(loss_now),
+            torch.stack([torch.full_like(loss_now, step), loss_now]),
+            first_bad,
+        )
+        last = step + 1 == len(loader)
+        if (step + 1) % HOST_SYNC_EVERY == 0 or last:
+            stop_if_diverged(run, first_bad, epoch=epoch, step=step)
+        lr = optimizer_step(state, loss, cfg.clip_grad)
+        images += labels.shape[0]
+        correct = (logits.argmax(dim=1) == labels).sum()
+        sums += torch.stack([loss_now * labels.shape[0], correct.double()])
+        if not bar.disable and ((step + 1) % HOST_SYNC_EVERY == 0 or last):
+            bar.set_postfix(
+                loss=f"{sums[0].item() / images:.4f}",
+                acc=f"{100 * sums[1].item() / images:.1f}%",
+                lr=f"{lr:.2e}",
+                img_s=f"{images * info.world_size / (time.perf_counter() - started):.0f}",
+            )
+        distributed.stop_if_interrupted(info)
+        fetch_started = time.perf_counter()
+    totals = torch.cat([sums, torch.tensor([float(images)], dtype=torch.float64, device=device)])
+    distributed.all_reduce_sum(totals)
+    return {
+        "loss": totals[0].item() / totals[2].item(),
+        "acc": totals[1].item() / totals[2].item(),
+        "lr": lr,
+        "images": images,
+        "data_seconds": data_seconds,
+    }
+
+
+def stop_if_diverged(run: Run, first_bad: torch.Tensor, epoch: int, step: int) -> None:
+    """NonFiniteLossError if any process's loss was NaN or inf by `step`: every process must
+    agree to stop, or the others would wait forever in all-reduce."""
+    bad = (first_bad[0] >= 0).double()
+    if distributed.all_reduce_sum(bad).item() > 0:
+        bad_step, loss = first_bad.tolist()
+        if bad_step < 0:  # another process's loss: this one's is still finite
+            bad_step, loss = step, float("nan")
+        message = diverged_message(run.cfg, loss, epoch, int(bad_step), len(run.train_loader))
+        raise NonFiniteLossError(message)
+
+
+def diverged_message(cfg: TrainConfig, loss: float, epoch: int, step: int, steps: int) -> str:
+    """What a NaN/inf loss stopped, and what is left to resume from (if anything)."""
+    if (Path(cfg.output_dir) / STATE_FILE).is_file():
+        kept = f"The last complete checkpoint (end of epoch {epoch}) is kept in {cfg.output_dir}"
+    else:
+        kept = f"No checkpoint was written: the loss diverged before epoch {epoch + 1} ended"
+    return (
+        f"training loss became {loss} at epoch {epoch + 1}, step {step + 1}/{steps}; stopped. "
+        f"{kept}. Try a lower --lr, --clip-grad, or --amp-dtype bfloat16."
+    )
+
+
+def forward_loss(
+    run: Run, images: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits (B, K), loss): MixUp/CutMix soft targets when on, else label-smoothed labels."""
+    cfg = run.cfg
+    if run.mixup is not None:
+        images, targets = run.mixup(images, labels)  # soft targets (B, K), smoothing included
+    with autocast(run.device, cfg.amp, cfg.amp_dtype):
+        logits = run.train_model(images)  # (B, K)
+        if run.mixup is not None:
+            loss = soft_target_cross_entropy(logits.float(), targets)
+        else:
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
+    return logits, loss
+
+
+def optimizer_step(state: TrainingState, loss: torch.Tensor, clip_grad: float | None) -> float:
+    """Backward, clip, step, schedule, EMA; returns the learning rate the step used."""
+    optimizer, scaler = state.optimizer, state.scaler
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if clip_grad:  # 0 or None: no clipping
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+        nn.utils.clip_grad_norm_(state.model.parameters(), clip_grad)
+    scaler.step(optimizer)
+    scaler.update()
+    lr = optimizer.param_groups[0]["lr"]
+    state.scheduler.step()
+    if state.ema is not None:
+        state.ema.update(state.model)
+    return lr

@@ -1,0 +1,29 @@
+"""How a training run fails: the kinds of failure train.py answers, each in one line."""
+
+from __future__ import annotations
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class TrainingInterrupted(Exception):
+    """Ctrl-C stopped the run (every process raises it).
+
+    run_dir: the run folder, None if this start wrote nothing (a fresh run, before its folder
+    was made); epoch: the epoch of the folder's last complete checkpoint (known to rank 0),
+    None if it holds none; epochs: the run's length."""
+
+    def __init__(self, run_dir: str | None, epoch: int | None, epochs: int) -> None:
+        super().__init__(f"interrupted; last checkpoint: epoch {epoch} of {epochs} in {run_dir}")
+        self.run_dir, self.epoch, self.epochs = run_dir, epoch, epochs
+
+
+# What a start can find wrong in the settings, the data, the model or a resumed state: one
+# line for the user (train.py exits with status 2), raised by every process together.
+START_ERRORS = (ValueError, FileNotFoundError)
+
+
+class TrainingError(ValueError):
+    """One of START_ERRORS met while training (an image that cannot be read) by this process
+    alone, which says it itself (a start's is said by rank 0 for every process)."""

@@ -1,0 +1,80 @@
+"""Rank 0's record of a run as it goes: TensorBoard, metrics.csv, curves.png and the log lines."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from ..utils.distributed import DistInfo
+from ..utils.plots import plot_curves, save_figure
+from .build import Run
+from .checkpoint import CURVES_FILE, METRICS_FILE, TENSORBOARD_DIR, write_metrics_csv
+
+logger = logging.getLogger("vit")
+
+
+class RunLog:
+    """Rank 0's record of the run as it goes: TensorBoard, metrics.csv, curves.png, the log.
+    Other ranks hold a RunLog that does nothing."""
+
+    def __init__(self, run_dir: Path, info: DistInfo, epochs: int, start_epoch: int) -> None:
+        self.run_dir, self.epochs, self.writer = run_dir, epochs, None
+        if info.is_main:
+            from torch.utils.tensorboard import SummaryWriter  # slow import: rank 0 only
+
+            self.writer = SummaryWriter(str(run_dir / TENSORBOARD_DIR), purge_step=start_epoch + 1)
+
+    def start(self, run: Run, num_images: int) -> None:
+        if self.writer is None:
+            return
+        write_metrics_csv(run.state.history, self.run_dir / METRICS_FILE)  # drop later rows
+        logger.info(
+            "training %s (%.2fM parameters) on %d images, %d classes, %d step(s) per epoch, "
+            "%d process(es), device %s",
+            run.cfg.model,
+            sum(p.numel() for p in run.model.parameters()) / 1e6,
+            num_images,
+            run.model.num_classes,
+            len(run.train_loader),
+            run.info.world_size,
+            run.device,
+        )
+
+    def epoch(self, row: dict, history: list[dict]) -> None:
+        if self.writer is None:
+            return
+        for key, value in row.items():
+            if key != "epoch" and value is not None:
+                self.writer.add_scalar(key, value, row["epoch"])
+        self.writer.flush()
+        logger.info(epoch_summary(row, self.epochs))
+        write_metrics_csv(history, self.run_dir / METRICS_FILE)
+        save_figure(plot_curves(history), self.run_dir / CURVES_FILE)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def epoch_summary(row: dict, epochs: int) -> str:
+    """'epoch 3/10: train loss 1.2345, test loss ..., 812 img/s at 32x32'."""
+    test = ""
+    if row["test_top1"] is not None:
+        test = (
+            f", test loss {row['test_loss']:.4f}, top-1 {100 * row['test_top1']:.2f}%, "
+            f"top-5 {100 * row['test_top5']:.2f}%"
+        )
+    if row["ema_top1"] is not None:
+        test += f", EMA top-1 {100 * row['ema_top1']:.2f}%"
+    return (
+        f"epoch {row['epoch']}/{epochs}: train loss {row['train_loss']:.4f}{test}, "
+        f"{row['train_images_per_s']:.0f} img/s at {row['image_size']}x{row['image_size']}"
+        f"{data_wait(row)}"
+    )
+
+
+def data_wait(row: dict) -> str:
+    """', 12% of it waiting for batches': where the loader, not the step, set the pace."""
+    if row.get("data_seconds") is None or not row.get("epoch_seconds"):
+        return ""  # a row of a run saved before the column existed
+    return f", {100 * row['data_seconds'] / row['epoch_seconds']:.0f}% of it waiting for batches"

@@ -1,0 +1,292 @@
+"""Every training setting, declared once: `TrainConfig`, its defaults, types and help texts.
+
+train.py makes one command-line flag per field (`lr` -> `--lr`, `model_ema` -> `--model-ema`
+and `--no-model-ema`), with the field's type, default and help; YAML config files use the same
+names. A new setting is one line here:
+
+    lr: float = setting(1e-3, "optimisation", "peak AdamW learning rate")
+
+Settings whose natural value depends on others (the warmup and EMA horizon follow --epochs,
+the optimizer follows --pretrained, the image size follows the epoch under progressive resizing) are stored as given, None meaning
+"derived", and resolved by the functions at the end of this module.
+"""
+
+# ruff: noqa: E501  (one line per setting, however long its help text)
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..data.workers import default_workers
+from ..factory.timm_weights import TIMM_WEIGHTS, pretrained_weights
+from ..utils.ranges import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    DROP_RATE,
+    NON_NEGATIVE,
+    POSITIVE,
+    PROBABILITY,
+    Range,
+    out_of_range,
+)
+
+if TYPE_CHECKING:
+    from ..data.transforms import AugmentConfig
+
+DEFAULT_MODEL = "vit_cifar_patch4_32"
+
+
+def setting(default: Any, group: str, help: str, factory=None, **flag) -> Any:
+    """A TrainConfig field: its default, the --help group and text, and any extra argparse
+    keywords for its flag (choices, metavar, nargs, const)."""
+    metadata = {"group": group, "help": help, "flag": flag}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class TrainConfig:
+    """Every training setting; train.py exposes each field as a flag of the same name.
+
+    Defaults are light, as timm's train.py's: no RandAugment, MixUp, CutMix, erasing or
+    stochastic depth, so a short run on a small data set learns. The heavy 200-epoch recipe
+    lives in configs/cifar10.yaml and configs/cifar100.yaml.
+    """
+
+    # fmt: off
+    data: str = setting("cifar10", "data", "cifar10, cifar100, or a folder with train/ and test/ (or val/) subfolders of class folders")
+    data_root: str = setting("data", "data", "where CIFAR is downloaded")
+    download: bool = setting(True, "data", "download CIFAR if missing")
+    train_subset: int | None = setting(None, "data", "train on N images, stratified by class (quick runs)", metavar="N")
+    test_subset: int | None = setting(None, "data", "evaluate on N test images, stratified by class", metavar="N")
+    cache: bool | None = setting(None, "data", "decode images once into memory (default: images <= 64 px only)")
+    workers: int = setting(default_workers(), "data", "data loader processes (default: one per spare core, at most 4)")
+    batch_augment: bool = setting(False, "data", "augment whole uint8 batches held in memory (pad-crop, flip, erasing; no RandAugment): fast on CPUs")
+    cache_dir: str | None = setting("~/.cache/vit", "data", "keep decoded images here between runs, none for off")
+
+    model: str = setting(DEFAULT_MODEL, "model", "a name from vit.list_models()")
+    pretrained: str | None = setting(None, "model", "fine-tune from weights: a file, or no value (or 'timm') for timm's default weights", metavar="PATH", nargs="?", const=TIMM_WEIGHTS)
+    img_size: int | None = setting(None, "model", "model input size (pos_embed resampled; default: the model's)")
+    model_kwargs: dict = setting(None, "model", "other ViTConfig fields, e.g. depth=6 embed_dim=128 num_heads=4", factory=dict, metavar="KEY=VALUE", nargs="*")
+    drop_path: float = setting(0.0, "model", "stochastic depth rate (the 200-epoch recipes use 0.1)")
+    drop: float = setting(0.0, "model", "dropout before the head")
+    patch_drop: float = setting(0.0, "model", "fraction of patch tokens dropped at random in training")
+    patch_drop_anneal: float = setting(0.0, "model", "over this many final epochs, --patch-drop falls linearly to 0 (the last epoch sees every token)")
+    mimetic_init: bool = setting(False, "model", "mimetic initialisation of attention (Trockman & Kolter 2023): heads start local, convolution-like")
+    pos_embed: str = setting("learn", "model", "learned position embeddings, or fixed 2-D sin-cos ones (saved as pos_embed all the same)", choices=("learn", "sincos"))
+
+    epochs: int = setting(200, "optimisation", "training epochs")
+    batch_size: int = setting(64, "optimisation", "images per step, per process (the 200-epoch recipes use 128)")
+    opt: str | None = setting(None, "optimisation", "adamw, or muon: Muon for the blocks' weight matrices, AdamW for the rest (default: muon from scratch, adamw when fine-tuning --pretrained weights)", choices=("adamw", "muon"))
+    lr: float = setting(1e-3, "optimisation", "peak learning rate (AdamW's)")
+    muon_lr: float | None = setting(None, "optimisation", "peak Muon learning rate with --opt muon (default: --lr)")
+    muon_ns_dtype: str = setting("float32", "optimisation", "dtype of Muon's Newton-Schulz iteration: bfloat16 takes ~half the time where the CPU has AVX512-BF16 or AMX (benchmarks/muon_step.py), and longer without", choices=("float32", "bfloat16"))
+    min_lr: float = setting(1e-5, "optimisation", "cosine floor")
+    weight_decay: float = setting(0.05, "optimisation", "AdamW weight decay (weight matrices only)")
+    warmup_epochs: float | None = setting(None, "optimisation", "linear warmup (default: 5% of --epochs)")
+    progressive_size: int | None = setting(None, "optimisation", "train the first epochs at this image size, growing linearly to --img-size (needs --batch-augment; default off)")
+    progressive_epochs: float | None = setting(None, "optimisation", "epochs over which the image size grows (default: half of --epochs)")
+    clip_grad: float | None = setting(1.0, "optimisation", "max gradient norm, 0 or none for no clipping")
+    label_smoothing: float = setting(0.1, "optimisation", "label smoothing")
+    model_ema: bool = setting(True, "optimisation", "keep an EMA of the weights")
+    model_ema_decay: float | None = setting(None, "optimisation", "EMA decay (default: averages over the last ~2% of the optimizer steps)")
+    amp: bool = setting(False, "optimisation", "mixed precision")
+    amp_dtype: str = setting("bfloat16", "optimisation", "autocast dtype", choices=("bfloat16", "float16"))
+    compile: bool = setting(False, "optimisation", "torch.compile the model")
+
+    crop: str = setting("auto", "augmentation", "pad+random crop, random resized crop, or auto (pad for <= 64 px)", choices=("auto", "pad", "rrc"))
+    rrc_scale: float = setting(0.08, "augmentation", "smallest random-resized-crop area")
+    hflip: float = setting(0.5, "augmentation", "horizontal flip probability")
+    hflip_alternate: bool = setting(False, "augmentation", "with --batch-augment: flip each image on alternate epochs from a random start, instead of at random (Jordan 2024)")
+    aa: str = setting("none", "augmentation", "RandAugment policy (the 200-epoch recipes use randaug)", choices=("none", "randaug"))
+    aa_n: int = setting(2, "augmentation", "RandAugment ops per image")
+    reprob: float = setting(0.0, "augmentation", "random erasing probability (the 200-epoch recipes use 0.25)")
+    mixup: float = setting(0.0, "augmentation", "MixUp alpha, 0 for off (the 200-epoch recipes use 0.8)")
+    cutmix: float = setting(0.0, "augmentation", "CutMix alpha, 0 for off (the 200-epoch recipes use 1.0)")
+    mixup_prob: float = setting(1.0, "augmentation", "probability of mixing a batch")
+    mixup_switch_prob: float = setting(0.5, "augmentation", "probability of CutMix rather than MixUp when both are on")
+    mixup_off_epoch: int = setting(0, "augmentation", "train the epochs from this one on (counted from 0, as timm's flag) without MixUp/CutMix; 0: mix to the end")
+
+    seed: int = setting(0, "run", "random seed")
+    threads: int | None = setting(None, "run", "PyTorch threads per process (default: torch's own choice)")
+    eval_interval: int = setting(1, "run", "evaluate every N epochs and after the last")
+    device: str = setting("auto", "run", "auto, cpu, cuda, cuda:1, ...")
+    output_dir: str | None = setting(None, "run", "run folder (default runs/MODEL-DATA-TIMESTAMP)")
+    resume: str | None = setting(None, "run", "continue the run in RUN_DIR from its last complete checkpoint, with its own settings and number of processes (only --epochs may change, to extend it)", metavar="RUN_DIR")
+    processes: int | None = setting(None, "run", "training processes, as started by torchrun (--nproc_per_node): recorded by the run, so that --resume continues with as many (default: as started)", metavar="N")
+    # fmt: on
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def augment(self) -> AugmentConfig:
+        from ..data.transforms import AugmentConfig  # albumentations and torch: not for --help
+
+        return AugmentConfig(
+            crop=self.crop,
+            rrc_scale=self.rrc_scale,
+            hflip=self.hflip,
+            aa=self.aa,
+            aa_n=self.aa_n,
+            reprob=self.reprob,
+        )
+
+    @property
+    def pretrained_weights(self) -> bool | str | Path:
+        """--pretrained decoded for `vit.create_model`: False, True (timm's) or a file."""
+        return pretrained_weights(self.pretrained)
+
+    @property
+    def cache_path(self) -> Path | None:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else None
+
+
+# -- accepted values, checked when the flags are read ------------------------------------------
+# A value outside its range is refused before anything runs or is written, naming the flag
+# (a --drop-path of 1.5 would otherwise fail with a traceback in the middle of epoch 1).
+LIMITS: dict[str, Range] = {
+    "train_subset": AT_LEAST_1,
+    "test_subset": AT_LEAST_1,
+    "workers": AT_LEAST_0,
+    "img_size": AT_LEAST_1,
+    "drop_path": DROP_RATE,
+    "drop": DROP_RATE,
+    "patch_drop": DROP_RATE,
+    "patch_drop_anneal": NON_NEGATIVE,
+    "epochs": AT_LEAST_1,
+    "batch_size": AT_LEAST_1,
+    "lr": POSITIVE,
+    "muon_lr": POSITIVE,
+    "min_lr": NON_NEGATIVE,
+    "weight_decay": NON_NEGATIVE,
+    "warmup_epochs": NON_NEGATIVE,
+    "progressive_size": AT_LEAST_1,
+    "progressive_epochs": POSITIVE,
+    "clip_grad": NON_NEGATIVE,
+    "label_smoothing": DROP_RATE,  # 1 would make every target uniform: nothing to learn
+    "model_ema_decay": PROBABILITY,
+    "rrc_scale": Range(0, 1, low_open=True),
+    "hflip": PROBABILITY,
+    "aa_n": AT_LEAST_0,  # RandAugment ops per image: 0 is no op, like --aa none
+    "reprob": PROBABILITY,
+    "mixup": NON_NEGATIVE,
+    "cutmix": NON_NEGATIVE,
+    "mixup_prob": PROBABILITY,
+    "mixup_switch_prob": PROBABILITY,
+    "mixup_off_epoch": AT_LEAST_0,
+    "threads": AT_LEAST_1,
+    "eval_interval": AT_LEAST_1,
+    "processes": AT_LEAST_1,
+}
+
+# --resume continues a run with its own settings: one given again must be the run's, except
+# these, which change how long it trains (--epochs, to extend it) or how it is carried out,
+# not what it learns: loader processes and threads, the device, where the data and the cache
+# of decoded images are found, whether they are held in memory.
+CHANGEABLE_ON_RESUME = (
+    "epochs",
+    "workers",
+    "threads",
+    "device",
+    "data_root",
+    "download",
+    "cache",
+    "cache_dir",
+)
+
+
+def check_settings(cfg: TrainConfig) -> None:
+    """Raise ValueError, in one line naming the flag and what it accepts, for the first setting
+    outside its range (see LIMITS) or at odds with another; None values mean "unset"."""
+    helps = {f.name: f.metadata["help"] for f in fields(TrainConfig)}
+    for name, accepted in LIMITS.items():
+        value = getattr(cfg, name)
+        if value is not None and value not in accepted:
+            raise ValueError(out_of_range(flag_name(name), value, accepted, helps[name]))
+    if cfg.min_lr > cfg.lr:
+        raise ValueError(
+            f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the cosine schedule decays from "
+            f"--lr down to --min-lr; give a --min-lr <= --lr"
+        )
+    resolve_warmup_epochs(cfg)  # warmup must end before the run does
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+# -- settings that follow the length of the run ------------------------------------------------
+WARMUP_FRACTION = 0.05  # warmup when none is given: 10 of 200 epochs, 0.2 of 4
+EMA_HORIZON = 0.02  # the default EMA averages over about this fraction of the optimizer steps
+
+
+def resolve_optimizer(cfg: TrainConfig) -> str:
+    """The optimizer: as given, or Muon (+ AdamW) from scratch and AdamW for fine-tuning.
+
+    Muon learns much more per step from scratch (a 4-epoch run on 5,000 CIFAR-10 images: see
+    the README); pretrained weights were shaped by AdamW, and fine-tuning keeps to it.
+    """
+    if cfg.opt is not None:
+        return cfg.opt
+    return "adamw" if cfg.pretrained_weights is not False else "muon"
+
+
+def resolve_warmup_epochs(cfg: TrainConfig) -> float:
+    """The warmup length: as given, or a fixed fraction of the run; never the whole run."""
+    if cfg.warmup_epochs is None:
+        return WARMUP_FRACTION * cfg.epochs
+    if cfg.warmup_epochs >= cfg.epochs:
+        raise ValueError(
+            f"--warmup-epochs {cfg.warmup_epochs} is not shorter than --epochs {cfg.epochs}: "
+            f"the learning rate would never leave warmup; give fewer warmup epochs, or leave "
+            f"--warmup-epochs unset for {100 * WARMUP_FRACTION:.0f}% of the run"
+        )
+    return cfg.warmup_epochs
+
+
+def resolve_ema_decay(cfg: TrainConfig, total_steps: int) -> float:
+    """The EMA decay: as given, or 1 - 1/horizon for a horizon of EMA_HORIZON of the steps.
+
+    A fixed 0.999 averages over ~1,000 steps: right for 200 epochs, but a short run of a few
+    hundred steps would keep mostly its random initial weights.
+    """
+    if cfg.model_ema_decay is not None:
+        return cfg.model_ema_decay
+    return 1.0 - 1.0 / max(1.0, EMA_HORIZON * total_steps)
+
+
+def image_size_for_epoch(cfg: TrainConfig, epoch: int, final: int, patch: int) -> int:
+    """Progressive resizing: `progressive_size` at epoch 0, growing linearly to `final` at
+    `progressive_epochs` (default half the run), in whole patches."""
+    if cfg.progressive_size is None:
+        return final
+    ramp = cfg.progressive_epochs if cfg.progressive_epochs is not None else cfg.epochs / 2
+    if epoch >= ramp:
+        return final
+    size = cfg.progressive_size + (final - cfg.progressive_size) * epoch / ramp
+    return max(patch, int(size) // patch * patch)
+
+
+def mixup_on_for_epoch(cfg: TrainConfig, epoch: int) -> bool:
+    """Whether MixUp/CutMix mixes the batches of `epoch` (counted from 0): every epoch before
+    --mixup-off-epoch, or all of them when it is 0. With 60 epochs and 52, the last 8 train
+    on whole images and their own labels."""
+    return cfg.mixup_off_epoch <= 0 or epoch < cfg.mixup_off_epoch
+
+
+def patch_drop_for_epoch(cfg: TrainConfig, epoch: int) -> float:
+    """--patch-drop, falling linearly to 0 over the last --patch-drop-anneal epochs.
+
+    With 20 epochs and an anneal of 4: epochs 1-16 drop `patch_drop`, then 3/4, 1/2, 1/4 of
+    it, and the last epoch sees every token, as evaluation does.
+    """
+    remaining = cfg.epochs - 1 - epoch  # epochs after this one
+    if cfg.patch_drop_anneal <= 0 or remaining >= cfg.patch_drop_anneal:
+        return cfg.patch_drop
+    return cfg.patch_drop * remaining / cfg.patch_drop_anneal

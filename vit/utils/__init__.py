@@ -1,0 +1,2 @@
+"""Floor 0, what every floor above may use: atomic file writes (`files`), the torchrun process
+group (`distributed`), figures (`plots`) and the accepted ranges of numbers (`ranges`)."""

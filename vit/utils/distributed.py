@@ -1,0 +1,193 @@
+"""DistributedDataParallel plumbing: one process per device, launched by torchrun.
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `from_env` reads them
+once at the command-line edge and `setup` joins the process group (NCCL on GPUs, gloo on CPU).
+
+A start that fails on one process must stop them all, each at once and the same way, instead
+of leaving the others waiting for it in a collective: `rank0_first`, `failing_together`;
+Ctrl-C stops them all too: `stop_on_interrupt`. `python -m vit.distributed`
+(vit/utils/distributed.py) starts the processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@dataclass
+class DistInfo:
+    """Where this process sits: rank among world_size processes, its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone logs, plots and writes files."""
+        return self.rank == 0
+
+
+def from_env(env: Mapping[str, str] | None = None) -> DistInfo:
+    """The torchrun environment variables, or a single process when they are absent."""
+    env = os.environ if env is None else env
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return DistInfo()
+    return DistInfo(
+        rank=int(env["RANK"]),
+        world_size=int(env["WORLD_SIZE"]),
+        local_rank=int(env.get("LOCAL_RANK", env["RANK"])),
+    )
+
+
+def resolve_device(name: str, info: DistInfo) -> torch.device:
+    """'auto' -> CUDA if available, else CPU; with several processes each takes its GPU."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(
+            f"--device {name}: not a device; accepted: auto, cpu, cuda, cuda:N, mps"
+        ) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {name}: CUDA is not available here; use --device cpu")
+        if device.index is None:  # set_device needs an index: each process its own GPU
+            index = info.local_rank if info.enabled else torch.cuda.current_device()
+            device = torch.device("cuda", index)
+        torch.cuda.set_device(device)
+    return device
+
+
+def setup(info: DistInfo, device: torch.device) -> None:
+    """Join the process group (no-op for a single process)."""
+    if info.enabled and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, rank=info.rank, world_size=info.world_size)
+
+
+def cleanup() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over all processes (in place; unchanged for a single process)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+# -- a start that fails on one process stops them all --------------------------------------------
+class PeerFailedError(ValueError):
+    """Another process's start failed; its message, for rank 0 to print."""
+
+
+def _joined(info: DistInfo) -> bool:
+    return info.enabled and dist.is_available() and dist.is_initialized()
+
+
+def rank0_first(info: DistInfo, step: Callable[[], T], errors: tuple[type[Exception], ...]) -> T:
+    """`step()` on rank 0, then, once it succeeded, on the other processes (a download or a
+    cache is written once). If it fails on rank 0 with one of `errors`, every process raises:
+    rank 0 its error, the others a PeerFailedError with its message."""
+    if not _joined(info):
+        return step()
+    outcome: list[str | None] = [None]  # rank 0's error message, sent to the others
+    error = None
+    if info.is_main:
+        try:
+            result = step()
+        except errors as e:
+            error, outcome[0] = e, str(e)
+    dist.broadcast_object_list(outcome, src=0)
+    if error is not None:
+        raise error
+    if outcome[0] is not None:
+        raise PeerFailedError(outcome[0])
+    return result if info.is_main else step()
+
+
+@contextmanager
+def failing_together(info: DistInfo, errors: tuple[type[Exception], ...]) -> Iterator[None]:
+    """Run a block on every process, then tell the others whether it failed with one of
+    `errors`; if it failed anywhere, each process raises: its own error, or a PeerFailedError
+    with the message of the lowest failed rank (for rank 0 to print)."""
+    try:
+        yield
+    except errors as e:
+        _gather_failures(info, str(e))
+        raise
+    failed = _gather_failures(info, None)
+    if failed is not None:
+        raise PeerFailedError(failed)
+
+
+def _gather_failures(info: DistInfo, message: str | None) -> str | None:
+    """The first failure message of all processes (`message` is this one's), or None."""
+    if not _joined(info):
+        return message
+    messages: list[str | None] = [None] * info.world_size
+    dist.all_gather_object(messages, message)
+    return next((m for m in messages if m is not None), None)
+
+
+# -- Ctrl-C --------------------------------------------------------------------------------------
+_interrupted = False
+
+
+@contextmanager
+def stop_on_interrupt(info: DistInfo) -> Iterator[None]:
+    """Within the block, Ctrl-C (SIGINT; torchrun passes it on to every process) stops rank 0
+    at once, with a KeyboardInterrupt. The other processes only note it and go on until rank
+    0 has left, so that rank 0 never finds a collective broken by another process that left
+    first; they stop at their next collective, whose error `interrupted()` then explains."""
+    global _interrupted
+    _interrupted = False
+
+    def note(signum: int, frame) -> None:
+        global _interrupted
+        first, _interrupted = not _interrupted, True
+        if info.is_main and first:  # a second Ctrl-C must not break the way out of the first
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def interrupted() -> bool:
+    """Whether Ctrl-C reached this process (a function call: a signal handler still pending,
+    behind a collective that just failed, runs before the answer)."""
+    return _interrupted
+
+
+def stop_if_interrupted(info: DistInfo) -> None:
+    """On rank 0, raise the KeyboardInterrupt of a Ctrl-C already noted. The handler raises it
+    once, where the signal lands; if that is code whose exceptions Python swallows (a `__del__`
+    or a weakref callback: "Exception ignored in ..."), the run would train on and a second
+    Ctrl-C would be ignored. The training loop calls this between steps."""
+    if info.is_main and _interrupted:
+        raise KeyboardInterrupt
