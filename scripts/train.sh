@@ -48,7 +48,7 @@ NPROC="${NPROC:-2}"
 CPU_RECIPE="${CPU_RECIPE:-auto}"
 if [ "$CPU_RECIPE" = auto ]; then
     # the recipe, and on an AVX512-BF16 CPU without AMX the measured speed that chose it
-    read -r CPU_RECIPE SPEEDUP <<<"$(python -c "from vit import precision as p
+    read -r CPU_RECIPE SPEEDUP <<<"$(python -c "from vit.inference import precision as p
 s = p.cpu_bf16_matmul_speedup() if p.cpu_has_avx512_bf16() and not p.cpu_has_amx() else None
 print(p.cpu_training_recipe(s), '' if s is None else f'{s:.1f}')")"
     if [ -n "$SPEEDUP" ]; then
