@@ -329,8 +329,8 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     from vit.cli.model_argument import model_from_flags
     from vit.inference.precision import cast_for_inference
     from vit.interop.onnx_runtime import onnx_device, refuse_flags
-    from vit.utils.distributed import DistInfo, resolve_device
     from vit.utils.files import atomic_write
+    from vit.utils.process_group import DistInfo, resolve_device
 
     probing = args.knn or args.linear_probe
     problem = data_problem(args.data, args.split)
@@ -414,8 +414,8 @@ def evaluate_head(
     `head_data`); writes the confusion matrix PNG into `out_dir`."""
     from vit.data.loaders import eval_loader
     from vit.inference.evaluation import evaluate
-    from vit.utils.distributed import DistInfo
     from vit.utils.plots import plot_confusion_matrix, save_figure
+    from vit.utils.process_group import DistInfo
 
     dataset, mapping = data
     class_names = dataset.class_names

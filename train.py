@@ -236,7 +236,7 @@ def resume_problem(run: Path, given: dict) -> str | None:
     (None if it can): a setting that differs from the run's (--epochs aside: see
     CHANGEABLE_ON_RESUME), or another number of processes than the run's."""
     from vit.training.checkpoint import CONFIG_FILE
-    from vit.utils import distributed
+    from vit.utils import process_group
 
     saved_file = run / CONFIG_FILE
     if not saved_file.is_file():  # a run killed before writing it: nothing to compare with
@@ -252,7 +252,7 @@ def resume_problem(run: Path, given: dict) -> str | None:
             f"--resume {run} continues the run with its own settings, but this command changes "
             f"{'; '.join(changed)}: leave them out (only --epochs may change, to extend the run)"
         )
-    processes, started = saved["processes"], distributed.from_env().world_size
+    processes, started = saved["processes"], process_group.from_env().world_size
     if processes is not None and processes != started:
         return (
             f"--resume {run}: the run trains in {processes} process(es) of "
@@ -331,15 +331,15 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         TrainingError,
         TrainingInterrupted,
     )
-    from vit.utils import distributed
+    from vit.utils import process_group
 
-    info = distributed.from_env()
+    info = process_group.from_env()
     logging.basicConfig(
         level=logging.INFO if info.is_main else logging.WARNING,
         format="%(asctime)s %(levelname)s %(message)s",
     )
     try:
-        with distributed.stop_on_interrupt(info):
+        with process_group.stop_on_interrupt(info):
             train(cfg, info, overwrite=overwrite)
     except NonFiniteLossError as e:
         return said(info.is_main, f"train.py: stopped: {e}", status=1)

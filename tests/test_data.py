@@ -250,7 +250,7 @@ def test_loader_workers_leave_ctrl_c_to_the_main_process():
     from vit.data.loaders import eval_loader
     from vit.training.settings import TrainConfig
     from vit.training.train_loader import build_train_loader
-    from vit.utils.distributed import DistInfo
+    from vit.utils.process_group import DistInfo
 
     images = np.zeros((8, 8, 8, 3), dtype=np.uint8)
     dataset = ImageDataset(labels=[0, 1] * 4, class_names=["a", "b"], images=images)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from vit.utils.distributed import DistInfo, from_env, resolve_device
+from vit.utils.process_group import DistInfo, from_env, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 # No MixUp/CutMix or stochastic depth: their random draws differ per process by design.

@@ -29,7 +29,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 import vit
 from vit.training import build, engine
 from vit.training.settings import TrainConfig
-from vit.utils.distributed import DistInfo
+from vit.utils.process_group import DistInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 CUDA = torch.cuda.is_available()

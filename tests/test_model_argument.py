@@ -13,7 +13,7 @@ from PIL import Image
 import vit
 from vit import export
 from vit.cli.model_argument import ModelArgumentError, resolve_model
-from vit.factory.create import timm_weights
+from vit.factory import timm_weights
 from vit.interop.export_check import ExportCheck
 from vit.models.class_names import class_names_for
 from vit.predict import main as predict_main

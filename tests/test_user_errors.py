@@ -21,7 +21,7 @@ import vit.training.engine as engine
 from vit.models.vision_transformer import VisionTransformer
 from vit.predict import main as predict_main
 from vit.training.settings import TrainConfig
-from vit.utils.distributed import DistInfo
+from vit.utils.process_group import DistInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@ processes do: their exit status as its own, and none of torchrun's report of a p
 stopped (train.py's rank 0 has said why in one line) or of the Ctrl-C it passed on to them.
 
 What the processes share once started (the process group, failing together, Ctrl-C) is
-`vit.utils.distributed`.
+`vit.utils.process_group`.
 """
 
 from __future__ import annotations

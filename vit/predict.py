@@ -144,11 +144,17 @@ from .data.images import expand_image_paths
 from .inference.embed import FeaturesError, FeaturesResult, check_embedding, describe
 from .inference.explanations import rollout_note
 from .inference.precision import cast_for_inference
-from .inference.prediction import PredictJob, RecordWriter, classified_batches, embed, print_records
+from .inference.predict_job import (
+    PredictJob,
+    RecordWriter,
+    classified_batches,
+    embed,
+    print_records,
+)
 from .interop.onnx_runtime import onnx_device, refuse_flags
 from .models.vision_transformer import VisionTransformer
-from .utils.distributed import DistInfo, cleanup, from_env, resolve_device, setup
 from .utils.files import atomic_write
+from .utils.process_group import DistInfo, cleanup, from_env, resolve_device, setup
 
 
 class InputError(Exception):

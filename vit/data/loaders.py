@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from .batch_pipeline import InMemoryBatches
 from ..models.registry import Preprocess
 from .datasets import ImageDataset
-from ..utils.distributed import DistInfo
+from ..utils.process_group import DistInfo
 
 
 class EpochDataLoader(DataLoader):

@@ -17,7 +17,7 @@ in one line. When every shard is there, the output file is assembled from them, 
 (so it equals an uninterrupted run's), written atomically, and the parts are removed. A
 finished output is replaced only with overwrite=True.
 
-Under torchrun (torch.distributed initialised, e.g. by `vit.utils.distributed.setup`), shard k is
+Under torchrun (torch.distributed initialised, e.g. by `vit.utils.process_group.setup`), shard k is
 computed by rank k % world_size and rank 0 assembles the file once every rank is done: the file
 is the single-process one. The parts folder must be on a filesystem every rank sees.
 
@@ -62,8 +62,8 @@ from tqdm import tqdm
 
 from ..data.images import CorruptImageError
 from ..models.families import family_of
-from ..utils.distributed import barrier
 from ..utils.files import atomic_write
+from ..utils.process_group import barrier
 
 EMBEDDINGS = {
     "pooled": "pooled pre-logits features",

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from ..utils import distributed
+from ..utils import process_group
 from .options import TTA_CHOICES
 from .precision import autocast
 from .tta import black_pixel, tta_logits
@@ -34,8 +34,8 @@ class _Tally:
 
     def result(self) -> dict:
         """Summed over processes: floats in [0, 1], `confusion` a (K, K) int64 numpy array."""
-        distributed.all_reduce_sum(self.confusion)
-        distributed.all_reduce_sum(self.sums)
+        process_group.all_reduce_sum(self.confusion)
+        process_group.all_reduce_sum(self.sums)
         confusion = self.confusion.cpu().numpy()
         total = int(confusion.sum())
         if total == 0:

@@ -27,8 +27,8 @@ from ..factory.create import create_model
 from ..factory.timm_weights import PretrainedUnavailableError
 from ..models.initializers import mimetic_init_, sincos_pos_embed_
 from ..models.vision_transformer import VisionTransformer
-from ..utils import distributed
-from ..utils.distributed import DistInfo
+from ..utils import process_group
+from ..utils.process_group import DistInfo
 from .checkpoint import (
     CONFIG_FILE,
     CheckpointSaver,
@@ -56,7 +56,7 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
     """The raw train and test splits (no transform yet: that needs the model's preprocessing).
 
     Rank 0 loads first, so that a CIFAR download happens once, not once per process; if it
-    fails there, every process stops (`distributed.rank0_first`). The folders a failed download
+    fails there, every process stops (`process_group.rank0_first`). The folders a failed download
     made for --data-root are removed: a failed start leaves nothing behind."""
     data_root = Path(cfg.data_root)  # its first folder that does not exist yet, if any:
     made = next((p for p in [*reversed(data_root.parents), data_root] if not p.exists()), None)
@@ -77,7 +77,7 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
         )
 
     try:
-        train_set, test_set = distributed.rank0_first(info, load, errors=START_ERRORS)
+        train_set, test_set = process_group.rank0_first(info, load, errors=START_ERRORS)
     except START_ERRORS:
         if info.is_main and made is not None and made.is_dir():
             shutil.rmtree(made)  # what the failed download made: nothing of the user's

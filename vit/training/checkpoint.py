@@ -25,8 +25,8 @@ import yaml
 from torch import nn
 
 from ..interop.weights import save_weights
-from ..utils.distributed import DistInfo
 from ..utils.files import atomic_write
+from ..utils.process_group import DistInfo
 
 logger = logging.getLogger("vit")
 

@@ -10,7 +10,7 @@
     best.safetensors       the weights with the best test top-1 so far
 
 The order `train` runs things: `vit.training.build.start`, on every process together (a failure
-on one stops all: `distributed.failing_together`), builds the run's pieces and writes nothing;
+on one stops all: `process_group.failing_together`), builds the run's pieces and writes nothing;
 then `start_run_dir` (the first write) and `run_epochs`, whose loop trains (`train_one_epoch`),
 evaluates (`vit.inference.evaluation.evaluate`), logs (`vit.training.run_log.RunLog`) and saves
 (`vit.training.checkpoint.CheckpointSaver`). On CPU with the same seed, a resumed run ends with
@@ -31,8 +31,8 @@ from tqdm import tqdm
 from ..data.mixup import soft_target_cross_entropy
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
-from ..utils import distributed
-from ..utils.distributed import DistInfo
+from ..utils import process_group
+from ..utils.process_group import DistInfo
 from .build import Run, default_run_dir, start, start_run_dir
 from .checkpoint import STATE_FILE, CheckpointSaver, TrainingState
 from .errors import START_ERRORS, NonFiniteLossError, TrainingError, TrainingInterrupted
@@ -65,7 +65,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, overwrite: bool = Fals
     previous run (train.py refuses it otherwise), whose files are removed at that point.
     Raises NonFiniteLossError (leaving the last checkpoint untouched) if the loss diverges,
     TrainingInterrupted on Ctrl-C, and, under DDP, a start that fails on any process on every
-    process (`distributed.failing_together`).
+    process (`process_group.failing_together`).
     """
     info = info or DistInfo()
     if cfg.processes is None:  # recorded in config.yaml: --resume continues with as many
@@ -78,24 +78,24 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, overwrite: bool = Fals
         )
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    device = distributed.resolve_device(cfg.device, info)
+    device = process_group.resolve_device(cfg.device, info)
     if cfg.amp and cfg.amp_dtype == "float16" and device.type == "cpu" and info.is_main:
         logger.warning(
             "--amp --amp-dtype float16 on a CPU: float16 matrix products are emulated there "
             "(about 20x slower than float32); use --amp-dtype bfloat16, or no --amp"
         )
-    distributed.setup(info, device)
+    process_group.setup(info, device)
     leave_group = True
     try:
         return _train(cfg, info, device, overwrite)
     except TrainingInterrupted:
-        # Rank 0 left first (see distributed.stop_on_interrupt): the others' process group is
+        # Rank 0 left first (see process_group.stop_on_interrupt): the others' process group is
         # broken, and taking it down can abort the process.
         leave_group = info.is_main
         raise
     finally:
         if leave_group:
-            distributed.cleanup()
+            process_group.cleanup()
 
 
 def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bool) -> dict:
@@ -105,7 +105,7 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
     saver = CheckpointSaver(run_dir, info, data=cfg.data, config=cfg.to_dict())
     started = False  # whether this start wrote the run folder
     try:
-        with distributed.failing_together(info, START_ERRORS):
+        with process_group.failing_together(info, START_ERRORS):
             run = start(cfg, info, device, saver)
         if info.is_main:  # everything is ready, on every process: the run folder can be written
             start_run_dir(run_dir, cfg, overwrite)
@@ -130,10 +130,10 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
 def interrupted(error: BaseException, info: DistInfo) -> bool:
     """Whether `error` ended the run because of Ctrl-C: a KeyboardInterrupt, or, on a process
     other than rank 0, a collective broken by rank 0 leaving for it (see
-    `distributed.stop_on_interrupt`)."""
+    `process_group.stop_on_interrupt`)."""
     if isinstance(error, KeyboardInterrupt):
         return True
-    return isinstance(error, Exception) and not info.is_main and distributed.interrupted()
+    return isinstance(error, Exception) and not info.is_main and process_group.interrupted()
 
 
 def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
@@ -169,7 +169,7 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
         improved = state.end_epoch(row, kept_metrics)
         log.epoch(row, state.history)
         saver.save(state, kept_metrics, improved)
-        distributed.barrier()
+        process_group.barrier()
     return row
 
 
@@ -263,10 +263,10 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
                 lr=f"{lr:.2e}",
                 img_s=f"{images * info.world_size / (time.perf_counter() - started):.0f}",
             )
-        distributed.stop_if_interrupted(info)
+        process_group.stop_if_interrupted(info)
         fetch_started = time.perf_counter()
     totals = torch.cat([sums, torch.tensor([float(images)], dtype=torch.float64, device=device)])
-    distributed.all_reduce_sum(totals)
+    process_group.all_reduce_sum(totals)
     return {
         "loss": totals[0].item() / totals[2].item(),
         "acc": totals[1].item() / totals[2].item(),
@@ -280,7 +280,7 @@ def stop_if_diverged(run: Run, first_bad: torch.Tensor, epoch: int, step: int) -
     """NonFiniteLossError if any process's loss was NaN or inf by `step`: every process must
     agree to stop, or the others would wait forever in all-reduce."""
     bad = (first_bad[0] >= 0).double()
-    if distributed.all_reduce_sum(bad).item() > 0:
+    if process_group.all_reduce_sum(bad).item() > 0:
         bad_step, loss = first_bad.tolist()
         if bad_step < 0:  # another process's loss: this one's is still finite
             bad_step, loss = step, float("nan")

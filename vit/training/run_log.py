@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from ..utils.distributed import DistInfo
 from ..utils.plots import plot_curves, save_figure
+from ..utils.process_group import DistInfo
 from .build import Run
 from .checkpoint import CURVES_FILE, METRICS_FILE, TENSORBOARD_DIR, write_metrics_csv
 

@@ -10,7 +10,7 @@ from ..data.batch_pipeline import InMemoryBatches
 from ..data.datasets import ImageDataset
 from ..data.loaders import EpochDataLoader, init_worker
 from ..models.registry import Preprocess
-from ..utils.distributed import DistInfo
+from ..utils.process_group import DistInfo
 from .settings import TrainConfig
 
 

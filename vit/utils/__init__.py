@@ -1,2 +1,2 @@
 """Floor 0, what every floor above may use: atomic file writes (`files`), the torchrun process
-group (`distributed`), figures (`plots`) and the accepted ranges of numbers (`ranges`)."""
+group (`process_group`), figures (`plots`) and the accepted ranges of numbers (`ranges`)."""

@@ -6,7 +6,7 @@ once at the command-line edge and `setup` joins the process group (NCCL on GPUs,
 A start that fails on one process must stop them all, each at once and the same way, instead
 of leaving the others waiting for it in a collective: `rank0_first`, `failing_together`;
 Ctrl-C stops them all too: `stop_on_interrupt`. `python -m vit.distributed`
-(vit/utils/distributed.py) starts the processes.
+(vit/utils/process_group.py) starts the processes.
 """
 
 from __future__ import annotations
