@@ -165,7 +165,7 @@ ROWS = {
         "bfloat16 autocast, 44 epochs, weight decay 0.2, bf16 Newton-Schulz, CutMix on half",
     ),
     # The CutMix row still climbed 1.3-1.4 points over its last 8 epochs; a GPU screen of this
-    # recipe at fixed epochs (docs/cpu-recipe.md) put 60 epochs 1.4 points above 44, and CutMix
+    # recipe at fixed epochs (docs/cpu-experiments.md) put 60 epochs 1.4 points above 44, and CutMix
     # on every batch 1.7-2.0 below half: the rest of the 30 minutes spent on epochs. 84.53% /
     # 84.22% (85.85% / 85.60% shift TTA): configs/cifar10_cpu_bf16_avx512_fast.yaml
     "amp-60ep-wd0.2-nsbf16-cutmix0.5": (

@@ -85,7 +85,7 @@ def cpu_has_avx512_bf16() -> bool:
 
 def cpu_has_amx() -> bool:
     """Whether this CPU has AMX tiles (Intel Sapphire Rapids and later): where bfloat16 matrix
-    products ran ~7x float32, enough to make bfloat16 training pay (docs/cpu-recipe.md)."""
+    products ran ~7x float32, enough to make bfloat16 training pay (docs/cpu-experiments.md)."""
     return _cpu_probe("_is_amx_tile_supported")
 
 

@@ -7,7 +7,7 @@ of the views' softmax distributions is a better estimate than any one of them.
 - "shift": the image and four copies moved by 1/16 of its side (2 px at 32 px, 14 px at 224)
   left, right, up and down, the uncovered border filled with black, as the training crop's
   zero padding does (5 views; +1.6 to 1.9 points on CIFAR-10 for the CPU recipes, whose pad-4
-  crop the views imitate: docs/cpu-recipe.md).
+  crop the views imitate: docs/cpu-experiments.md).
 - "flip-shift": both (10 views).
 
 Each costs as many forward passes as it has views.
