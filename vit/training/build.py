@@ -187,7 +187,8 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo, device: torch
         # PyTorch's CPU flash-attention backward ran 11x slower in bfloat16 than in float32
         # (14 against 1.3 ms a call, the CPU recipe's model, on a Xeon with AMX), so under CPU
         # autocast the explicit softmax path, whose bf16 matrix products are fast, trains: there
-        # a step took 0.72x float32's time, against 1.30x with the fused path (docs/cpu-experiments.md).
+        # a step took 0.72x float32's time, against 1.30x with the fused path
+        # (docs/cpu-experiments.md).
         model.set_fused_attn(False)
     wrapped = model
     if info.enabled:
