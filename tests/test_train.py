@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -568,3 +569,22 @@ def test_lever_combinations_that_cannot_work_are_explained(
     args = tiny_args(image_folder, tmp_path / "run", 1, *flags)
     assert train_script.main(args) == 2
     assert message in capsys.readouterr().err
+
+
+FIXTURE_RUN = Path(__file__).parent / "fixtures" / "run-before-layout"
+
+
+def test_a_run_saved_before_the_layout_resumes_exactly(
+    image_folder, tmp_path, train_script, tiny_args, one_thread
+):
+    """A run folder written by the code before vit/ was split into floors (tests/fixtures/
+    README.md) resumes, and ends with the weights of an uninterrupted run of today's code."""
+    run = tmp_path / "old"
+    shutil.copytree(FIXTURE_RUN, run)
+    config = (run / "config.yaml").read_text().replace("data: DATA", f"data: {image_folder}")
+    (run / "config.yaml").write_text(config)
+    assert train_script.main(["--resume", str(run)]) == 0
+    reference = tmp_path / "reference"
+    assert train_script.main(tiny_args(image_folder, reference, 2, *RECIPE)) == 0
+    assert_same_weights(run / "model.safetensors", reference / "model.safetensors")
+    assert [r["epoch"] for r in read_rows(run / "metrics.csv")] == ["1", "2"]
