@@ -61,7 +61,7 @@ def test_onnx_has_a_dynamic_batch_height_and_width_and_our_logits(model, tmp_pat
     metadata = session.get_modelmeta().custom_metadata_map
     assert json.loads(metadata["vit.class_names"]) == NAMES
     assert json.loads(metadata["vit.preprocess"])["mean"] == [0.4, 0.5, 0.6]
-    assert json.loads(metadata["vit.inference.precision"]) == "float32"
+    assert json.loads(metadata["vit.precision"]) == "float32"
     assert json.loads(metadata["vit.output"]) == "logits"
     assert json.loads(metadata["vit.model_name"]) is None  # built by hand, no registry name
     assert leftovers(tmp_path) == []
@@ -168,10 +168,7 @@ def test_optimize_fuses_gelu_keeps_attention_fused_and_stays_exact(
         "residual + LayerNorm fusion did not match this export"
     ]
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    assert (
-        json.loads(session.get_modelmeta().custom_metadata_map["vit.inference.precision"])
-        == "float32"
-    )
+    assert json.loads(session.get_modelmeta().custom_metadata_map["vit.precision"]) == "float32"
 
 
 # int8 on random images and tiny random models: max relative logit difference 0.01-0.03
@@ -191,7 +188,7 @@ def test_int8_is_smaller_and_agrees_with_float(tmp_path, one_thread):
     assert int8_path.stat().st_size < 0.6 * float_path.stat().st_size
     session = onnxruntime.InferenceSession(str(int8_path), providers=["CPUExecutionProvider"])
     metadata = session.get_modelmeta().custom_metadata_map
-    assert json.loads(metadata["vit.inference.precision"]) == "int8"
+    assert json.loads(metadata["vit.precision"]) == "int8"
     assert json.loads(metadata["vit.class_names"]) == [f"class {i}" for i in range(10)]
     ops = {node.op_type for node in __import__("onnx").load(str(int8_path)).graph.node}
     assert (

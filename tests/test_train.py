@@ -86,7 +86,7 @@ def test_run_folder_is_complete_and_loadable(reference_run):
     assert model.class_names == ["blue", "green", "red"]
     assert model.config.depth == 2 and model.num_classes == 3
     metadata = vit.interop.weights.read_metadata(run / "model.safetensors")
-    assert metadata["vit.interop.weights"] == "ema" and metadata["vit.epoch"] == 4
+    assert metadata["vit.weights"] == "ema" and metadata["vit.epoch"] == 4
     assert metadata["vit.top1"] == pytest.approx(float(rows[-1]["ema_top1"]))
     best = vit.interop.weights.read_metadata(run / "best.safetensors")
     assert best["vit.top1"] == pytest.approx(max(float(r["ema_top1"]) for r in rows))

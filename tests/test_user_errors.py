@@ -98,9 +98,7 @@ def test_overwrite_replaces_the_run_and_removes_its_stale_outputs(
     assert (run / "notes.txt").read_text() == "mine"
     assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 1
     assert (
-        vit.interop.weights.read_metadata(run / "model.safetensors")["vit.training.settings"][
-            "seed"
-        ]
+        vit.interop.weights.read_metadata(run / "model.safetensors")["vit.train_config"]["seed"]
         == 1
     )
     err = capsys.readouterr().err
@@ -529,11 +527,11 @@ def test_predict_flag_errors_are_one_line(tmp_path, capsys):
 
 # -- defaults picked from the machine, warnings ------------------------------------------------
 def test_default_workers_follow_the_cores(monkeypatch):
-    import vit.cli.flags as cli
+    from vit.data.workers import default_workers
 
     for cores, workers in ((1, 0), (2, 1), (3, 2), (64, 4)):
         monkeypatch.setattr(os, "sched_getaffinity", lambda _, n=cores: set(range(n)))
-        assert cli.default_workers() == workers
+        assert default_workers() == workers
     assert TrainConfig().workers <= max(0, (os.cpu_count() or 1) - 1)
 
 

@@ -185,7 +185,7 @@ def onnx_metadata(model: VisionTransformer, precision: str) -> dict[str, str]:
     metadata = {
         "vit.class_names": json.dumps(class_names_for(model)),
         "vit.model_name": json.dumps(model.model_name),
-        "vit.inference.precision": json.dumps(precision),
+        "vit.precision": json.dumps(precision),
         "vit.output": json.dumps(onnx_output_name(model)),
     }
     if model.preprocess is not None:

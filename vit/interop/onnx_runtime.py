@@ -43,7 +43,7 @@ class OnnxModel:
             )
         self.preprocess = Preprocess.from_dict(json.loads(metadata["vit.preprocess"]))
         self.model_name: str | None = _json(metadata, "vit.model_name")
-        self.precision: str = _json(metadata, "vit.inference.precision") or "float32"
+        self.precision: str = _json(metadata, "vit.precision") or "float32"
         output = self.session.get_outputs()[0]
         self.input_name = self.session.get_inputs()[0].name
         self.output_kind = _json(metadata, "vit.output") or output.name
