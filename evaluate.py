@@ -38,6 +38,7 @@ run folder or a run's weights file, and ./eval-NAME-DATA/ for any other file or 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -57,6 +58,7 @@ from vit.cli.flags import (
 )
 from vit.data.workers import default_workers
 from vit.inference.options import KNN_KS, TTA_CHOICES
+from vit.utils import locks
 from vit.utils.ranges import AT_LEAST_0, AT_LEAST_1
 
 if TYPE_CHECKING:
@@ -270,8 +272,9 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
-        report = run(args, out_dir, json_path)
-    except (CorruptImageError, FileNotFoundError, ValueError) as e:
+        with one_writer(out_dir, json_path):
+            report = run(args, out_dir, json_path)
+    except (CorruptImageError, FileNotFoundError, ValueError, locks.InUseError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2
     if "top1" in report:
@@ -293,6 +296,17 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+@contextlib.contextmanager
+def one_writer(out_dir: Path, json_path: Path):
+    """Hold the output folder (and the report, when --json puts it elsewhere) for this process
+    alone while it writes there: another evaluate.py writing the same report is refused."""
+    with contextlib.ExitStack() as held:
+        held.enter_context(locks.hold(out_dir, folder=True))
+        if Path(json_path).resolve().parent != Path(out_dir).resolve():
+            held.enter_context(locks.hold(json_path, folder=False))
+        yield
 
 
 def probe_flags(args: argparse.Namespace) -> str:

@@ -39,6 +39,7 @@ import yaml
 # once the flags are read).
 from vit.cli.flags import ArgumentParser, unwritable
 from vit.training.settings import CHANGEABLE_ON_RESUME, TrainConfig, check_settings, flag_name
+from vit.utils import locks
 
 if typing.TYPE_CHECKING:
     from vit.training.errors import TrainingInterrupted
@@ -169,6 +170,10 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
     first, _ = parser.parse_known_args(argv)  # where the YAML layers come from (--help exits)
     from vit.training.checkpoint import CONFIG_FILE, STATE_FILE  # after --help: it imports torch
 
+    problem = folder_in_use(first)
+    if problem:
+        parser.error(problem)
+
     layers = []
     if first.resume:
         run = Path(first.resume)
@@ -217,6 +222,16 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         if problem:
             parser.error(problem)
     return cfg, overwrite
+
+
+def folder_in_use(first: argparse.Namespace) -> str | None:
+    """The refusal when another process writes the run folder this command names (the lock
+    `vit.training.engine` holds while it trains; probed here, before any other check)."""
+    for flag, folder in (("--resume", first.resume), ("--output-dir", first.output_dir)):
+        busy = folder is not None and locks.holder(Path(folder), folder=True)
+        if busy:
+            return f"{flag} {locks.InUseError(Path(folder), *busy)}"
+    return None
 
 
 def given_settings(argv: list[str] | None, config: Path | None) -> dict:

@@ -133,6 +133,7 @@ if __name__ == "__main__":
     build_parser().parse_args()
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -153,6 +154,7 @@ from .inference.predict_job import (
 )
 from .interop.onnx_runtime import onnx_device, refuse_flags
 from .models.vision_transformer import VisionTransformer
+from .utils import locks, process_group
 from .utils.files import atomic_write
 from .utils.process_group import DistInfo, cleanup, from_env, resolve_device, setup
 
@@ -245,6 +247,17 @@ def writable_location(flag: str, path: Path, folder: bool) -> None:
         raise InputError(problem)
 
 
+@contextlib.contextmanager
+def hold_output(flag: str, path: Path):
+    """--output/--features FILE for this job alone while it writes: another job writing the
+    same file is refused in one line naming the process that holds it."""
+    try:
+        with locks.hold(path, folder=False):
+            yield
+    except locks.InUseError as e:
+        raise InputError(f"--{flag} {e}") from None
+
+
 def build_job(args: argparse.Namespace, model: VisionTransformer, paths: list[Path]) -> PredictJob:
     """The flags, checked, as one frozen job for `model`."""
     method = None
@@ -270,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     info = from_env()
+    outputs = contextlib.ExitStack()  # this process's hold on --output and --features
     try:
         check_args(parser, args)
         check_distributed(args, info)
@@ -279,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         use_threads(args.threads)
         device = resolve_device(onnx_device(args), info)
         setup(info, device)  # torchrun: join the others (gloo on CPU); nothing otherwise
+        with process_group.failing_together(info, (locks.InUseError,)):
+            if info.is_main:  # one writer per output file: another job's is refused
+                for flag in ("output", "features"):
+                    if getattr(args, flag) is not None:
+                        outputs.enter_context(hold_output(flag, getattr(args, flag)))
         model = model_from_flags(args, onnx=True).to(device)
         given = {
             "--explain": args.explain is not None,
@@ -294,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             args.embedding = check_embedding(model, args.embedding)
         job = build_job(args, model, paths)
     except (InputError, ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
+        outputs.close()
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
@@ -307,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
             code = max(code, classify_images(job, args.output, model, device, problems, quiet))
         return code
     finally:
+        outputs.close()
         cleanup()
 
 

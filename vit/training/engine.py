@@ -19,6 +19,7 @@ exactly the weights of an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ from tqdm import tqdm
 from ..data.mixup import soft_target_cross_entropy
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
-from ..utils import process_group
+from ..utils import locks, process_group
 from ..utils.process_group import DistInfo
 from .build import Run, default_run_dir, start, start_run_dir
 from .checkpoint import STATE_FILE, CheckpointSaver, TrainingState
@@ -104,8 +105,11 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
     run_dir = Path(cfg.output_dir)
     saver = CheckpointSaver(run_dir, info, data=cfg.data, config=cfg.to_dict())
     started = False  # whether this start wrote the run folder
+    lock = contextlib.ExitStack()  # rank 0's hold on the run folder: one writer at a time
     try:
         with process_group.failing_together(info, START_ERRORS):
+            if info.is_main:
+                lock.enter_context(locks.hold(run_dir, folder=True))
             run = start(cfg, info, device, saver)
         if info.is_main:  # everything is ready, on every process: the run folder can be written
             start_run_dir(run_dir, cfg, overwrite)
@@ -125,6 +129,8 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
             raise TrainingInterrupted(None, None, cfg.epochs) from None  # is left as it was
         epoch = saver.saved_epoch() if info.is_main else None
         raise TrainingInterrupted(str(run_dir), epoch, cfg.epochs) from None
+    finally:
+        lock.close()
 
 
 def interrupted(error: BaseException, info: DistInfo) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..utils.locks import InUseError
+
 
 class NonFiniteLossError(RuntimeError):
     """The training loss became NaN or infinite; the last good checkpoint is kept."""
@@ -19,9 +21,10 @@ class TrainingInterrupted(Exception):
         self.run_dir, self.epoch, self.epochs = run_dir, epoch, epochs
 
 
-# What a start can find wrong in the settings, the data, the model or a resumed state: one
-# line for the user (train.py exits with status 2), raised by every process together.
-START_ERRORS = (ValueError, FileNotFoundError)
+# What a start can find wrong in the settings, the data, the model, a resumed state or the run
+# folder (another process writing there): one line for the user (train.py exits with status 2),
+# raised by every process together.
+START_ERRORS = (ValueError, FileNotFoundError, InUseError)
 
 
 class TrainingError(ValueError):

@@ -1,0 +1,161 @@
+"""One writer per run folder and per output file (vit.utils.locks): a second train.py on a
+folder another process trains into (plain, --resume, --overwrite), a second evaluate.py on the
+same report, a second `vit.predict --features` on the same file, are each refused in one line
+naming the folder or file and the process holding it, and the first finishes with its own files;
+a killed run leaves no lock that stops its --resume.
+
+The first process is paused (SIGSTOP) once it holds its lock, so that the second always meets
+it at work, however fast or slow the machine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import CLASSES
+from safetensors.torch import load_file
+
+import vit
+from vit.inference.embed import read_features
+from vit.utils import locks
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(locks.fcntl is None, reason="no flock on this system")
+
+
+def start(*command: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, *command],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def paused_once_it_holds(process: subprocess.Popen, lock: Path, timeout: float = 120) -> None:
+    """Wait until `process` has written its PID into `lock`, then stop it there (SIGSTOP)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if lock.is_file() and lock.read_text().split("\n")[0] == str(process.pid):
+            process.send_signal(signal.SIGSTOP)
+            return
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError(f"{lock} never named process {process.pid}")
+
+
+def resumed(process: subprocess.Popen) -> tuple[int, str]:
+    process.send_signal(signal.SIGCONT)
+    _, err = process.communicate(timeout=600)
+    return process.returncode, err
+
+
+def refusal(err: str, place: Path, pid: int) -> bool:
+    line = err.strip().splitlines()[-1]
+    return f"{place}: in use by process {pid}" in line
+
+
+def test_a_second_train_py_on_a_run_folder_is_refused_and_the_first_keeps_its_run(
+    image_folder, tmp_path, train_script, tiny_args, capsys
+):
+    run = tmp_path / "run"
+    first = start("train.py", *tiny_args(image_folder, run, 3))
+    paused_once_it_holds(first, run / locks.LOCK_NAME)
+    try:
+        for argv in (
+            tiny_args(image_folder, run, 2),  # plain: the folder may hold no run yet
+            tiny_args(image_folder, run, 2, "--overwrite"),
+            ["--resume", str(run), "--epochs", "5"],
+        ):
+            listing = sorted(p.name for p in run.iterdir())
+            with pytest.raises(SystemExit) as refused:
+                train_script.main(argv)
+            assert refused.value.code == 2
+            assert refusal(capsys.readouterr().err, run, first.pid), argv
+            assert sorted(p.name for p in run.iterdir()) == listing  # it wrote nothing
+    finally:
+        code, err = resumed(first)
+    assert code == 0, err
+    assert not (run / locks.LOCK_NAME).exists()  # released with the run
+    reference = tmp_path / "reference"
+    assert train_script.main(tiny_args(image_folder, reference, 3)) == 0
+    ours, theirs = load_file(run / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    assert len((run / "metrics.csv").read_text().strip().splitlines()) == 1 + 3
+
+
+def test_a_killed_run_leaves_no_lock_that_stops_its_resume(
+    image_folder, tmp_path, train_script, tiny_args
+):
+    run = tmp_path / "run"
+    first = start("train.py", *tiny_args(image_folder, run, 3))
+    deadline = time.monotonic() + 120
+    while not (run / "training_state.pt").is_file() and time.monotonic() < deadline:
+        assert first.poll() is None, first.communicate()
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert (run / locks.LOCK_NAME).is_file()  # the file stays; the OS dropped the lock itself
+    assert locks.holder(run, folder=True) is None
+    assert train_script.main(["--resume", str(run)]) == 0
+    assert not (run / locks.LOCK_NAME).exists()
+
+
+@pytest.fixture
+def checkpoint(tmp_path) -> Path:
+    model = vit.create_model("vit_cifar_patch4_32", depth=1, embed_dim=32, num_heads=2)
+    model.reset_classifier(len(CLASSES))
+    return vit.save_weights(model, tmp_path / "tiny.safetensors", class_names=list(CLASSES))
+
+
+def test_a_second_predict_on_one_features_file_is_refused(image_folder, checkpoint, tmp_path):
+    features = tmp_path / "features.npz"
+    command = ["-m", "vit.predict", str(image_folder), "--checkpoint", str(checkpoint)]
+    command += ["--features", str(features), "--batch-size", "4", "--workers", "0"]
+    first = start(*command)
+    paused_once_it_holds(first, locks.lock_file(features, folder=False))
+    try:
+        second = start(*command, "--overwrite")
+        _, err = second.communicate(timeout=600)
+        assert second.returncode == 2
+        assert refusal(err, features, first.pid) and err.strip().startswith("error: --features")
+    finally:
+        code, err = resumed(first)
+    assert code == 0, err
+    paths, rows = read_features(features)
+    assert len(paths) == len(rows) == 3 * 22  # every image of the folder, once
+    assert not locks.lock_file(features, folder=False).exists()
+
+
+def test_a_second_evaluate_on_one_report_is_refused(
+    image_folder, checkpoint, tmp_path, evaluate_script, capsys
+):
+    out = tmp_path / "eval"
+    command = ["--checkpoint", str(checkpoint), "--data", str(image_folder), "--output-dir"]
+    first = start("evaluate.py", *command, str(out), "--workers", "0")
+    paused_once_it_holds(first, out / locks.LOCK_NAME)
+    try:
+        assert evaluate_script.main([*command, str(out), "--workers", "0"]) == 2
+        assert refusal(capsys.readouterr().err, out, first.pid)
+    finally:
+        code, err = resumed(first)
+    assert code == 0, err
+    assert (out / "report.json").is_file() and not (out / locks.LOCK_NAME).exists()
+
+
+def test_a_refused_or_failed_start_leaves_no_folder(tmp_path):
+    folder = tmp_path / "new"
+    with pytest.raises(ValueError, match="boom"), locks.hold(folder, folder=True):
+        assert (folder / locks.LOCK_NAME).is_file()
+        raise ValueError("boom")
+    assert not folder.exists()
