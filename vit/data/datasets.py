@@ -13,7 +13,6 @@ same augmentations as an uninterrupted one; `set_epoch` moves to the next epoch'
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import random
 from collections.abc import Callable, Sequence
@@ -22,14 +21,12 @@ from pathlib import Path
 
 import albumentations as A
 import numpy as np
-import torch
-import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from .images import IMAGE_EXTENSIONS, CorruptImageError, images_in_folder, load_image
 from ..utils.files import atomic_write
+from .images import IMAGE_EXTENSIONS, CorruptImageError, images_in_folder, load_image
 
-__all__ = ["CorruptImageError", "ImageDataset", "MixupCutmix", "load_image", "load_split"]
+__all__ = ["CorruptImageError", "ImageDataset", "load_image", "load_split"]
 
 TORCHVISION_DATASETS = ("cifar10", "cifar100")
 TEST_SPLITS = ("test", "val")
@@ -284,7 +281,3 @@ def load_split(
 
 
 # -- MixUp / CutMix ------------------------------------------------------------------------------
-
-
-
-

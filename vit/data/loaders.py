@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import signal
 
-import numpy as np
-from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Subset
 
-from .batch_pipeline import InMemoryBatches
-from ..models.registry import Preprocess
-from .datasets import ImageDataset
 from ..utils.process_group import DistInfo
+from .datasets import ImageDataset
 
 
 class EpochDataLoader(DataLoader):
@@ -50,7 +47,3 @@ def eval_loader(
         pin_memory=pin,
         worker_init_fn=init_worker,
     )
-
-
-
-

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import math
-import random
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
