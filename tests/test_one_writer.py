@@ -159,3 +159,73 @@ def test_a_refused_or_failed_start_leaves_no_folder(tmp_path):
         assert (folder / locks.LOCK_NAME).is_file()
         raise ValueError("boom")
     assert not folder.exists()
+
+
+# -- --features on a classifier: one forward pass --------------------------------------------------
+@pytest.fixture
+def images_seen(monkeypatch) -> list[int]:
+    """The batch sizes that went through the model's blocks (forward_features), as they go."""
+    from vit.models.vision_transformer import VisionTransformer
+
+    seen: list[int] = []
+    original = VisionTransformer.forward_features
+
+    def counting(self, x, *args, **kwargs):
+        seen.append(x.shape[0])
+        return original(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(VisionTransformer, "forward_features", counting)
+    return seen
+
+
+def test_features_on_a_classifier_is_one_pass_whose_classes_are_plain_predicts(
+    image_folder, checkpoint, tmp_path, images_seen, capsys
+):
+    from vit.predict import main as predict
+
+    common = [str(image_folder), "--checkpoint", str(checkpoint), "--workers", "0"]
+    plain = tmp_path / "plain.csv"
+    assert predict([*common, "--output", str(plain)]) == 0
+    images = sum(images_seen)
+    assert images == 3 * 22
+    images_seen.clear()
+    both = tmp_path / "both.csv"
+    assert predict([*common, "--features", str(tmp_path / "f.npz"), "--output", str(both)]) == 0
+    assert sum(images_seen) == images  # one pass: every image through the blocks once
+    assert both.read_text() == plain.read_text()
+    capsys.readouterr()
+
+    images_seen.clear()
+    assert predict([*common, "--features", str(tmp_path / "g.npz")]) == 0
+    out, err = capsys.readouterr()
+    assert sum(images_seen) == images and out == ""  # no line per image: one summary line
+    assert f"classified {images} images; most frequent top-1 classes:" in err
+
+
+def test_a_killed_features_job_continues_its_classes_too(
+    image_folder, checkpoint, tmp_path, images_seen, monkeypatch
+):
+    from vit.inference import embed
+    from vit.predict import main as predict
+
+    common = [str(image_folder), "--checkpoint", str(checkpoint), "--workers", "0"]
+    plain = tmp_path / "plain.csv"
+    assert predict([*common, "--output", str(plain)]) == 0
+    images_seen.clear()
+    job = [*common, "--features", str(tmp_path / "f.npz"), "--output", str(tmp_path / "p.csv")]
+    job += ["--shard-size", "16"]
+    original = embed._write_shard
+
+    def killed_after_the_first(path, data):
+        original(path, data)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(embed, "_write_shard", killed_after_the_first)
+        with pytest.raises(KeyboardInterrupt):
+            predict(job)
+    assert not (tmp_path / "p.csv").exists()
+    images_seen.clear()
+    assert predict(job) == 0
+    assert sum(images_seen) == 3 * 22 - 16  # the first shard's images are not seen again
+    assert (tmp_path / "p.csv").read_text() == plain.read_text()

@@ -34,10 +34,12 @@ as DINOv2 returns as `model(x)`), clstoken, clstoken_avgpool, lastN_clstoken (e.
 last4_clstoken), image_embeds (a CLIP tower's projection) or output (the model's output).
 FILE.npz holds two arrays, `paths` (N,) and `features` (N, D) float32 (`np.load(FILE)`, no
 pickle; the format for large jobs); FILE.csv one row per image, `path, f0, ..., f{D-1}`;
-FILE.json a list of {"path", "embedding"}. With a classifier, the classes are computed in a
-second pass. A model without a classifier head (num_classes=0) classifies nothing: it takes
---features and --explain (last_block by default, or rollout) only. Nothing is written when no
-image could be read.
+FILE.json a list of {"path", "embedding"}. With a classifier, each image's classes come from
+the same forward pass as its features, kept in the shards (so they too continue after a kill):
+--output FILE gets them, or one summary line stands for them (no line per image in a large
+job); --tta and --explain need passes of their own, which follow. A model without a classifier head
+(num_classes=0) classifies nothing: it takes --features and --explain (last_block by default, or
+rollout) only. Nothing is written when no image could be read.
 """
 
 from __future__ import annotations
@@ -134,7 +136,9 @@ if __name__ == "__main__":
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
 import contextlib
+from collections import Counter
 from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from tqdm import tqdm
@@ -157,6 +161,8 @@ from .models.vision_transformer import VisionTransformer
 from .utils import locks, process_group
 from .utils.files import atomic_write
 from .utils.process_group import DistInfo, cleanup, from_env, resolve_device, setup
+
+T = TypeVar("T")
 
 
 class InputError(Exception):
@@ -316,12 +322,17 @@ def main(argv: list[str] | None = None) -> int:
         outputs.close()
         print(f"error: {e}", file=sys.stderr)
         return 2
+    # --features on a classifier: its classes come from the features' own forward pass, unless
+    # test-time views or explanations need passes of their own.
+    one_pass = job.features is not None and model.num_classes > 0
+    one_pass = one_pass and job.tta == "none" and job.explain is None
     try:
         code = 0
         if job.features is not None:
-            code = embed_images(job, model, device, problems if info.is_main else [], info)
+            said = problems if info.is_main else []
+            code = embed_images(job, args.output, model, device, said, info, classify=one_pass)
             problems = []  # said by embed_images
-        if code != 2 and not info.enabled and (model.num_classes > 0 or job.explain):
+        if code != 2 and not info.enabled and not one_pass and (model.num_classes or job.explain):
             # with --features, the unreadable images are already said
             quiet = job.features is not None
             code = max(code, classify_images(job, args.output, model, device, problems, quiet))
@@ -333,14 +344,31 @@ def main(argv: list[str] | None = None) -> int:
 
 def embed_images(
     job: PredictJob,
+    output: Path | None,
     model: VisionTransformer,
     device: torch.device,
     problems: list[str],
     info: DistInfo,
+    classify: bool = False,
 ) -> int:
-    """--features through the embedding engine: says what it wrote; the exit status."""
+    """--features through the embedding engine: says what it wrote; the exit status. classify:
+    the images' classes too, from the same forward pass, streamed to `output` (or summed up in
+    one line without it)."""
+    summary = ClassSummary()
     try:
-        result = embed(job, model, device)
+        if not classify:
+            result = embed(job, model, device)
+        elif output is None:
+            result = embed(job, model, device, sink=summary.add)
+        else:
+            try:
+                result = write_records(
+                    output, job.top_k, lambda sink: embed(job, model, device, sink)
+                )
+                print(f"wrote {result.count} predictions to {output}", file=sys.stderr)
+            except _NothingRead as nothing:
+                result = nothing.args[0]
+                problems = problems + [f"no image was read; --output {output} was not written"]
     except FeaturesError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -349,6 +377,8 @@ def embed_images(
         return 2
     if not info.is_main:
         return 0
+    if classify and output is None and summary.count:
+        print(summary.line(), file=sys.stderr)
     messages = features_report(job, result) + problems
     for message in messages:
         print(f"error: {message}", file=sys.stderr)
@@ -390,14 +420,21 @@ def classify_images(
     note = rollout_note(model, job.method) if job.explain else None
     if note:
         print(note, file=sys.stderr)
+    summary = ClassSummary()
     if output is None:
-        count, unreadable = run_batches(job, model, device, lambda r: print_records(r, job.top_k))
+        # a --features job is a large one: one summary line instead of lines per image
+        show = summary.add if job.features is not None else lambda r: print_records(r, job.top_k)
+        count, unreadable = run_batches(job, model, device, show)
+        if summary.count:
+            print(summary.line(), file=sys.stderr)
     else:
         try:
-            count, unreadable = write_records(job, output, model, device)
+            count, unreadable = write_records(
+                output, job.top_k, lambda sink: run_batches(job, model, device, sink)
+            )
             print(f"wrote {count} predictions to {output}", file=sys.stderr)
         except _NothingRead as nothing:
-            count, unreadable = 0, nothing.args[0]
+            count, unreadable = nothing.args[0]
             problems = problems + [f"no image was read; --output {output} was not written"]
         except OSError as e:
             print(f"error: --output {output}: cannot write it ({e})", file=sys.stderr)
@@ -410,24 +447,43 @@ def classify_images(
     return 1 if problems or not count else 0
 
 
-def write_records(
-    job: PredictJob, output: Path, model: VisionTransformer, device: torch.device
-) -> tuple[int, list[str]]:
-    """The records streamed into `output` (CSV or JSON), put in place only once complete:
-    (images read, unreadable images); _NothingRead if no image was read."""
-    result: tuple[int, list[str]] = (0, [])
+def write_records(output: Path, top_k: int, produce: Callable[[Callable], T]) -> T:
+    """`produce(sink)`'s records streamed into `output` (CSV or JSON), put in place only once
+    complete; returns what `produce` returned, or raises _NothingRead with it if no record
+    came (the file is then not written, an earlier one kept)."""
+    result = None
 
     def write(tmp: Path) -> None:
         nonlocal result
         with open(tmp, "w", newline="", encoding="utf-8") as f:
-            writer = RecordWriter(f, job.top_k, as_json=output.suffix.lower() == ".json")
-            result = run_batches(job, model, device, writer.write)
+            writer = RecordWriter(f, top_k, as_json=output.suffix.lower() == ".json")
+            result = produce(writer.write)
             writer.close()
-        if result[0] == 0:
-            raise _NothingRead(result[1])
+        if writer.count == 0:
+            raise _NothingRead(result)
 
     atomic_write(output, write)
     return result
+
+
+class ClassSummary:
+    """The one line that stands for per-image lines in a large job: how many images were
+    classified, and their most frequent top-1 classes."""
+
+    def __init__(self) -> None:
+        self.labels: Counter[str] = Counter()
+        self.count = 0
+
+    def add(self, records: list[dict]) -> None:
+        self.labels.update(record["label"] for record in records)
+        self.count += len(records)
+
+    def line(self) -> str:
+        common = ", ".join(f"{label} {n}" for label, n in self.labels.most_common(3))
+        return (
+            f"classified {self.count} images; most frequent top-1 classes: {common} "
+            f"(--output FILE.csv writes each image's classes)"
+        )
 
 
 def run_batches(

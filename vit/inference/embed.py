@@ -141,23 +141,31 @@ def describe(embedding: str) -> str:
 
 
 @torch.inference_mode()
-def embed_batch(model: torch.nn.Module, batch: torch.Tensor, embedding: str) -> torch.Tensor:
+def embed_batch(
+    model: torch.nn.Module, batch: torch.Tensor, embedding: str, logits: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """A prepared batch (B, 3, H, W) -> the embeddings (B, D) float32 on the CPU, in storage of
-    their own: never a view that would keep the token tensor (B, N, D) alive."""
+    their own: never a view that would keep the token tensor (B, N, D) alive.
+    logits: also the model's output (B, K), from the same pass through the blocks (the head
+    applied to the tokens the embedding was read from): (embeddings, logits)."""
     model.eval()
     last_n = _LAST_N.fullmatch(embedding)
+    head = None
     if embedding in ("output", "image_embeds"):
-        features = model(batch)  # (B, D)
+        features = head = model(batch)  # (B, D)
     elif last_n is not None:
-        blocks = model.forward_intermediates(
+        found = model.forward_intermediates(
             batch,
             indices=int(last_n.group(1)),
             return_prefix_tokens=True,
             norm=True,
             output_fmt="NLC",
-            intermediates_only=True,
+            intermediates_only=not logits,  # with logits: also the last block's normed tokens
         )  # N pairs (patch tokens (B, gh*gw, D), prefix tokens (B, P, D))
-        features = torch.cat([prefix[:, 0] for _, prefix in blocks], dim=-1)  # (B, N*D)
+        if logits:
+            final, found = found  # (B, N, D), the pairs
+            head = model.forward_head(final)  # (B, K)
+        features = torch.cat([prefix[:, 0] for _, prefix in found], dim=-1)  # (B, N*D)
     else:
         tokens = model.forward_features(batch)  # (B, N, D)
         if embedding == "pooled":
@@ -167,8 +175,16 @@ def embed_batch(model: torch.nn.Module, batch: torch.Tensor, embedding: str) -> 
         else:  # clstoken_avgpool
             patches = tokens[:, model.num_prefix_tokens :].mean(dim=1)  # (B, D)
             features = torch.cat([tokens[:, 0], patches], dim=-1)  # (B, 2D)
-    # .clone(): a fresh (B, D) copy; .to() alone may return the very view
-    return features.detach().to("cpu", torch.float32).clone()
+        if logits:
+            head = model.forward_head(tokens)  # (B, K)
+    if not logits:
+        return _own(features)
+    return _own(features), _own(head)
+
+
+def _own(values: torch.Tensor) -> torch.Tensor:
+    """float32 on the CPU in storage of its own (.to() alone may return the very view)."""
+    return values.detach().to("cpu", torch.float32).clone()
 
 
 # -- the job -----------------------------------------------------------------------------------
@@ -255,12 +271,16 @@ def extract_features(
     shard_images: int = DEFAULT_SHARD_IMAGES,
     overwrite: bool = False,
     progress: bool | None = None,
+    classify: Callable[[list[str], np.ndarray], None] | None = None,
 ) -> FeaturesResult:
     """Embed items 0..len(keys)-1 (`load(i)`: a PIL image or a prepared (3, H, W) tensor) and
     write `out` (.npz, .csv or .json): one row per readable item, in order. See the module
     docstring for shards, resuming, torchrun and the embeddings. progress: a tqdm bar (True),
     a line per shard (False), or the bar on a terminal only (None). Every rank returns; rank 0's
     result names the file.
+    classify: also keep the model's logits of each item, from the same forward pass as its
+    features, in the shards (so they too continue after a kill), and hand them to
+    `classify(keys, logits (n, K))` on rank 0, shard by shard in item order, once all are done.
     Raises FeaturesError (one line) before any work for a job that cannot run."""
     from ..data.transforms_factory import create_transform
 
@@ -281,6 +301,8 @@ def extract_features(
         "embedding": embedding,
         "shard_images": shard_images,
     }
+    if classify is not None:  # parts without logits are another job's
+        manifest["logits"] = True
     parts = parts_folder(out)
     done = _on_rank0_first(rank, world, lambda: _prepare_parts(out, manifest, overwrite))
     shards = range(-(-len(keys) // shard_images))  # ceiling division
@@ -293,22 +315,21 @@ def extract_features(
         bar=progress,
         show=rank == 0,
     )
+    how = _How(load, transform, embedding, batch_size, workers, device, classify is not None)
     model = model.to(device).eval()
     for shard in todo:
         start = shard * shard_images
         indices = range(start, min(start + shard_images, len(keys)))
         _write_shard(
             _shard_path(parts, shard),
-            _embed_items(
-                model, indices, load, transform, embedding, batch_size, workers, device, reporter
-            ),
+            _embed_items(model, indices, how, reporter),
         )
         reporter.shard_done()
     reporter.close()
     barrier()  # every rank's shards are written
     result = FeaturesResult(path=None, count=0, dim=0, resumed_shards=done)
     if rank == 0:
-        result = _assemble(out, keys, parts, len(shards), result)
+        result = _assemble(out, keys, parts, len(shards), result, classify)
     barrier()  # rank 0 has assembled: the file is there for every rank
     return result
 
@@ -338,28 +359,41 @@ class _ShardData:
     indices: list[int]  # the items embedded, in order
     features: list[np.ndarray]  # (b, D) per batch
     errors: list[tuple[int, str]]  # (item, reason) for each item skipped
+    logits: list[np.ndarray] = field(default_factory=list)  # (b, K) per batch, if kept
 
 
-def _embed_items(
-    model, indices: range, load, transform, embedding, batch_size, workers, device, reporter
-) -> _ShardData:
-    """Embed the items `indices` batch by batch; images are decoded by `workers` threads, the
-    next batch while the model runs on this one."""
+@dataclass(frozen=True)
+class _How:
+    """How `_embed_items` reads and embeds items (extract_features' arguments)."""
+
+    load: Callable[[int], Image.Image | torch.Tensor]
+    transform: Callable | None
+    embedding: str
+    batch_size: int
+    workers: int
+    device: torch.device
+    logits: bool  # keep each item's logits too, from the same forward pass
+
+
+def _embed_items(model, indices: range, how: _How, reporter: _Progress) -> _ShardData:
+    """Embed the items `indices` batch by batch (with their logits if `how.logits`); images are
+    decoded by `how.workers` threads, the next batch while the model runs on this one."""
     data = _ShardData([], [], [])
 
     def prepare(i: int) -> torch.Tensor | str:
         try:
-            item = load(i)
+            item = how.load(i)
         except (CorruptImageError, OSError) as e:
             return str(e) or type(e).__name__
         if not isinstance(item, Image.Image):
             return item  # already prepared, (3, H, W)
-        if transform is None:
+        if how.transform is None:
             raise FeaturesError("the model has no preprocess: load(i) must return tensors")
-        return transform(item)
+        return how.transform(item)
 
-    batches = [indices[s : s + batch_size] for s in range(0, len(indices), batch_size)]
-    with ThreadPoolExecutor(max(1, workers)) as pool:  # PIL decodes without holding the GIL
+    size = how.batch_size
+    batches = [indices[s : s + size] for s in range(0, len(indices), size)]
+    with ThreadPoolExecutor(max(1, how.workers)) as pool:  # PIL decodes without holding the GIL
         pending = _submit(pool, prepare, batches[0]) if batches else []
         for b in range(len(batches)):
             results = [f.result() for f in pending]
@@ -369,8 +403,13 @@ def _embed_items(
                 (i, r) for i, r in zip(batches[b], results, strict=True) if isinstance(r, str)
             ]
             if good:
-                batch = torch.stack([r for r in results if not isinstance(r, str)]).to(device)
-                data.features.append(embed_batch(model, batch, embedding).numpy())
+                batch = torch.stack([r for r in results if not isinstance(r, str)]).to(how.device)
+                if how.logits:
+                    features, logits = embed_batch(model, batch, how.embedding, logits=True)
+                    data.logits.append(logits.numpy())
+                else:
+                    features = embed_batch(model, batch, how.embedding)
+                data.features.append(features.numpy())
                 data.indices += good
                 del batch, results  # the images go now, not at the next batch
             reporter.update(len(batches[b]))
@@ -382,8 +421,10 @@ def _submit(pool: ThreadPoolExecutor, prepare, indices: range) -> list[Future]:
 
 
 def _write_shard(path: Path, data: _ShardData) -> None:
-    """One shard, atomically: indices (n,), features (n, D), the skipped items and reasons."""
+    """One shard, atomically: indices (n,), features (n, D), the skipped items and reasons, and
+    the logits (n, K) when kept."""
     features = np.concatenate(data.features) if data.features else np.zeros((0, 0), np.float32)
+    kept = {"logits": np.concatenate(data.logits)} if data.logits else {}
 
     def save(tmp: Path) -> None:
         with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a name
@@ -393,6 +434,7 @@ def _write_shard(path: Path, data: _ShardData) -> None:
                 features=features,
                 error_indices=np.asarray([i for i, _ in data.errors], dtype=np.int64),
                 error_reasons=np.asarray([r for _, r in data.errors], dtype=str),
+                **kept,
             )
 
     atomic_write(path, save)
@@ -411,9 +453,15 @@ def _read_shards(
 
 
 def _assemble(
-    out: Path, keys: list[str], parts: Path, count: int, result: FeaturesResult
+    out: Path,
+    keys: list[str],
+    parts: Path,
+    count: int,
+    result: FeaturesResult,
+    classify: Callable[[list[str], np.ndarray], None] | None = None,
 ) -> FeaturesResult:
-    """The output file from the shards, in item order, then the errors file; the parts go."""
+    """The output file from the shards, in item order, then the errors file; the shards' logits
+    to `classify`; then the parts go."""
     rows, dim = 0, 0
     for indices, features, errors in _read_shards(parts, count):
         rows += len(indices)
@@ -433,6 +481,11 @@ def _assemble(
             out, lambda tmp: writer[out.suffix.lower()](tmp, keys, parts, count, rows, dim)
         )
         result.path = out
+    if classify is not None:
+        for shard in range(count):
+            with np.load(_shard_path(parts, shard)) as saved:
+                if len(saved["indices"]):
+                    classify([keys[i] for i in saved["indices"].tolist()], saved["logits"])
     shutil.rmtree(parts)
     return result
 

@@ -2,7 +2,8 @@
 
 A `PredictJob` is what the command's flags ask for, fixed once at the edge; its steps take the
 model and return what they did: `classified_batches` yields each batch's records and unreadable
-images (explaining the batch on the way when the job asks), `embed` runs the embedding engine.
+images (explaining the batch on the way when the job asks), `embed` runs the embedding engine
+(and classifies from the same forward pass when given a sink for the records).
 The command line decides what to print and where to write.
 """
 
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+import numpy as np
 import torch
 from PIL import Image
 
@@ -180,9 +182,24 @@ def classified_batches(
         yield BatchResult(records=records, unreadable=errors)
 
 
-def embed(job: PredictJob, model: VisionTransformer, device: torch.device) -> FeaturesResult:
-    """The job's --features file through the embedding engine (resumable, flat in memory)."""
+def embed(
+    job: PredictJob,
+    model: VisionTransformer,
+    device: torch.device,
+    sink: Callable[[list[dict]], None] | None = None,
+) -> FeaturesResult:
+    """The job's --features file through the embedding engine (resumable, flat in memory).
+    sink: also classify every image from the same forward pass as its features, and hand the
+    records (as `classified_batches` makes them) to `sink`, in the images' order, at the end."""
     paths = job.paths
+    classify = None
+    if sink is not None:
+        names = class_names_for(model)
+
+        def classify(keys: list[str], logits: np.ndarray) -> None:
+            probs, indices = best_of(torch.from_numpy(logits), job.top_k)
+            sink(records_for(keys, probs, indices, names))
+
     return extract_features(
         model,
         [str(p) for p in paths],
@@ -194,4 +211,5 @@ def embed(job: PredictJob, model: VisionTransformer, device: torch.device) -> Fe
         device=device,
         shard_images=job.shard_size,
         overwrite=job.overwrite,
+        classify=classify,
     )
