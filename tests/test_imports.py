@@ -154,7 +154,7 @@ def test_explain_floors_import_only_downwards():
 # own subpackage). Two subpackages on one floor do not import each other. The front ends (the
 # modules directly in vit/: `python -m vit.predict`, `vit.export`, `vit.distributed`) sit above.
 FLOORS = {
-    "utils": 0,  # atomic files, the process group, figures, ranges
+    "utils": 0,  # atomic files, locks, the process group, figures, ranges
     "models": 1,  # the network, its parts, the registry of names, the families
     "data": 2,  # images, datasets, transforms, MixUp/CutMix, loaders
     "interop": 2,  # weights files, foreign layouts, ONNX export and runtime
