@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         use_threads(args.threads)
         device = resolve_device(onnx_device(args), info)
         setup(info, device)  # torchrun: join the others (gloo on CPU); nothing otherwise
-        with process_group.failing_together(info, (locks.InUseError,)):
+        with process_group.failing_together(info, (InputError,)):  # hold_output's refusal
             if info.is_main:  # one writer per output file: another job's is refused
                 for flag in ("output", "features"):
                     if getattr(args, flag) is not None:

@@ -19,7 +19,6 @@ from typing import TextIO
 
 import numpy as np
 import torch
-from PIL import Image
 
 from ..data.images import CorruptImageError, open_image
 from ..data.transforms_factory import create_transform
@@ -59,21 +58,6 @@ class BatchResult:
 
     records: list[dict]
     unreadable: list[str]
-
-
-@torch.inference_mode()
-def predict(model: VisionTransformer, images: list[Image.Image], top_k: int) -> tuple:
-    """PIL images -> (probabilities, class indices), each (B, top_k), best first."""
-    transform = create_transform(model.preprocess)
-    batch = torch.stack([transform(image) for image in images])  # (B, 3, H, W)
-    device = next(model.parameters()).device
-    return top_classes(model, batch.to(device), top_k)
-
-
-@torch.inference_mode()
-def top_classes(model: VisionTransformer, batch: torch.Tensor, top_k: int) -> tuple:
-    """A prepared batch (B, 3, H, W) -> (probabilities, class indices), each (B, k), best first."""
-    return best_of(model.eval()(batch), top_k)
 
 
 def best_of(logits: torch.Tensor, top_k: int) -> tuple:

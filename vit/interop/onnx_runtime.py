@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 
 from ..models.registry import Preprocess
+from .export_check import INSTALL_HINT
 
 OUTPUT_KINDS = ("logits", "embeddings")
-INSTALL = "pip install -e '.[interop]'"
 
 
 class OnnxModel:
@@ -123,7 +123,7 @@ def _onnxruntime():
     try:
         import onnxruntime
     except ImportError:
-        raise ValueError(f"running an ONNX file needs onnxruntime: {INSTALL}") from None
+        raise ValueError(f"running an ONNX file needs onnxruntime: {INSTALL_HINT}") from None
     return onnxruntime
 
 
