@@ -159,6 +159,11 @@ def test_a_refused_or_failed_start_leaves_no_folder(tmp_path):
         assert (folder / locks.LOCK_NAME).is_file()
         raise ValueError("boom")
     assert not folder.exists()
+    output = tmp_path / "a" / "b" / "preds.csv"  # an output file's folders, made for its lock
+    with pytest.raises(ValueError, match="boom"), locks.hold(output, folder=False):
+        assert locks.lock_file(output, folder=False).is_file()
+        raise ValueError("boom")
+    assert not (tmp_path / "a").exists()
 
 
 # -- --features on a classifier: one forward pass --------------------------------------------------

@@ -66,14 +66,15 @@ def holder(path: Path, folder: bool) -> tuple[int | None, str] | None:
 @contextmanager
 def hold(path: Path, folder: bool) -> Iterator[None]:
     """Hold `path`'s lock for the block, or raise InUseError at once if another process holds
-    it. A folder that does not exist is made for its lock file and removed again at the end if
-    the block left it empty, so a refused or failed start leaves nothing behind."""
+    it. Folders that do not exist (the locked folder, or an output file's folder) are made for
+    the lock file and removed again at the end if the block left them empty, so a refused or
+    failed start leaves nothing behind."""
     path = Path(path)
     if fcntl is None:
         yield
         return
-    made = folder and not path.exists()
     target = lock_file(path, folder)
+    made = [d for d in [target.parent, *target.parent.parents] if not d.exists()]
     target.parent.mkdir(parents=True, exist_ok=True)
     fd = _acquire(path, target)
     try:
@@ -85,11 +86,11 @@ def hold(path: Path, folder: bool) -> Iterator[None]:
         # _acquire) instead of locking an orphan beside the next holder.
         target.unlink(missing_ok=True)
         os.close(fd)
-        if made:
+        for folder_made in made:  # deepest first
             try:
-                path.rmdir()  # only if the block wrote nothing there
+                folder_made.rmdir()  # only if the block wrote nothing there
             except OSError:
-                pass
+                break
 
 
 def _acquire(path: Path, target: Path) -> int:
