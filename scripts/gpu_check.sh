@@ -4,7 +4,7 @@
 # and one JSON + one log of what was measured (docs/gpu.md says how to read them).
 #
 #   bash scripts/gpu_check.sh OUTDIR [STAGE ...]    # on the GPU machine; STAGE: tests train bench
-#                                                   # (default: all three, in that order)
+#                                                   # speedrun (default: the first three, in order)
 #   bash scripts/gpu_check.sh --pack                # here, before: build/gpu (data and wheels)
 #   bash scripts/gpu_check.sh --restore FOLDER      # here, after: what came back -> build/gpu/resume
 #
@@ -35,6 +35,15 @@
 # (benchmarks/inference_throughput.py flags in place of the defaults), VIT_GPU_TESTS (pytest
 # flags selecting the tests, default "-k cuda": the CUDA cases; "" for the CPU cases too),
 # PYTHON (default python3).
+# The speedrun stage (issue 38; docs/gpu.md): benchmarks/training_pipeline.py (today's pipeline
+# against the speedrun's: images/s, ms per step, the GPU's busy share; VIT_GPU_PIPELINE_ARGS
+# adds flags, VIT_GPU_PIPELINE=0 skips it), then configs/cifar10_gpu_speedrun.yaml once per
+# seed of VIT_GPU_SEEDS (default "0 1"), one after another, each the whole train.py command
+# timed as a first run on a bare machine (caches of its own for decoded images and compiled
+# kernels), time-boxed to VIT_GPU_SPEEDRUN_SECONDS (default 330), VIT_GPU_SPEEDRUN_ARGS added,
+# its final weights evaluated with --tta flip beside: gpu_check.json's "pipeline" and
+# "speedrun" (per seed: status, wall seconds, every epoch with its time since the command
+# started, when it first reached 90, 93 and 94%, top-1 single view and with TTA).
 # VIT_GPU_BUILD (default build/gpu) and VIT_GPU_DATA (default /tmp/vit-cifar10-jpg): where the
 # carried files and the unpacked images are. VIT_GPU_CHECK_CPU=1 runs the stages on the CPU,
 # to test this script's mechanics (tests/test_gpu.py does): its figures mean nothing.
@@ -113,7 +122,7 @@ case "${1:-}" in
         [ $# -eq 2 ] || { say "--restore takes one folder (where the device's files came back)"; exit 2; }
         restore "$2"; exit 0 ;;
     "" | -*)
-        say "usage: bash scripts/gpu_check.sh OUTDIR [tests] [train] [bench] | --pack | --restore FOLDER"
+        say "usage: bash scripts/gpu_check.sh OUTDIR [tests] [train] [bench] [speedrun] | --pack | --restore FOLDER"
         exit 2 ;;
 esac
 OUTDIR="$1"
@@ -122,8 +131,8 @@ STAGES=("$@")
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(tests train bench)
 for STAGE in "${STAGES[@]}"; do
     case "$STAGE" in
-        tests | train | bench) ;;
-        *) say "unknown stage '$STAGE'; accepted: tests, train, bench"; exit 2 ;;
+        tests | train | bench | speedrun) ;;
+        *) say "unknown stage '$STAGE'; accepted: tests, train, bench, speedrun"; exit 2 ;;
     esac
 done
 
@@ -246,18 +255,21 @@ EOF
     [ "$status" -eq 0 ] || FAILED+=(tests)
 }
 
+unpack_data() {  # the CIFAR-10 JPEGs into $DATA, from the carried pack (or an earlier call's)
+    if [ -f "$PACKED" ]; then
+        "$PYTHON" scripts/pack_cifar10.py --unpack "$PACKED" "$DATA"
+    elif [ ! -f "$DATA/.unpacked" ]; then  # (a warm machine keeps an earlier call's images)
+        say "no $PACKED: run 'bash scripts/gpu_check.sh --pack' where the data is, carry $BUILD"
+        return 1
+    fi
+}
+
 run_train() {
     local run="$OUTDIR/run" seconds="${VIT_GPU_TRAIN_SECONDS:-240}" status=0 args
     local cores workers
     cores="$(nproc)"
     workers="${VIT_GPU_WORKERS:-$(( cores > 14 ? 12 : (cores > 2 ? cores - 2 : 0) ))}"
-    if [ -f "$PACKED" ]; then
-        "$PYTHON" scripts/pack_cifar10.py --unpack "$PACKED" "$DATA"
-    elif [ ! -f "$DATA/.unpacked" ]; then  # (a warm machine keeps an earlier call's images)
-        say "no $PACKED: run 'bash scripts/gpu_check.sh --pack' where the data is, carry $BUILD"
-        FAILED+=(train)
-        return 0
-    fi
+    unpack_data || { FAILED+=(train); return 0; }
     if [ ! -f "$run/training_state.pt" ] && ls "$RESUME"/run-state.tgz.part-* >/dev/null 2>&1; then
         echo "restoring the run from $RESUME (a fresh machine)"
         mkdir -p "$run"
@@ -343,6 +355,84 @@ run_bench() {
         --json "$OUTDIR/bench.json" || status=$?
     if [ -f "$OUTDIR/bench.json" ]; then record throughput "$OUTDIR/bench.json"; fi
     [ "$status" -eq 0 ] || FAILED+=(bench)
+}
+
+run_speedrun() {
+    unpack_data || { FAILED+=(speedrun); return 0; }
+    local status=0 seed
+    if [ "${VIT_GPU_PIPELINE:-1}" != 0 ]; then
+        # shellcheck disable=SC2086  # flags, split on spaces
+        "$PYTHON" benchmarks/training_pipeline.py --data "$DATA" --device "$DEVICE" \
+            --images 10240 ${VIT_GPU_PIPELINE_ARGS:-} --json "$OUTDIR/pipeline.json" || status=$?
+        if [ -f "$OUTDIR/pipeline.json" ]; then record pipeline "$OUTDIR/pipeline.json"; fi
+        copy_out
+    fi
+    for seed in ${VIT_GPU_SEEDS:-0 1}; do
+        speedrun_seed "$seed" || status=1
+        record speedrun "$OUTDIR/speedrun-$seed.json" append
+        copy_out  # what is measured comes back even if a later seed runs past the call
+    done
+    [ "$status" -eq 0 ] || FAILED+=(speedrun)
+}
+
+speedrun_seed() {  # speedrun_seed SEED: the recipe's whole command, timed; TTA beside it
+    local seed="$1" run="$OUTDIR/speedrun-$1" caches="$OUTDIR/caches-$1" status=0 started ended
+    rm -rf "$caches"  # a first run on a bare machine: decoding and compilation included
+    started="$(date +%s.%N)"
+    # shellcheck disable=SC2086  # VIT_GPU_SPEEDRUN_ARGS: flags, split on spaces
+    TORCHINDUCTOR_CACHE_DIR="$caches/inductor" TRITON_CACHE_DIR="$caches/triton" \
+        timeout --preserve-status -s INT -k 60 "${VIT_GPU_SPEEDRUN_SECONDS:-330}" \
+        "$PYTHON" train.py --config configs/cifar10_gpu_speedrun.yaml --data "$DATA" \
+        --seed "$seed" --output-dir "$run" --overwrite --device "$DEVICE" \
+        --cache-dir "$caches/decoded" ${VIT_GPU_SPEEDRUN_ARGS:-} || status=$?
+    ended="$(date +%s.%N)"
+    if [ -f "$run/model.safetensors" ]; then  # the kept (EMA) weights of the last epoch
+        "$PYTHON" evaluate.py --checkpoint "$run" --data "$DATA" --device "$DEVICE" --tta flip \
+            --json "$run/tta.json" || status=1
+    fi
+    "$PYTHON" - "$run" "$seed" "$status" "$started" "$ended" "$OUTDIR/speedrun-$seed.json" <<'PY'
+import csv, json, sys
+from pathlib import Path
+run, seed, status, started, ended, out = sys.argv[1:]
+run, started = Path(run), float(started)
+rows = list(csv.DictReader(open(run / "metrics.csv"))) if (run / "metrics.csv").is_file() else []
+def number(value):
+    return float(value) if value not in ("", None) else None
+epochs = []
+for row in rows:
+    kept = number(row["ema_top1"]) if row["ema_top1"] else number(row["test_top1"])
+    epochs.append({
+        "epoch": int(row["epoch"]),
+        "since_start_s": round(float(row["finished_at"]) - started, 1),
+        "epoch_seconds": number(row["epoch_seconds"]),
+        "train_images_per_s": number(row["train_images_per_s"]),
+        "train_loss": number(row["train_loss"]),
+        "test_top1": number(row["test_top1"]),
+        "ema_top1": number(row["ema_top1"]),
+        "kept_top1": kept,  # the weights the run keeps: the EMA's where there is one
+    })
+evaluated = [e for e in epochs if e["kept_top1"] is not None]
+reached = {
+    str(goal): next((e["since_start_s"] for e in evaluated if e["kept_top1"] >= goal / 100), None)
+    for goal in (90, 93, 94)
+}
+tta = json.loads((run / "tta.json").read_text()) if (run / "tta.json").is_file() else {}
+result = {
+    "seed": int(seed),
+    "status": int(status),
+    "wall_seconds": round(float(ended) - started, 1),
+    "epochs": epochs,
+    "first_reached_s": reached,
+    "top1": evaluated[-1]["kept_top1"] if evaluated else None,
+    "tta_top1": tta.get("tta", {}).get("top1"),
+    "tta_views": "flip",
+}
+Path(out).write_text(json.dumps(result))
+print(f"seed {seed}: status {status}, {result['wall_seconds']} s, top-1 {result['top1']}, "
+      f"with TTA {result['tta_top1']}; first reached 90/93/94% at {reached} s")
+PY
+    # 0: the run ended; 130: its time box stopped it (a result all the same, recorded as such)
+    [ "$status" -eq 0 ] || [ "$status" -eq 130 ]
 }
 
 for STAGE in "${STAGES[@]}"; do

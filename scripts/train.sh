@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Train CIFAR-10 in ./.venv (created if needed), with the recipe that suits this machine:
-#   a GPU: configs/cifar10.yaml (200 epochs, --amp), one process;
+#   a GPU: configs/cifar10_gpu_speedrun.yaml (the images augmented on the GPU, a compiled step,
+#   100 epochs; not yet measured on a GPU: docs/gpu.md), one process; GPU_RECIPE=deit chooses
+#   configs/cifar10.yaml (the DeiT-style 200-epoch recipe, --amp) instead;
 #   no GPU: the ~30-minute CPU recipe, NPROC processes of one thread each under torchrun
 #   (default 2), the config's images per step in all (its batch_size x 2: 128, 256 for the fast
 #   recipe): configs/cifar10_cpu_bf16.yaml where the CPU has
@@ -41,8 +43,17 @@ fi
 
 DATA="${DATA:-cifar10}"
 if python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "[vit] GPU found: the GPU recipe, configs/cifar10.yaml with --amp"
-    exec python train.py --config configs/cifar10.yaml --amp --data "$DATA" "$@"
+    case "${GPU_RECIPE:-speedrun}" in
+        speedrun)
+            echo "[vit] GPU found: the GPU speedrun recipe, configs/cifar10_gpu_speedrun.yaml"
+            exec python train.py --config configs/cifar10_gpu_speedrun.yaml --data "$DATA" "$@" ;;
+        deit)
+            echo "[vit] GPU found: the DeiT-style recipe, configs/cifar10.yaml with --amp"
+            exec python train.py --config configs/cifar10.yaml --amp --data "$DATA" "$@" ;;
+        *)
+            echo "[vit] GPU_RECIPE=$GPU_RECIPE: accepted: speedrun (the default), deit" >&2
+            exit 2 ;;
+    esac
 fi
 NPROC="${NPROC:-2}"
 CPU_RECIPE="${CPU_RECIPE:-auto}"

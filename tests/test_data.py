@@ -256,8 +256,34 @@ def test_loader_workers_leave_ctrl_c_to_the_main_process():
     dataset = ImageDataset(labels=[0, 1] * 4, class_names=["a", "b"], images=images)
     dataset = dataset.with_transform(_sigint_ignored)
     cfg = TrainConfig(batch_size=4, workers=1)
-    train = build_train_loader(cfg, train_set=dataset, preprocess=None, info=DistInfo(), pin=False)
+    train = build_train_loader(
+        cfg, train_set=dataset, preprocess=None, info=DistInfo(), device=torch.device("cpu")
+    )
     test = eval_loader(dataset, batch_size=4, workers=1, info=DistInfo(), pin=False)
     for loader in (train, test):
         ignored, _ = next(iter(loader))
         assert ignored.tolist() == [True] * 4
+
+
+def test_test_images_come_from_memory_where_the_eval_transform_only_normalises():
+    """With --batch-augment the test images are evaluated from memory when the evaluation
+    transform would leave their pixels as they are (at the input size, a resize that keeps it);
+    a resize or a crop keeps the DataLoader of the transform itself."""
+    from vit.data.batch_pipeline import InMemoryEvalBatches
+    from vit.models.registry import Preprocess
+    from vit.training.settings import TrainConfig
+    from vit.training.train_loader import build_test_loader
+    from vit.utils.process_group import DistInfo
+
+    def loader(side: int, crop_pct: float = 1.0, batch_augment: bool = True):
+        images = np.zeros((8, side, side, 3), dtype=np.uint8)
+        dataset = ImageDataset(labels=[0, 1] * 4, class_names=["a", "b"], images=images)
+        preprocess = Preprocess(input_size=(32, 32), crop_pct=crop_pct)
+        cfg = TrainConfig(batch_size=4, workers=0, batch_augment=batch_augment)
+        cpu = torch.device("cpu")
+        return build_test_loader(cfg, dataset, preprocess, info=DistInfo(), device=cpu)
+
+    assert isinstance(loader(32), InMemoryEvalBatches)
+    assert not isinstance(loader(32, crop_pct=0.9), InMemoryEvalBatches)  # resized to 35, cropped
+    assert not isinstance(loader(40), InMemoryEvalBatches)  # resized to 32
+    assert not isinstance(loader(32, batch_augment=False), InMemoryEvalBatches)

@@ -99,9 +99,10 @@ def device_args(device: torch.device) -> list[str]:
     """train.py flags for a tiny, deterministic run on `device` (one thread on the CPU, where
     the thread count changes the order of float sums). No stochastic depth: its masks come
     from the device's generator, so a run on CUDA and one on the CPU would train on different
-    masks (augmentation, MixUp and CutMix draw on the CPU either way:
-    `test_mixup_cutmix_on_the_device_draws_as_on_the_cpu`). No MixUp or CutMix: the tiny runs
-    learn in two epochs without them."""
+    masks (per-image augmentation, MixUp and CutMix draw on the CPU either way:
+    `test_mixup_cutmix_on_the_device_draws_as_on_the_cpu`; --batch-augment draws on the device,
+    `test_batches_on_the_device_are_crops_and_flips_of_their_images`). No MixUp or CutMix: the
+    tiny runs learn in two epochs without them."""
     threads = ["--threads", "1"] if device.type == "cpu" else []
     no_draws = ["--mixup", "0", "--cutmix", "0", "--drop-path", "0"]
     return ["--device", str(device), *threads, *no_draws]
@@ -192,16 +193,21 @@ def engine_run(device: torch.device, **settings) -> build.Run:
     torch.nn.init.normal_(model.head.weight, std=0.02)
     model.to(device)
     state = build.build_training_state(cfg, model, steps_per_epoch=8, device=device, info=info)
+    train_model = build.wrap_model(model, cfg, info, device)
+    mixup = build.build_mixup(cfg, len(CLASSES))
     return build.Run(
         cfg=cfg,
         info=info,
         device=device,
         model=model,
-        train_model=build.wrap_model(model, cfg, info, device),
+        train_model=train_model,
+        forward_loss=build.build_forward_loss(
+            train_model, cfg, device, soft_targets=mixup is not None
+        ),
         train_loader=None,
         test_loader=None,
         state=state,
-        mixup=build.build_mixup(cfg, len(CLASSES)),
+        mixup=mixup,
         num_images=0,
     )
 
@@ -309,7 +315,7 @@ def test_ema_lives_on_the_device_and_averages_each_step(device):
 def test_compiled_steps_match_eager_steps(device):
     eager = engine_run(device)
     compiled = engine_run(device, compile=True)
-    assert compiled.train_model is not compiled.model  # wrapped by torch.compile
+    assert hasattr(compiled.forward_loss, "_torchdynamo_orig_callable")  # torch.compile's
     assert train_steps(compiled, 3) == pytest.approx(train_steps(eager, 3), rel=1e-4)
     # Fused kernels sum in another order; Adam turns that into up to ~3% of a step (lr 3e-3)
     # where a gradient is tiny, a whole step where it is rounding noise (the qkv key bias).
@@ -317,6 +323,133 @@ def test_compiled_steps_match_eager_steps(device):
     for key, value in compiled.model.state_dict().items():  # plain names: no `_orig_mod.`
         atol = LR_STEPS if key.endswith("qkv.bias") else 1e-4
         assert torch.allclose(value, weights[key], rtol=0, atol=atol), key
+
+
+@pytest.mark.slow  # torch.compile: a minute of compilation and CUDA graph capture
+def test_cuda_graph_steps_match_eager_steps(device):
+    """--compile-mode reduce-overhead: the step's forward and backward replayed as CUDA graphs
+    train as the eager steps do (the same bound as plain --compile's)."""
+    if device.type != "cuda":
+        pytest.skip("CUDA graphs need a GPU (on a CPU reduce-overhead compiles as default)")
+    eager = engine_run(device)
+    graphed = engine_run(device, compile=True, compile_mode="reduce-overhead")
+    assert train_steps(graphed, 5) == pytest.approx(train_steps(eager, 5), rel=1e-4)
+
+
+def test_adamw_is_one_fused_kernel_on_a_gpu_only(device):
+    """On a GPU torch's fused AdamW (one launch for every tensor); on the CPU the foreach
+    update every CPU run so far took."""
+    run = engine_run(device, opt="adamw")
+    assert bool(run.state.optimizer.defaults["fused"]) == (device.type == "cuda")
+    losses = train_steps(run, 3)
+    assert losses[-1] < losses[0]
+
+
+# -- the in-memory pipeline on the device -------------------------------------------------------
+def _source_images(count: int = 64, side: int = 8) -> torch.Tensor:
+    """(count, side, side, 3) uint8 images with no two equal windows (random bytes)."""
+    generator = torch.Generator().manual_seed(3)
+    return torch.randint(0, 256, (count, side, side, 3), dtype=torch.uint8, generator=generator)
+
+
+def test_batches_on_the_device_are_crops_and_flips_of_their_images(device):
+    """--batch-augment on `device`: the images, labels and draws live there; every yielded
+    image is its source (its label is its index) padded, cropped at one of the (2p+1)^2
+    offsets, maybe flipped, normalised; over the epoch about half are flipped and every offset
+    occurs. On the CPU the draws are today's (tests/test_training_levers.py pins them); on a GPU
+    they come from its generator: these properties are what both must have."""
+    from vit.data.batch_pipeline import InMemoryBatches
+
+    source = _source_images()
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    batches = InMemoryBatches(
+        source,
+        range(len(source)),
+        batch_size=16,
+        mean=mean,
+        std=std,
+        pad=2,
+        seed=5,
+        device=device,
+    )
+    batches.set_epoch(1)
+    padded = torch.nn.functional.pad(source.permute(0, 3, 1, 2).float(), (2, 2, 2, 2))
+    norm_mean = torch.tensor(mean).view(3, 1, 1) * 255
+    norm_std = torch.tensor(std).view(3, 1, 1) * 255
+    offsets, flips, seen = set(), 0, []
+    for images, labels in batches:
+        assert images.device.type == labels.device.type == device.type
+        for image, label in zip(images.cpu(), labels.cpu().tolist(), strict=True):
+            pixels = image * norm_std + norm_mean  # back to 0..255
+            found = [
+                (dy, dx, flip)
+                for dy in range(5)
+                for dx in range(5)
+                for flip in (False, True)
+                if torch.allclose(
+                    pixels,
+                    (lambda w: w.flip(-1) if flip else w)(
+                        padded[label, :, dy : dy + 8, dx : dx + 8]
+                    ),
+                    atol=1e-3,
+                )
+            ]
+            assert found, f"image {label}: no crop or flip of its source"
+            offsets.add(found[0][:2])
+            flips += found[0][2]
+            seen.append(label)
+    assert sorted(seen) == list(range(len(source)))  # each image once per epoch
+    assert 16 <= flips <= 48  # Binomial(64, 1/2): outside 16..48 has probability < 1e-4
+    assert len(offsets) >= 20  # 25 offsets, 64 draws: missing 6 has probability < 1e-3
+
+
+def test_erasing_on_the_device_fills_one_box_per_chosen_image(device):
+    """Random erasing drawn on `device`: each chosen image gets one box of 10-40% a side filled
+    with noise of unit variance, the others are untouched, about `prob` of them chosen."""
+    from vit.data.batch_pipeline import random_erase
+
+    x = torch.full((256, 3, 20, 20), 7.0, device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    out = random_erase(x, prob=0.5, generator=generator).cpu()
+    changed = (out != 7.0).any(dim=1)  # (B, H, W)
+    chosen = changed.flatten(1).any(dim=1)
+    assert 96 <= int(chosen.sum()) <= 160  # Binomial(256, 1/2)
+    for mask in changed[chosen]:
+        rows, cols = mask.any(dim=1).nonzero(), mask.any(dim=0).nonzero()
+        height, width = int(rows.max() - rows.min() + 1), int(cols.max() - cols.min() + 1)
+        assert 2 <= height <= 8 and 2 <= width <= 8  # 10-40% of 20
+        assert int(mask.sum()) == height * width  # one rectangle
+    noise = out[chosen][(out[chosen] != 7.0)]
+    assert abs(float(noise.std()) - 1) < 0.1 and abs(float(noise.mean())) < 0.1
+
+
+def test_test_images_on_the_device_equal_the_evaluation_transform(device):
+    """The test batches evaluated from memory on `device` hold the evaluation transform's
+    values (ToTensor, Normalize: the same operations), each process its every world-th image."""
+    from vit.data.batch_pipeline import InMemoryEvalBatches
+    from vit.data.transforms import EvalTransform
+
+    source = _source_images(count=10, side=32).numpy()
+    preprocess = vit.create_model("vit_cifar_patch4_32", **TINY).preprocess
+    transform = EvalTransform(preprocess)
+    for rank in range(2):
+        batches = InMemoryEvalBatches(
+            source,
+            range(10),
+            batch_size=4,
+            mean=preprocess.mean,
+            std=preprocess.std,
+            rank=rank,
+            world_size=2,
+            device=device,
+        )
+        labels = torch.cat([y for _, y in batches]).cpu()
+        images = torch.cat([x for x, _ in batches]).cpu()
+        assert labels.tolist() == list(range(rank, 10, 2)) and len(batches) == 2
+        expected = torch.stack([transform(source[i]) for i in labels.tolist()])
+        torch.testing.assert_close(
+            images, expected, rtol=0, atol=0 if device.type == "cpu" else 1e-6
+        )
 
 
 # -- train.py on the device: batch augmentation, resume, save here and load there, DDP ----------
@@ -708,3 +841,43 @@ def test_gpu_check_stages_time_box_and_resume_on_a_fresh_machine(image_folder, t
 
     again = gpu_check(str(tmp_path / "machine2"), "train", **settings)
     assert again.returncode == 0 and "nothing to train" in again.stdout
+
+
+@pytest.mark.slow  # the pipeline benchmark's two rows and a tiny speedrun: ~1 minute on a CPU
+def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(image_folder, tmp_path):
+    """The speedrun stage's mechanics on the CPU (VIT_GPU_CHECK_CPU=1; tiny settings, no
+    compilation): the pipeline benchmark's rows, then per seed the recipe's whole train.py
+    command timed from before its start, every epoch's time since then within that wall time,
+    the final weights' top-1 with flip TTA beside, and the records back in $OUT."""
+    build, out = tmp_path / "build", tmp_path / "out"
+    packer = [sys.executable, str(ROOT / "scripts" / "pack_cifar10.py")]
+    packing = [*packer, "--source", str(image_folder), "--output", str(build / "cifar10-jpg.npz")]
+    subprocess.run(packing, check=True, capture_output=True)
+    out.mkdir()
+    tiny = ["--batch-size", "8", "--threads", "1", "--no-compile", "--epochs", "3"]
+    done = gpu_check(
+        str(tmp_path / "machine"),
+        "speedrun",
+        OUT=str(out),
+        VIT_GPU_CHECK_CPU="1",
+        VIT_GPU_BUILD=str(build),
+        VIT_GPU_DATA=str(tmp_path / "data"),
+        VIT_GPU_PIPELINE_ARGS="--images 24 --epochs 1 --shapes 64d-2L-2h-r2 --cache-dir none "
+        "--set compile=false threads=1 batch_size=8 workers=0",
+        VIT_GPU_SEEDS="3",
+        VIT_GPU_SPEEDRUN_ARGS=" ".join([*TINY_KWARGS, *tiny, "--eval-interval", "1"]),
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    records = json.loads((out / "gpu_check.json").read_text())
+    rows = records["pipeline"]["rows"]
+    assert [row["config"] for row in rows] == [
+        "configs/cifar10.yaml",
+        "configs/cifar10_gpu_speedrun.yaml",
+    ]
+    assert all(row["images_per_s"] > 0 and row["gpu_busy_share"] is None for row in rows)
+    (seed,) = records["speedrun"]
+    assert seed["seed"] == 3 and seed["status"] == 0
+    times = [epoch["since_start_s"] for epoch in seed["epochs"]]
+    assert len(times) == 3 and 0 < times[0] < times[1] < times[2] <= seed["wall_seconds"]
+    assert seed["top1"] == seed["epochs"][-1]["ema_top1"]  # the kept weights: the EMA's
+    assert 0 <= seed["tta_top1"] <= 1 and set(seed["first_reached_s"]) == {"90", "93", "94"}

@@ -10,6 +10,15 @@ tensor and every augmentation is a tensor operation on the batch:
 Randomness comes from a generator seeded by (seed, epoch), never from the global RNG, so an
 epoch's batches are the same after a resume, and every process of a distributed run draws the
 same permutation and takes its own share of it.
+
+On a GPU (`device`) the uint8 images, the generator and every operation live there: a step
+costs the host a few kernel launches and no copy, and nothing waits for the GPU. The draws then
+come from the GPU's generator (Philox, where the CPU's is a Mersenne twister): the same
+distributions, other values, so a run keeps the device it started its epochs on for them to
+repeat exactly. On the CPU the draws are those of every earlier release.
+
+The test images take the same way (`InMemoryEvalBatches`): normalised in large batches where
+they lie, the values of the evaluation transform, where that transform only normalises.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ class InMemoryBatches:
     epochs every image is seen both ways, where random flips miss a quarter of them).
     reprob: probability of random erasing (one box of 10-40% per side, filled with normal
     noise after normalisation, as timm's RandomErasing).
+    device: where the images are held, augmented and yielded (a GPU: see the module's notes).
     Call `set_epoch(epoch, size)` before iterating; `size` (default H) resizes the batch.
     """
 
@@ -49,27 +59,21 @@ class InMemoryBatches:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        device: torch.device | str = "cpu",
     ) -> None:
-        images = torch.as_tensor(images)
-        if images.dtype != torch.uint8 or images.ndim != 4:
-            raise ValueError(
-                f"InMemoryBatches needs uint8 images (N, H, W, 3) or (N, 3, H, W), got "
-                f"{images.dtype} {tuple(images.shape)}"
-            )
-        if images.shape[-1] == 3 and images.shape[1] != 3:
-            images = images.permute(0, 3, 1, 2)  # (N, H, W, 3) -> (N, 3, H, W)
-        self.images = images.contiguous()
-        self.labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
-        if len(self.labels) != len(self.images):
-            raise ValueError(f"{len(self.images)} images but {len(self.labels)} labels")
+        self.device = torch.device(device)
+        images, labels = labelled_images(images, labels, "InMemoryBatches")
+        self.images, self.labels = images.to(self.device), labels.to(self.device)
         self.batch_size = batch_size
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1) * 255
-        self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1) * 255
+        self.mean = pixel_scaled(mean, self.device)
+        self.std = pixel_scaled(std, self.device)
         self.pad, self.hflip, self.reprob = pad, hflip, reprob
         # Which images start flipped under hflip_alternate: fixed by the seed, not the epoch.
-        start = torch.Generator().manual_seed(seed * 1_000_003 - 1)
+        start = self.generator(seed * 1_000_003 - 1)
         self.flip_start = (
-            torch.rand(len(self.images), generator=start) < 0.5 if hflip_alternate else None
+            torch.rand(len(self.images), generator=start, device=self.device) < 0.5
+            if hflip_alternate
+            else None
         )
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch = 0
@@ -90,9 +94,12 @@ class InMemoryBatches:
     def __len__(self) -> int:
         return self.per_process // self.batch_size
 
+    def generator(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(seed)
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(len(self.images), generator=generator)
+        generator = self.generator(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(len(self.images), generator=generator, device=self.device)
         mine = order[self.rank :: self.world_size][: self.per_process]
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             index = mine[start : start + self.batch_size]
@@ -112,7 +119,7 @@ class InMemoryBatches:
             flip = self.flip_start[index] ^ bool(self.epoch % 2)  # (B,)
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         elif self.hflip > 0:
-            flip = torch.rand(B, generator=generator) < self.hflip  # (B,)
+            flip = torch.rand(B, generator=generator, device=x.device) < self.hflip  # (B,)
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         if self.size != H or self.size != W:
             x = F.interpolate(
@@ -125,30 +132,93 @@ class InMemoryBatches:
 
 
 def random_crop(x: torch.Tensor, pad: int, generator: torch.Generator) -> torch.Tensor:
-    """Zero-pad (B, C, H, W) by `pad` on every side and crop each image back at its own offset."""
+    """Zero-pad (B, C, H, W) by `pad` on every side and crop each image back at its own offset.
+    `generator` lives on x's device."""
     B, C, H, W = x.shape
+    on = {"device": x.device}
     padded = F.pad(x, (pad, pad, pad, pad))  # (B, C, H + 2p, W + 2p)
-    dy = torch.randint(0, 2 * pad + 1, (B,), generator=generator)
-    dx = torch.randint(0, 2 * pad + 1, (B,), generator=generator)
-    rows = (dy[:, None] + torch.arange(H))[:, None, :, None]  # (B, 1, H, 1)
-    cols = (dx[:, None] + torch.arange(W))[:, None, None, :]  # (B, 1, 1, W)
-    batch = torch.arange(B)[:, None, None, None]
-    channel = torch.arange(C)[None, :, None, None]
+    dy = torch.randint(0, 2 * pad + 1, (B,), generator=generator, **on)
+    dx = torch.randint(0, 2 * pad + 1, (B,), generator=generator, **on)
+    rows = (dy[:, None] + torch.arange(H, **on))[:, None, :, None]  # (B, 1, H, 1)
+    cols = (dx[:, None] + torch.arange(W, **on))[:, None, None, :]  # (B, 1, 1, W)
+    batch = torch.arange(B, **on)[:, None, None, None]
+    channel = torch.arange(C, **on)[None, :, None, None]
     return padded[batch, channel, rows, cols]  # (B, C, H, W)
 
 
 def random_erase(x: torch.Tensor, prob: float, generator: torch.Generator) -> torch.Tensor:
-    """With probability `prob` per image, fill one box (10-40% per side) with N(0, 1) noise."""
+    """With probability `prob` per image, fill one box (10-40% per side) with N(0, 1) noise.
+    `generator` lives on x's device."""
     B, C, H, W = x.shape
-    apply = torch.rand(B, generator=generator) < prob  # (B,)
-    box_h = (torch.empty(B).uniform_(0.1, 0.4, generator=generator) * H).long().clamp(min=1)
-    box_w = (torch.empty(B).uniform_(0.1, 0.4, generator=generator) * W).long().clamp(min=1)
-    top = (torch.rand(B, generator=generator) * (H - box_h + 1)).long()  # (B,)
-    left = (torch.rand(B, generator=generator) * (W - box_w + 1)).long()
-    rows = torch.arange(H)[None, :]  # (1, H)
-    cols = torch.arange(W)[None, :]
+    on = {"device": x.device}
+    apply = torch.rand(B, generator=generator, **on) < prob  # (B,)
+    box_h = (torch.empty(B, **on).uniform_(0.1, 0.4, generator=generator) * H).long().clamp(min=1)
+    box_w = (torch.empty(B, **on).uniform_(0.1, 0.4, generator=generator) * W).long().clamp(min=1)
+    top = (torch.rand(B, generator=generator, **on) * (H - box_h + 1)).long()  # (B,)
+    left = (torch.rand(B, generator=generator, **on) * (W - box_w + 1)).long()
+    rows = torch.arange(H, **on)[None, :]  # (1, H)
+    cols = torch.arange(W, **on)[None, :]
     in_rows = (rows >= top[:, None]) & (rows < (top + box_h)[:, None])  # (B, H)
     in_cols = (cols >= left[:, None]) & (cols < (left + box_w)[:, None])  # (B, W)
     box = in_rows[:, None, :, None] & in_cols[:, None, None, :] & apply[:, None, None, None]
-    noise = torch.randn(x.shape, generator=generator)
+    noise = torch.randn(x.shape, generator=generator, **on)
     return torch.where(box, noise, x)  # (B, C, H, W)
+
+
+class InMemoryEvalBatches:
+    """The test images as an iterable of (images (B, 3, H, W) float, labels (B,) int64) batches
+    on `device`, normalised as the evaluation transform does (ToTensor, then Normalize: the same
+    operations, so the same values) for images already at the model's input size, which that
+    transform then only normalises. Under DDP each process takes every world_size-th image, as
+    `vit.data.loaders.eval_loader` does."""
+
+    def __init__(
+        self,
+        images: np.ndarray | torch.Tensor,
+        labels: Sequence[int] | np.ndarray,
+        *,
+        batch_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        rank: int = 0,
+        world_size: int = 1,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        images, labels = labelled_images(images, labels, "InMemoryEvalBatches")
+        self.images = images[rank::world_size].to(device)  # (N / world, 3, H, W) uint8
+        self.labels = labels[rank::world_size].to(device)
+        self.batch_size = batch_size
+        self.mean = torch.tensor(mean, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32, device=device).view(1, 3, 1, 1)
+
+    def __len__(self) -> int:
+        return -(-len(self.images) // self.batch_size)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for start in range(0, len(self.images), self.batch_size):
+            batch = self.images[start : start + self.batch_size].float().div(255)  # ToTensor
+            yield (batch - self.mean) / self.std, self.labels[start : start + self.batch_size]
+
+
+def labelled_images(
+    images: np.ndarray | torch.Tensor, labels: Sequence[int] | np.ndarray, who: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 images (N, H, W, 3) (numpy, as decoded) or (N, 3, H, W), and N labels ->
+    ((N, 3, H, W) uint8, (N,) int64) tensors; ValueError naming `who` for anything else."""
+    images = torch.as_tensor(images)
+    if images.dtype != torch.uint8 or images.ndim != 4:
+        raise ValueError(
+            f"{who} needs uint8 images (N, H, W, 3) or (N, 3, H, W), got "
+            f"{images.dtype} {tuple(images.shape)}"
+        )
+    if images.shape[-1] == 3 and images.shape[1] != 3:
+        images = images.permute(0, 3, 1, 2)  # (N, H, W, 3) -> (N, 3, H, W)
+    labels = torch.as_tensor(np.asarray(labels), dtype=torch.int64)
+    if len(labels) != len(images):
+        raise ValueError(f"{len(images)} images but {len(labels)} labels")
+    return images.contiguous(), labels
+
+
+def pixel_scaled(values: Sequence[float], device: torch.device) -> torch.Tensor:
+    """Per-channel mean or std on the 0..1 scale -> (1, 3, 1, 1) on the 0..255 scale."""
+    return torch.tensor(values, dtype=torch.float32, device=device).view(1, 3, 1, 1) * 255

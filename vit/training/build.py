@@ -10,21 +10,24 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from ..data.batch_pipeline import InMemoryBatches
+from ..data.batch_pipeline import InMemoryBatches, InMemoryEvalBatches
 from ..data.datasets import ImageDataset, load_split
-from ..data.loaders import EpochDataLoader, eval_loader
-from ..data.mixup import MixupCutmix
+from ..data.loaders import EpochDataLoader
+from ..data.mixup import MixupCutmix, soft_target_cross_entropy
 from ..data.transforms import EvalTransform, train_transform
 from ..factory.create import create_model
 from ..factory.timm_weights import PretrainedUnavailableError
+from ..inference.precision import autocast
 from ..models.initializers import mimetic_init_, sincos_pos_embed_
 from ..models.vision_transformer import VisionTransformer
 from ..utils import process_group
@@ -47,7 +50,7 @@ from .settings import (
     resolve_optimizer,
     resolve_warmup_epochs,
 )
-from .train_loader import build_train_loader
+from .train_loader import build_test_loader, build_train_loader
 
 logger = logging.getLogger("vit")
 
@@ -132,17 +135,17 @@ def make_loaders(
     model: VisionTransformer,
     info: DistInfo,
     device: torch.device,
-) -> tuple[EpochDataLoader | InMemoryBatches, DataLoader]:
-    """Training and test loaders over datasets made with the model's transforms."""
-    pin = device.type == "cuda"
+) -> tuple[EpochDataLoader | InMemoryBatches, DataLoader | InMemoryEvalBatches]:
+    """Training and test loaders over datasets made with the model's transforms (or, in
+    memory, over the images themselves)."""
     if not cfg.batch_augment:  # in-memory batches augment the raw images themselves
         train_set = train_set.with_transform(train_transform(model.preprocess, cfg.augment()))
     test_set = test_set.with_transform(EvalTransform(model.preprocess))
     train_loader = build_train_loader(
-        cfg, train_set=train_set, preprocess=model.preprocess, info=info, pin=pin
+        cfg, train_set=train_set, preprocess=model.preprocess, info=info, device=device
     )
-    test_loader = eval_loader(
-        test_set, batch_size=cfg.batch_size, workers=cfg.workers, info=info, pin=pin
+    test_loader = build_test_loader(
+        cfg, test_set=test_set, preprocess=model.preprocess, info=info, device=device
     )
     return train_loader, test_loader
 
@@ -160,6 +163,10 @@ def build_training_state(
         weight_decay=cfg.weight_decay,
         muon_lr=cfg.muon_lr,
         muon_ns_dtype=cfg.muon_ns_dtype,
+        # On a GPU one kernel updates every tensor, where the foreach update launches a few per
+        # group of tensors: a small model's step is bound by launches. The CPU keeps foreach,
+        # whose steps every run on a CPU so far took.
+        fused=device.type == "cuda",
     )
     total_steps = cfg.epochs * steps_per_epoch
     schedule = warmup_cosine(
@@ -182,7 +189,7 @@ def build_training_state(
 
 
 def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo, device: torch.device):
-    """What runs forward in training: `model`, maybe DDP-wrapped and/or compiled."""
+    """What runs forward in training: `model`, DDP-wrapped under torchrun."""
     if cfg.amp and device.type == "cpu":
         # PyTorch's CPU flash-attention backward ran 11x slower in bfloat16 than in float32
         # (14 against 1.3 ms a call, the CPU recipe's model, on a Xeon with AMX), so under CPU
@@ -190,16 +197,43 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo, device: torch
         # a step took 0.72x float32's time, against 1.30x with the fused path
         # (docs/cpu-experiments.md).
         model.set_fused_attn(False)
-    wrapped = model
     if info.enabled:
         device_ids = [device.index] if device.type == "cuda" else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids)
-    if cfg.compile:
-        # dynamic=False: one static graph per token count. When --patch-drop-anneal changed
-        # the count, the default (a dynamic-shape graph from the second shape on) failed to
-        # compile (torch 2.14, bfloat16 autocast, 2 DDP processes on a CPU).
-        wrapped = torch.compile(wrapped, dynamic=False)
-    return wrapped
+        return DistributedDataParallel(model, device_ids=device_ids)
+    return model
+
+
+# Graphs one run may compile: one per image size of progressive resizing (5 in the recipes)
+# and per patch-drop rate of its anneal (3), where torch's default stops recompiling at 8.
+RECOMPILE_LIMIT = 32
+
+
+def build_forward_loss(
+    train_model: nn.Module, cfg: TrainConfig, device: torch.device, soft_targets: bool
+) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """(images (B, 3, H, W), targets) -> (logits (B, K), loss): the forward pass under --amp's
+    autocast and the loss, on soft targets (B, K) where MixUp/CutMix mixes, else on labels (B,)
+    with label smoothing. With --compile, model and loss are one compiled graph (and its
+    backward), in --compile-mode: reduce-overhead replays them as CUDA graphs on a GPU."""
+
+    def forward_loss(images: torch.Tensor, targets: torch.Tensor):
+        with autocast(device, cfg.amp, cfg.amp_dtype):
+            logits = train_model(images)  # (B, K)
+            if soft_targets:
+                loss = soft_target_cross_entropy(logits.float(), targets)
+            else:
+                loss = F.cross_entropy(logits.float(), targets, label_smoothing=cfg.label_smoothing)
+        return logits, loss
+
+    if not cfg.compile:
+        return forward_loss
+    torch._dynamo.config.recompile_limit = max(
+        torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT
+    )
+    # dynamic=False: one static graph per token count. When --patch-drop-anneal changed the
+    # count, the default (a dynamic-shape graph from the second shape on) failed to compile
+    # (torch 2.14, bfloat16 autocast, 2 DDP processes on a CPU).
+    return torch.compile(forward_loss, mode=cfg.compile_mode, dynamic=False)
 
 
 def build_mixup(cfg: TrainConfig, num_classes: int) -> MixupCutmix | None:
@@ -223,9 +257,10 @@ class Run:
     info: DistInfo
     device: torch.device
     model: VisionTransformer  # the bare module: what EMA follows and checkpoints hold
-    train_model: nn.Module  # what runs forward in training (maybe DDP-wrapped, compiled)
+    train_model: nn.Module  # what runs forward in training (maybe DDP-wrapped)
+    forward_loss: Callable  # (images, targets) -> (logits, loss), maybe compiled
     train_loader: EpochDataLoader | InMemoryBatches
-    test_loader: DataLoader
+    test_loader: DataLoader | InMemoryEvalBatches
     state: TrainingState
     mixup: MixupCutmix | None
     num_images: int  # in the training split
@@ -247,16 +282,19 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
     )
     if cfg.resume:
         resume(saver, state, cfg, info)
+    train_model = wrap_model(model, cfg, info, device)
+    mixup = build_mixup(cfg, train_set.num_classes)
     return Run(
         cfg=cfg,
         info=info,
         device=device,
         model=model,
-        train_model=wrap_model(model, cfg, info, device),
+        train_model=train_model,
+        forward_loss=build_forward_loss(train_model, cfg, device, soft_targets=mixup is not None),
         train_loader=train_loader,
         test_loader=test_loader,
         state=state,
-        mixup=build_mixup(cfg, train_set.num_classes),
+        mixup=mixup,
         num_images=len(train_set),
     )
 

@@ -59,6 +59,9 @@ METRIC_KEYS = (
     "train_images_per_s",
     "data_seconds",  # of epoch_seconds, the training loop's wait for batches
     "image_size",
+    # Unix time when the epoch's evaluation and row were done: a run's progress against the
+    # clock (scripts/gpu_check.sh's speedrun times the whole command against it)
+    "finished_at",
 )
 
 

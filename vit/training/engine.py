@@ -25,13 +25,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from ..data.mixup import soft_target_cross_entropy
 from ..inference.evaluation import evaluate
-from ..inference.precision import autocast
 from ..utils import locks, process_group
 from ..utils.process_group import DistInfo
 from .build import Run, default_run_dir, start, start_run_dir
@@ -46,15 +43,6 @@ from .settings import (
 )
 
 logger = logging.getLogger("vit")
-
-
-# -- data and model ------------------------------------------------------------------------------
-
-
-# -- model, optimizer, schedule, EMA -------------------------------------------------------------
-
-
-# -- evaluation ----------------------------------------------------------------------------------
 
 
 # -- training ------------------------------------------------------------------------------------
@@ -147,16 +135,7 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
     cfg, state = run.cfg, run.state
     row: dict = state.history[-1] if state.history else {}
     for epoch in range(state.epoch, cfg.epochs):
-        size = image_size_for_epoch(
-            cfg,
-            epoch,
-            final=run.model.preprocess.input_size[0],
-            patch=run.model.patch_embed.patch_size[0],
-        )
-        run.train_loader.set_epoch(epoch, size)
-        run.model.patch_drop.prob = patch_drop_for_epoch(cfg, epoch)
-        if run.mixup is not None:
-            run.mixup.enabled = mixup_on_for_epoch(cfg, epoch)
+        size = start_epoch(run, epoch)
         started = time.perf_counter()
         stats = train_one_epoch(run, epoch=epoch)
         seconds = time.perf_counter() - started
@@ -177,6 +156,23 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
         saver.save(state, kept_metrics, improved)
         process_group.barrier()
     return row
+
+
+def start_epoch(run: Run, epoch: int) -> int:
+    """Set what changes from epoch to epoch (the shuffle and augmentations, the image size, the
+    patch-drop rate, whether MixUp/CutMix mixes); returns the epoch's image size."""
+    cfg = run.cfg
+    size = image_size_for_epoch(
+        cfg,
+        epoch,
+        final=run.model.preprocess.input_size[0],
+        patch=run.model.patch_embed.patch_size[0],
+    )
+    run.train_loader.set_epoch(epoch, size)
+    run.model.patch_drop.prob = patch_drop_for_epoch(cfg, epoch)
+    if run.mixup is not None:
+        run.mixup.enabled = mixup_on_for_epoch(cfg, epoch)
+    return size
 
 
 def evaluate_epoch(run: Run) -> tuple[dict, dict | None]:
@@ -220,6 +216,7 @@ def metrics_row(
         "train_images_per_s": stats["images"] * world_size / seconds,
         "data_seconds": stats["data_seconds"],
         "image_size": size,
+        "finished_at": time.time(),
     }
 
 
@@ -309,17 +306,13 @@ def diverged_message(cfg: TrainConfig, loss: float, epoch: int, step: int, steps
 def forward_loss(
     run: Run, images: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits (B, K), loss): MixUp/CutMix soft targets when on, else label-smoothed labels."""
-    cfg = run.cfg
+    """(logits (B, K), loss): MixUp/CutMix soft targets when on, else label-smoothed labels.
+    The mixing stays outside `run.forward_loss` (compiled with --compile): its boxes are drawn
+    on the host, and a graph would recompile for each."""
+    targets = labels
     if run.mixup is not None:
         images, targets = run.mixup(images, labels)  # soft targets (B, K), smoothing included
-    with autocast(run.device, cfg.amp, cfg.amp_dtype):
-        logits = run.train_model(images)  # (B, K)
-        if run.mixup is not None:
-            loss = soft_target_cross_entropy(logits.float(), targets)
-        else:
-            loss = F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
-    return logits, loss
+    return run.forward_loss(images, targets)
 
 
 def optimizer_step(state: TrainingState, loss: torch.Tensor, clip_grad: float | None) -> float:

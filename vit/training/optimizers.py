@@ -284,12 +284,13 @@ def build_optimizer(
     weight_decay: float,
     muon_lr: float | None = None,
     muon_ns_dtype: str = "float32",
+    fused: bool = False,
 ) -> torch.optim.Optimizer:
     """`name` "adamw": AdamW on everything; "muon": Muon (lr `muon_lr`, default `lr`; its
     Newton-Schulz iteration in `muon_ns_dtype`) for the blocks' weight matrices and AdamW for
-    the rest."""
+    the rest. `fused`: torch's fused AdamW, one kernel for every tensor (for a GPU)."""
     if name == "adamw":
-        return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr)
+        return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, fused=fused or None)
     if name == "muon":
         groups = muon_param_groups(model, weight_decay, lr if muon_lr is None else muon_lr)
         return Muon(groups, lr=lr, ns_dtype=getattr(torch, muon_ns_dtype))

@@ -44,7 +44,8 @@ class RunLog:
         if self.writer is None:
             return
         for key, value in row.items():
-            if key != "epoch" and value is not None:
+            if key not in ("epoch", "finished_at") and value is not None:  # TensorBoard keeps
+                # each value's wall time itself
                 self.writer.add_scalar(key, value, row["epoch"])
         self.writer.flush()
         logger.info(epoch_summary(row, self.epochs))

@@ -1,28 +1,41 @@
-"""The training loader the settings ask for: whole uint8 batches augmented in memory
-(--batch-augment), or a DataLoader of per-image transforms in worker processes."""
+"""The loaders the settings ask for: whole uint8 batches augmented in memory on the training
+device (--batch-augment), or a DataLoader of per-image transforms in worker processes; and for
+the test images, in-memory batches on the device where the evaluation transform only
+normalises them, else a DataLoader."""
 
 from __future__ import annotations
 
-import numpy as np
-from torch.utils.data import DistributedSampler
+import math
 
-from ..data.batch_pipeline import InMemoryBatches
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, DistributedSampler
+
+from ..data.batch_pipeline import InMemoryBatches, InMemoryEvalBatches
 from ..data.datasets import ImageDataset
-from ..data.loaders import EpochDataLoader, init_worker
+from ..data.loaders import EpochDataLoader, eval_loader, init_worker
 from ..models.registry import Preprocess
 from ..utils.process_group import DistInfo
 from .settings import TrainConfig
 
+# Test images per batch when they are evaluated on a GPU from memory: the model's evaluation
+# is a few large launches, not 80 of a training batch's size.
+GPU_EVAL_BATCH = 1024
+
 
 def build_train_loader(
-    cfg: TrainConfig, train_set: ImageDataset, preprocess: Preprocess, info: DistInfo, pin: bool
+    cfg: TrainConfig,
+    train_set: ImageDataset,
+    preprocess: Preprocess,
+    info: DistInfo,
+    device: torch.device,
 ) -> EpochDataLoader | InMemoryBatches:
-    """Training batches: whole uint8 batches augmented in memory (--batch-augment), or a
-    DataLoader running `train_set`'s own transform per image in worker processes."""
+    """Training batches: whole uint8 batches augmented in memory on `device` (--batch-augment),
+    or a DataLoader running `train_set`'s own transform per image in worker processes."""
     if cfg.hflip_alternate and not cfg.batch_augment:
         raise ValueError("--hflip-alternate needs --batch-augment (it flips whole batches)")
     if cfg.batch_augment:  # InMemoryBatches checks the batch size against the data itself
-        return in_memory_batches(cfg, train_set, preprocess, info)
+        return in_memory_batches(cfg, train_set, preprocess, info, device)
     if cfg.progressive_size is not None:
         raise ValueError("--progressive-size needs --batch-augment (it resizes whole batches)")
     per_process = len(train_set) // info.world_size
@@ -39,16 +52,21 @@ def build_train_loader(
         batch_size=cfg.batch_size,
         sampler=sampler,
         num_workers=cfg.workers,
-        pin_memory=pin,
+        pin_memory=device.type == "cuda",
         worker_init_fn=init_worker,
         drop_last=True,  # equal-sized batches: DDP averages gradients over equal shares
     )
 
 
 def in_memory_batches(
-    cfg: TrainConfig, train_set: ImageDataset, preprocess: Preprocess, info: DistInfo
+    cfg: TrainConfig,
+    train_set: ImageDataset,
+    preprocess: Preprocess,
+    info: DistInfo,
+    device: torch.device,
 ) -> InMemoryBatches:
-    """--batch-augment: the decoded training images as one uint8 array, augmented per batch."""
+    """--batch-augment: the decoded training images as one uint8 tensor on `device`, augmented
+    per batch there."""
     if cfg.aa != "none" or cfg.crop not in ("auto", "pad"):
         raise ValueError(
             f"--batch-augment does pad-and-crop, flips and random erasing only; got --aa "
@@ -80,4 +98,43 @@ def in_memory_batches(
         seed=cfg.seed,
         rank=info.rank,
         world_size=info.world_size,
+        device=device,
     )
+
+
+def build_test_loader(
+    cfg: TrainConfig,
+    test_set: ImageDataset,
+    preprocess: Preprocess,
+    info: DistInfo,
+    device: torch.device,
+) -> DataLoader | InMemoryEvalBatches:
+    """The test batches: from memory on `device` with --batch-augment when the images are at
+    the model's input size and the evaluation transform's resize keeps them so (it then only
+    normalises: the same values); else a DataLoader of `test_set`'s own transform."""
+    if cfg.batch_augment and only_normalised(test_set, preprocess):
+        return InMemoryEvalBatches(
+            np.stack(test_set.images) if isinstance(test_set.images, list) else test_set.images,
+            test_set.labels,
+            batch_size=GPU_EVAL_BATCH if device.type == "cuda" else cfg.batch_size,
+            mean=preprocess.mean,
+            std=preprocess.std,
+            rank=info.rank,
+            world_size=info.world_size,
+            device=device,
+        )
+    pin = device.type == "cuda"
+    return eval_loader(test_set, batch_size=cfg.batch_size, workers=cfg.workers, info=info, pin=pin)
+
+
+def only_normalised(test_set: ImageDataset, preprocess: Preprocess) -> bool:
+    """Whether the evaluation transform leaves every (decoded, in-memory) test image's pixels
+    as they are: every image at the input size, and a resize to input_size / crop_pct (floored)
+    that is the input size again."""
+    if test_set.images is None or len(test_set) == 0:
+        return False
+    height, width = preprocess.input_size
+    unresized = all(
+        math.floor(side / preprocess.crop_pct) == side for side in preprocess.input_size
+    )
+    return unresized and all(image.shape == (height, width, 3) for image in test_set.images)

@@ -1,0 +1,193 @@
+"""Training throughput of whole pipelines, side by side in one run: today's GPU recipe
+(configs/cifar10.yaml: per-image augmentation in loader processes, batch 128, eager steps)
+against the speedrun (configs/cifar10_gpu_speedrun.yaml: batches held and augmented on the
+device, model and loss compiled, CUDA graphs), for model sizes, through train.py's own epoch
+loop (`vit.training.engine.train_one_epoch`) on real images.
+
+    python benchmarks/training_pipeline.py --data ../shared/data/cifar10-jpg --device cuda
+    python benchmarks/training_pipeline.py --data DATA --device cpu --images 1024 \\
+        --shapes 64d-2L-2h-r2 --set compile=false     # the mechanics, on a CPU
+
+Per row: training images/s and ms per step (the median of --epochs epochs of --images images,
+after one warm-up epoch that compiles and starts the loader), the share of the epoch the loop
+waited for batches, and on a GPU the share of the epoch the GPU was busy: the device time of
+every kernel and copy the profiler records over one more epoch, over that epoch's wall time
+(the profiler's own cost on the host makes it a lower bound). A row's configuration is the
+YAML's, with `--amp` on a GPU (how scripts/train.sh runs configs/cifar10.yaml there), the
+data, the device and the image count given here, and its model's shape replaced per --shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import yaml
+from training_throughput import parse_shape
+
+from vit.training.build import start
+from vit.training.checkpoint import CheckpointSaver
+from vit.training.engine import start_epoch, train_one_epoch
+from vit.training.settings import TrainConfig
+from vit.utils.process_group import DistInfo, resolve_device
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ["configs/cifar10.yaml", "configs/cifar10_gpu_speedrun.yaml"]
+# the speedrun's model and the 200-epoch recipe's (Lee et al. 2021's 2.7M ViT)
+SHAPES = ["config", "192d-9L-12h-r2"]
+
+
+def row_config(path: str, shape: str, args: argparse.Namespace, device: torch.device):
+    """The TrainConfig of one row: the YAML's settings, the model's shape per `shape` ("config":
+    the YAML's own), the data, device, image count and loader processes of this benchmark, and
+    the --set settings."""
+    settings = yaml.safe_load((ROOT / path).read_text())
+    cfg = TrainConfig(**settings)
+    model_kwargs = dict(cfg.model_kwargs)
+    if shape != "config":
+        model_kwargs.update(parse_shape(shape)[1])
+    settings = {
+        "data": args.data,
+        "device": str(device),
+        "amp": cfg.amp or device.type == "cuda",
+        "model_kwargs": model_kwargs,
+        "train_subset": args.images,
+        "test_subset": None,
+        "epochs": max(cfg.epochs, 2 + args.epochs),  # the schedule's length only
+        "workers": cfg.workers if cfg.batch_augment else args.workers,
+        "cache_dir": None if args.cache_dir.lower() == "none" else args.cache_dir,
+        "resume": None,
+        "output_dir": None,
+        "seed": 0,
+    }
+    return replace(cfg, **{**settings, **dict(_key_value(item) for item in args.set)})
+
+
+def _key_value(item: str) -> tuple[str, object]:
+    key, _, value = item.partition("=")
+    if key not in TrainConfig.field_names():
+        raise SystemExit(f"--set {item}: {key!r} is no train.py setting (see train.py --help)")
+    return key, yaml.safe_load(value)
+
+
+def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
+    """One row: a warm-up epoch, `epochs` timed ones, and on a GPU one under the profiler."""
+    info = DistInfo()
+    with tempfile.TemporaryDirectory() as folder:
+        saver = CheckpointSaver(Path(folder), info, data=cfg.data, config=cfg.to_dict())
+        run = start(cfg, info, device, saver)
+        steps = len(run.train_loader)
+        start_epoch(run, 0)
+        train_one_epoch(run, epoch=0)  # compilation, CUDA graph capture, loader start
+        seconds, waits = [], []
+        for epoch in range(1, 1 + epochs):
+            start_epoch(run, epoch)
+            synchronize(device)
+            started = time.perf_counter()
+            stats = train_one_epoch(run, epoch=epoch)  # ends with a read of its sums: synced
+            seconds.append(time.perf_counter() - started)
+            waits.append(stats["data_seconds"] / seconds[-1])
+        busy = gpu_busy_share(run, 1 + epochs) if device.type == "cuda" else None
+    epoch_seconds = statistics.median(seconds)
+    return {
+        "params_m": sum(p.numel() for p in run.model.parameters()) / 1e6,
+        "batch_size": cfg.batch_size,
+        "steps_per_epoch": steps,
+        "images_per_s": steps * cfg.batch_size / epoch_seconds,
+        "ms_per_step": 1000 * epoch_seconds / steps,
+        "data_wait_share": statistics.median(waits),
+        "gpu_busy_share": busy,
+        "epoch_seconds": seconds,
+    }
+
+
+def gpu_busy_share(run, epoch: int) -> float:
+    """The device time of every kernel and copy over one epoch, over its wall time."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    start_epoch(run, epoch)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=activities) as profile:
+        started = time.perf_counter()
+        train_one_epoch(run, epoch=epoch)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - started
+    busy_us = sum(event.self_device_time_total for event in profile.key_averages())
+    return busy_us / 1e6 / wall
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="an image folder (train/, test/)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--configs", nargs="+", default=CONFIGS, help="YAML recipes, one row each")
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        default=SHAPES,
+        help="'config' (the YAML's model) or e.g. '192d-9L-12h-r2' (width, depth, heads, MLP "
+        "ratio); rows with each",
+    )
+    parser.add_argument("--images", type=int, default=20480, help="training images per epoch")
+    parser.add_argument("--epochs", type=int, default=2, help="timed epochs per row")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=max(0, min(12, len(os.sched_getaffinity(0)) - 2)),
+        help="loader processes of a per-image pipeline (default: cores - 2, at most 12, as "
+        "scripts/gpu_check.sh's train stage)",
+    )
+    parser.add_argument(
+        "--cache-dir", default="~/.cache/vit", help="decoded images kept here; none for off"
+    )
+    parser.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="train.py settings for every row, e.g. compile=false (the CPU check of mechanics)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    device = resolve_device(args.device, DistInfo())
+    rows = []
+    for path in args.configs:
+        for shape in args.shapes:
+            cfg = row_config(path, shape, args, device)
+            print(f"== {path}, model {shape}: batch {cfg.batch_size}", file=sys.stderr, flush=True)
+            rows.append({"config": path, "shape": shape, **measure(cfg, args.epochs, device)})
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(
+        f"{name}, torch {torch.__version__}; {args.images} images an epoch, median of "
+        f"{args.epochs} epochs after one warm-up; bfloat16 autocast on a GPU"
+    )
+    print(
+        "| pipeline | model | params | batch | img/s | ms/step | waiting for data | GPU busy |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|"
+    )
+    for row in rows:
+        busy = "n/a" if row["gpu_busy_share"] is None else f"{100 * row['gpu_busy_share']:.0f}%"
+        print(
+            f"| {row['config']} | {row['shape']} | {row['params_m']:.2f}M | {row['batch_size']} "
+            f"| {row['images_per_s']:,.0f} | {row['ms_per_step']:.2f} "
+            f"| {100 * row['data_wait_share']:.0f}% | {busy} |"
+        )
+    if args.json:
+        environment = {"device": name, "torch": torch.__version__, "images": args.images}
+        args.json.write_text(json.dumps({"environment": environment, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
