@@ -44,7 +44,7 @@ from vit.utils import locks
 if typing.TYPE_CHECKING:
     from vit.training.errors import TrainingInterrupted
 
-GROUPS = ("data", "model", "optimisation", "augmentation", "run")
+GROUPS = ("data", "model", "fine-tuning", "optimisation", "augmentation", "run")
 NOTHING_WRITTEN = "train.py: interrupted before training started; nothing was written"
 
 

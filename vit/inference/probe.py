@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -406,6 +407,42 @@ def best_exponent(tried: dict[float, float]) -> float:
     return max(tried, key=lambda e: (tried[e], e))
 
 
+@dataclass(frozen=True)
+class ProbeFit:
+    """A fitted linear probe: logits = features @ weight.T + bias."""
+
+    weight: torch.Tensor  # (C, D) float64
+    bias: torch.Tensor  # (C,) float64
+    l2: float  # the chosen λ
+    search: list[dict[str, float]]  # [{"l2", "heldout_top1"}], ascending λ
+    heldout_images: int  # of the training images, those that chose λ
+
+
+def fit_linear_probe(
+    train_x: torch.Tensor,
+    train_y: torch.Tensor,
+    num_classes: int,
+    seed: int = 0,
+    heldout_fraction: float = HELDOUT_FRACTION,
+    max_iter: int = MAX_ITER,
+) -> ProbeFit:
+    """The CLIP protocol's fit on train features (N, D) float64 and labels (N,): λ chosen on a
+    held-out part (`stratified_holdout`), then the refit on all N with it."""
+    fit, held = stratified_holdout(train_y.numpy(), heldout_fraction, seed)
+    if len(held) == 0 or len(fit) == 0:
+        raise ValueError(
+            f"the linear probe needs at least two training images of a class to hold one out "
+            f"for choosing its regularisation; got {len(train_y)} training images"
+        )
+    search, l2, held_fit = search_regularization(
+        train_x[fit], train_y[fit], train_x[held], train_y[held], num_classes, max_iter
+    )
+    weight, bias = fit_logistic_regression(
+        train_x, train_y, num_classes, l2, max_iter=max_iter, start=held_fit
+    )
+    return ProbeFit(weight=weight, bias=bias, l2=l2, search=search, heldout_images=len(held))
+
+
 def linear_probe(
     train_features: np.ndarray | torch.Tensor,
     train_labels: np.ndarray | torch.Tensor,
@@ -424,33 +461,22 @@ def linear_probe(
     test_x = torch.as_tensor(np.asarray(test_features), dtype=torch.float64)  # (M, D)
     test_y = torch.as_tensor(np.asarray(test_labels, dtype=np.int64))
     num_classes = int(max(train_y.max(), test_y.max())) + 1
-    fit, held = stratified_holdout(train_y_np, heldout_fraction, seed)
-    if len(held) == 0 or len(fit) == 0:
-        raise ValueError(
-            f"the linear probe needs at least two training images of a class to hold one out "
-            f"for choosing its regularisation; got {len(train_y_np)} training images"
-        )
-    search, l2, held_fit = search_regularization(
-        train_x[fit], train_y[fit], train_x[held], train_y[held], num_classes, max_iter
-    )
-    weight, bias = fit_logistic_regression(
-        train_x, train_y, num_classes, l2, max_iter=max_iter, start=held_fit
-    )
-    top1, top5 = topk_accuracy(rank_classes(test_x, weight, bias), test_y)
+    fit = fit_linear_probe(train_x, train_y, num_classes, seed, heldout_fraction, max_iter)
+    top1, top5 = topk_accuracy(rank_classes(test_x, fit.weight, fit.bias), test_y)
     return {
         "top1": top1,
         "top5": top5,
-        "l2": l2,
-        "C": 1 / l2,
-        "search": search,
+        "l2": fit.l2,
+        "C": 1 / fit.l2,
+        "search": fit.search,
         "protocol": "CLIP (Radford et al. 2021, A.3): multinomial logistic regression on raw "
         "features, L2 chosen by parametric binary search on a held-out part of train, refit",
         "objective": "sum of cross-entropy + l2/2 * ||W||^2 (bias unpenalised; C = 1/l2)",
         "optimizer": f"torch.optim.LBFGS, strong Wolfe line search, max_iter {max_iter}",
         "standardize": False,
         "heldout_fraction": heldout_fraction,
-        "heldout_images": len(held),
-        "fit_images": len(fit),
+        "heldout_images": fit.heldout_images,
+        "fit_images": len(train_y) - fit.heldout_images,
         "train_images": len(train_y),
         "test_images": len(test_y),
         "seed": seed,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,7 +28,9 @@ from ..data.mixup import MixupCutmix, soft_target_cross_entropy
 from ..data.transforms import EvalTransform, train_transform
 from ..factory.create import create_model
 from ..factory.timm_weights import PretrainedUnavailableError
+from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
+from ..inference.probe import stratified_holdout
 from ..models.initializers import mimetic_init_, sincos_pos_embed_
 from ..models.vision_transformer import VisionTransformer
 from ..utils import process_group
@@ -42,6 +45,7 @@ from .checkpoint import (
 )
 from .ema import ModelEma
 from .errors import START_ERRORS
+from .finetune import describe_layer_decay, freeze_below, layer_lr_scales, probe_head
 from .optimizers import build_optimizer
 from .schedule import warmup_cosine
 from .settings import (
@@ -90,7 +94,24 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
             f"train and test splits of {cfg.data} have different classes: "
             f"{train_set.class_names} vs {test_set.class_names}"
         )
+    if cfg.val_split is not None:
+        return validation_split(train_set, cfg.val_split, cfg.seed)
     return train_set, test_set
+
+
+def validation_split(
+    train_set: ImageDataset, fraction: float, seed: int
+) -> tuple[ImageDataset, ImageDataset]:
+    """--val-split: (the training images kept for training, those held out to evaluate on):
+    `fraction` of each class, chosen by `seed` (as the linear probe holds out its part), so a
+    resumed run holds out the same images."""
+    fit, held = stratified_holdout(np.asarray(train_set.labels), fraction, seed)
+    if len(held) == 0:
+        raise ValueError(
+            f"--val-split {fraction}: no class of the {len(train_set)} training images has the "
+            f"two images it takes to hold one out; give a larger fraction or more images"
+        )
+    return train_set.subset(fit.tolist()), train_set.subset(held.tolist())
 
 
 def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTransformer:
@@ -120,6 +141,8 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
     except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
         raise ValueError(f"--model {cfg.model}: {e}") from e
     model.class_names = list(class_names)
+    if cfg.trainable_blocks is not None:
+        freeze_below(model, cfg.trainable_blocks)
     if cfg.pretrained_weights is False:  # initialisations for training from scratch only
         if cfg.mimetic_init:
             mimetic_init_(model)
@@ -156,6 +179,8 @@ def build_training_state(
     """AdamW, or Muon + AdamW (no decay on biases, norms, embeddings), warmup + cosine per
     step, a gradient scaler for float16 autocast, and the EMA, around `model`; nothing trained
     yet."""
+    if cfg.layer_decay is not None and info.is_main:
+        logger.info(describe_layer_decay(model, cfg.layer_decay, cfg.lr))
     optimizer = build_optimizer(
         model,
         resolve_optimizer(cfg),
@@ -167,6 +192,7 @@ def build_training_state(
         # group of tensors: a small model's step is bound by launches. The CPU keeps foreach,
         # whose steps every run on a CPU so far took.
         fused=device.type == "cuda",
+        lr_scales=None if cfg.layer_decay is None else layer_lr_scales(model, cfg.layer_decay),
     )
     total_steps = cfg.epochs * steps_per_epoch
     schedule = warmup_cosine(
@@ -277,6 +303,8 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
     train_loader, test_loader = make_loaders(
         cfg, train_set=train_set, test_set=test_set, model=model, info=info, device=device
     )
+    if cfg.head_init == "probe" and not cfg.resume:  # a resumed run's head is in its state
+        init_head_by_probe(cfg, model, train_set, test_loader, info=info, device=device)
     state = build_training_state(
         cfg, model, steps_per_epoch=len(train_loader), device=device, info=info
     )
@@ -297,6 +325,50 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
         mixup=mixup,
         num_images=len(train_set),
     )
+
+
+def init_head_by_probe(
+    cfg: TrainConfig,
+    model: VisionTransformer,
+    train_set: ImageDataset,
+    test_loader: DataLoader | InMemoryEvalBatches,
+    *,
+    info: DistInfo,
+    device: torch.device,
+) -> None:
+    """--head-init probe: the new head fitted on the frozen features of the training images
+    (evaluation transform, no augmentation) before the first step, and its accuracy on the
+    evaluation split logged as epoch 0. Every process fits the same head (the fit is
+    deterministic), as DDP would copy rank 0's anyway."""
+    prepared = train_set.with_transform(EvalTransform(model.preprocess))
+    fit = probe_head(
+        model,
+        prepared,
+        seed=cfg.seed,
+        batch_size=cfg.batch_size,
+        workers=cfg.workers,
+        device=device,
+        amp=cfg.amp,
+    )
+    scores = evaluate(
+        model,
+        test_loader,
+        num_classes=model.num_classes,
+        device=device,
+        amp=cfg.amp,
+        amp_dtype=cfg.amp_dtype,
+    )
+    if info.is_main:
+        split = "validation" if cfg.val_split is not None else "test"
+        logger.info(
+            "epoch 0/%d (--head-init probe: the head fitted on the frozen features, l2 %.3g): "
+            "%s top-1 %.2f%%, top-5 %.2f%%",
+            cfg.epochs,
+            fit.l2,
+            split,
+            100 * scores["top1"],
+            100 * scores["top5"],
+        )
 
 
 def resume(saver: CheckpointSaver, state: TrainingState, cfg: TrainConfig, info: DistInfo) -> None:

@@ -102,7 +102,8 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
         if info.is_main:  # everything is ready, on every process: the run folder can be written
             start_run_dir(run_dir, cfg, overwrite)
             started = True
-        log = RunLog(run_dir, info, cfg.epochs, start_epoch=run.state.epoch)
+        split = "test" if cfg.val_split is None else "validation"
+        log = RunLog(run_dir, info, cfg.epochs, start_epoch=run.state.epoch, split=split)
         try:
             log.start(run, num_images=run.num_images)
             return run_epochs(run, saver, log)
@@ -325,7 +326,8 @@ def optimizer_step(state: TrainingState, loss: torch.Tensor, clip_grad: float | 
         nn.utils.clip_grad_norm_(state.model.parameters(), clip_grad)
     scaler.step(optimizer)
     scaler.update()
-    lr = optimizer.param_groups[0]["lr"]
+    group = optimizer.param_groups[0]
+    lr = group["lr"] / group.get("lr_scale", 1.0)  # under --layer-decay, the rate at the top
     state.scheduler.step()
     if state.ema is not None:
         state.ema.update(state.model)

@@ -237,44 +237,59 @@ def _rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on weight matrices only: not on biases, norms, pos_embed or cls_token."""
+def param_groups(
+    model: nn.Module, weight_decay: float, lr_scales: dict[str, float] | None = None
+) -> list[dict]:
+    """Weight decay on weight matrices only: not on biases, norms, pos_embed or cls_token;
+    frozen parameters (requires_grad False) in no group. With `lr_scales` (a factor per
+    parameter name: layer decay), one group per factor and kind, each with its `lr_scale`."""
     skip = set(getattr(model, "no_weight_decay", set)())
-    decay, no_decay = [], []
+    groups: dict[tuple[float, bool], list] = {}  # (lr factor, decayed) -> parameters
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        if param.ndim <= 1 or name in skip:
-            no_decay.append(param)
-        else:
-            decay.append(param)
+        decayed = not (param.ndim <= 1 or name in skip)
+        scale = 1.0 if lr_scales is None else lr_scales[name]
+        groups.setdefault((scale, decayed), []).append(param)
+    if lr_scales is None:  # the two groups every run before layer decay saved, in their order
+        return [
+            {"params": groups.get((1.0, True), []), "weight_decay": weight_decay},
+            {"params": groups.get((1.0, False), []), "weight_decay": 0.0},
+        ]
     return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": params, "weight_decay": weight_decay if decayed else 0.0, "lr_scale": scale}
+        for (scale, decayed), params in sorted(groups.items(), key=lambda kv: (kv[0][0], -kv[0][1]))
     ]
 
 
-def muon_param_groups(model: nn.Module, weight_decay: float, muon_lr: float) -> list[dict]:
-    """Muon groups for the blocks' 2-D weights (a fused qkv split in three), then AdamW groups
-    (with `param_groups`' weight-decay rule) for every other trainable parameter."""
+def muon_param_groups(
+    model: nn.Module,
+    weight_decay: float,
+    muon_lr: float,
+    lr_scales: dict[str, float] | None = None,
+) -> list[dict]:
+    """Muon groups for the blocks' trainable 2-D weights (a fused qkv split in three), one per
+    learning-rate factor with `lr_scales`, then AdamW groups (with `param_groups`' rules) for
+    every other trainable parameter."""
     fused_qkv = {id(m.qkv.weight) for m in model.modules() if isinstance(m, Attention)}
-    whole, split = [], []
+    muon: dict[tuple[float, int], list] = {}  # (lr factor, splits) -> parameters
     for name, param in model.named_parameters():
         if param.requires_grad and param.ndim == 2 and name.startswith("blocks."):
-            (split if id(param) in fused_qkv else whole).append(param)
-    in_muon = {id(p) for p in whole + split}
-    muon = [
-        {"params": params, "use_muon": True, "splits": splits}
-        for params, splits in ((whole, 1), (split, 3))
-        if params
-    ]
-    for group in muon:
-        group.update(lr=muon_lr, weight_decay=weight_decay)
+            scale = 1.0 if lr_scales is None else lr_scales[name]
+            muon.setdefault((scale, 3 if id(param) in fused_qkv else 1), []).append(param)
+    in_muon = {id(p) for params in muon.values() for p in params}
+    groups = []
+    for (scale, splits), params in sorted(muon.items()):
+        group = {"params": params, "use_muon": True, "splits": splits}
+        group.update(lr=muon_lr * scale, weight_decay=weight_decay)
+        if lr_scales is not None:
+            group["lr_scale"] = scale
+        groups.append(group)
     adamw = [
         {**group, "params": [p for p in group["params"] if id(p) not in in_muon]}
-        for group in param_groups(model, weight_decay)
+        for group in param_groups(model, weight_decay, lr_scales)
     ]
-    return muon + [g for g in adamw if g["params"]]
+    return groups + [g for g in adamw if g["params"]]
 
 
 def build_optimizer(
@@ -285,13 +300,23 @@ def build_optimizer(
     muon_lr: float | None = None,
     muon_ns_dtype: str = "float32",
     fused: bool = False,
+    lr_scales: dict[str, float] | None = None,
 ) -> torch.optim.Optimizer:
-    """`name` "adamw": AdamW on everything; "muon": Muon (lr `muon_lr`, default `lr`; its
-    Newton-Schulz iteration in `muon_ns_dtype`) for the blocks' weight matrices and AdamW for
-    the rest. `fused`: torch's fused AdamW, one kernel for every tensor (for a GPU)."""
+    """`name` "adamw": AdamW on every trainable parameter; "muon": Muon (lr `muon_lr`, default
+    `lr`; its Newton-Schulz iteration in `muon_ns_dtype`) for the blocks' weight matrices and
+    AdamW for the rest. `fused`: torch's fused AdamW, one kernel for every tensor (for a GPU).
+    `lr_scales`: each parameter's learning rate is its group's times its factor (layer decay)."""
     if name == "adamw":
-        return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, fused=fused or None)
-    if name == "muon":
-        groups = muon_param_groups(model, weight_decay, lr if muon_lr is None else muon_lr)
-        return Muon(groups, lr=lr, ns_dtype=getattr(torch, muon_ns_dtype))
-    raise ValueError(f"unknown optimizer {name!r}; accepted: adamw, muon")
+        groups = param_groups(model, weight_decay, lr_scales)
+    elif name == "muon":
+        groups = muon_param_groups(
+            model, weight_decay, lr if muon_lr is None else muon_lr, lr_scales
+        )
+    else:
+        raise ValueError(f"unknown optimizer {name!r}; accepted: adamw, muon")
+    for group in groups:
+        if "lr_scale" in group and not group.get("use_muon"):  # Muon's carry their lr already
+            group["lr"] = lr * group["lr_scale"]
+    if name == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
+    return Muon(groups, lr=lr, ns_dtype=getattr(torch, muon_ns_dtype))

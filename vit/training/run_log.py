@@ -17,8 +17,12 @@ class RunLog:
     """Rank 0's record of the run as it goes: TensorBoard, metrics.csv, curves.png, the log.
     Other ranks hold a RunLog that does nothing."""
 
-    def __init__(self, run_dir: Path, info: DistInfo, epochs: int, start_epoch: int) -> None:
-        self.run_dir, self.epochs, self.writer = run_dir, epochs, None
+    def __init__(
+        self, run_dir: Path, info: DistInfo, epochs: int, start_epoch: int, split: str = "test"
+    ) -> None:
+        """split: what the epochs are evaluated on, as the log lines name it ("test", or
+        "validation" under --val-split; metrics.csv's test_* columns hold it either way)."""
+        self.run_dir, self.epochs, self.writer, self.split = run_dir, epochs, None, split
         if info.is_main:
             from torch.utils.tensorboard import SummaryWriter  # slow import: rank 0 only
 
@@ -48,7 +52,7 @@ class RunLog:
                 # each value's wall time itself
                 self.writer.add_scalar(key, value, row["epoch"])
         self.writer.flush()
-        logger.info(epoch_summary(row, self.epochs))
+        logger.info(epoch_summary(row, self.epochs, self.split))
         write_metrics_csv(history, self.run_dir / METRICS_FILE)
         save_figure(plot_curves(history), self.run_dir / CURVES_FILE)
 
@@ -57,12 +61,12 @@ class RunLog:
             self.writer.close()
 
 
-def epoch_summary(row: dict, epochs: int) -> str:
+def epoch_summary(row: dict, epochs: int, split: str = "test") -> str:
     """'epoch 3/10: train loss 1.2345, test loss ..., 812 img/s at 32x32'."""
     test = ""
     if row["test_top1"] is not None:
         test = (
-            f", test loss {row['test_loss']:.4f}, top-1 {100 * row['test_top1']:.2f}%, "
+            f", {split} loss {row['test_loss']:.4f}, top-1 {100 * row['test_top1']:.2f}%, "
             f"top-5 {100 * row['test_top5']:.2f}%"
         )
     if row["ema_top1"] is not None:

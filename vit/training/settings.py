@@ -65,6 +65,7 @@ class TrainConfig:
     workers: int = setting(default_workers(), "data", "data loader processes (default: one per spare core, at most 4)")
     batch_augment: bool = setting(False, "data", "augment whole uint8 batches held in memory (pad-crop, flip, erasing; no RandAugment): fast on CPUs")
     cache_dir: str | None = setting("~/.cache/vit", "data", "keep decoded images here between runs, none for off")
+    val_split: float | None = setting(None, "data", "hold out this fraction of the training images (per class, chosen by --seed) and evaluate on them each epoch instead of the test split, so that best.safetensors is chosen without the test images", metavar="FRACTION")
 
     model: str = setting(DEFAULT_MODEL, "model", "a name from vit.list_models()")
     pretrained: str | None = setting(None, "model", "fine-tune from weights: a file, or no value (or 'timm') for timm's default weights", metavar="PATH", nargs="?", const=TIMM_WEIGHTS)
@@ -76,6 +77,9 @@ class TrainConfig:
     patch_drop_anneal: float = setting(0.0, "model", "over this many final epochs, --patch-drop falls linearly to 0 (the last epoch sees every token)")
     mimetic_init: bool = setting(False, "model", "mimetic initialisation of attention (Trockman & Kolter 2023): heads start local, convolution-like")
     pos_embed: str = setting("learn", "model", "learned position embeddings, or fixed 2-D sin-cos ones (saved as pos_embed all the same)", choices=("learn", "sincos"))
+    trainable_blocks: int | None = setting(None, "fine-tuning", "with --pretrained: train only the last N blocks and what follows them (the final norm, the pool, the head; 0: the head alone); the rest stays frozen (default: every parameter trains)", metavar="N")
+    layer_decay: float | None = setting(None, "fine-tuning", "layer-wise learning-rate decay, as timm's: the head and final norm at the full rate, block i at RATE^(depth - i), the embeddings and prefix tokens at RATE^(depth + 1) (fine-tuning BEiT, MAE, DINOv2: 0.65-0.75)", metavar="RATE")
+    head_init: str = setting("default", "fine-tuning", "with --pretrained: probe fits the new head on the frozen features with evaluate.py --linear-probe's protocol before the first step (probe, then fine-tune)", choices=("default", "probe"))
 
     epochs: int = setting(200, "optimisation", "training epochs")
     batch_size: int = setting(64, "optimisation", "images per step, per process (the 200-epoch recipes use 128)")
@@ -170,6 +174,9 @@ LIMITS: dict[str, Range] = {
     "progressive_size": AT_LEAST_1,
     "progressive_epochs": POSITIVE,
     "clip_grad": NON_NEGATIVE,
+    "trainable_blocks": AT_LEAST_0,
+    "layer_decay": Range(0, 1, low_open=True),
+    "val_split": Range(0, 1, low_open=True, high_open=True),
     "label_smoothing": DROP_RATE,  # 1 would make every target uniform: nothing to learn
     "model_ema_decay": PROBABILITY,
     "rrc_scale": Range(0, 1, low_open=True),
@@ -216,6 +223,15 @@ def check_settings(cfg: TrainConfig) -> None:
             f"--lr down to --min-lr; give a --min-lr <= --lr"
         )
     resolve_warmup_epochs(cfg)  # warmup must end before the run does
+    fine_tuning = {"--trainable-blocks": cfg.trainable_blocks is not None}
+    fine_tuning["--head-init probe"] = cfg.head_init == "probe"
+    for flag, given in fine_tuning.items():
+        if given and cfg.pretrained is None:
+            raise ValueError(
+                f"{flag} fine-tunes pretrained weights, and no --pretrained was given: a "
+                f"random backbone's frozen features teach a head nothing; add --pretrained "
+                f"[PATH], or leave out {flag}"
+            )
 
 
 def flag_name(field_name: str) -> str:

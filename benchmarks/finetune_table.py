@@ -1,0 +1,116 @@
+"""Fine-tuning a pretrained backbone, side by side on the same images and budget: the linear
+probe, the head alone, every weight, every weight with layer decay, probe then fine-tune, and
+the same architecture from scratch as the floor. Each row is one train.py command (printed);
+the table gives each row's top-1 on the test images after its last epoch.
+
+    python benchmarks/finetune_table.py --backbone ../shared/data/dinov2-small \\
+        --model vit_small_patch14_dinov2 --data ../shared/data/cifar10-jpg --out runs/ft-table
+
+The linear probe is the epoch-0 line of the probe-then-fine-tune row: the head fitted by
+evaluate.py --linear-probe's protocol on the frozen features of the same training images at
+the same size, scored on the same test images, before any step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (row, its flags beyond the shared ones)
+ROWS = {
+    "head only (--trainable-blocks 0)": ["--trainable-blocks", "0", "--lr", "1e-3"],
+    "full fine-tuning": ["--lr", "5e-5"],
+    "full, layer decay 0.65": ["--lr", "2e-4", "--layer-decay", "0.65"],
+    "probe, then full with layer decay 0.65": [
+        "--lr",
+        "2e-4",
+        "--layer-decay",
+        "0.65",
+        "--head-init",
+        "probe",
+    ],  # fmt: skip
+    "from scratch (the floor)": ["--lr", "1e-3", "--no-pretrained"],
+}
+PROBE_LINE = re.compile(r"epoch 0/\d+ \(--head-init probe.*?top-1 ([\d.]+)%")
+
+
+def shared_flags(args: argparse.Namespace, out: Path) -> list[str]:
+    return [
+        "--data", args.data, "--model", args.model, "--img-size", str(args.img_size),
+        "--train-subset", str(args.train_images), "--test-subset", str(args.test_images),
+        "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
+        "--warmup-epochs", str(args.warmup_epochs), "--opt", "adamw", "--weight-decay", "0.05",
+        "--crop", "rrc", "--rrc-scale", "0.35", "--label-smoothing", "0.1",
+        "--workers", "0", "--threads", str(args.threads), "--device", "cpu",
+        "--output-dir", str(out), "--overwrite", "--seed", str(args.seed),
+    ]  # fmt: skip
+
+
+def run_row(name: str, flags: list[str], args: argparse.Namespace) -> dict:
+    out = args.out / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    pretrained = [] if "--no-pretrained" in flags else ["--pretrained", args.backbone]
+    flags = [f for f in flags if f != "--no-pretrained"]
+    command = [sys.executable, "train.py", *shared_flags(args, out), *pretrained, *flags]
+    print("$", " ".join(command[1:]), flush=True)
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    (args.out / f"{out.name}.log").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise SystemExit(f"{name}: train.py failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    probe = PROBE_LINE.search(done.stderr + done.stdout)
+    return {
+        "row": name,
+        "top1": float(rows[-1]["test_top1"]),
+        "ema_top1": float(rows[-1]["ema_top1"]) if rows[-1]["ema_top1"] else None,
+        "probe_top1": float(probe.group(1)) / 100 if probe else None,
+        "minutes": seconds / 60,
+        "flags": " ".join(pretrained + flags),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backbone", required=True, help="the pretrained weights (--pretrained)")
+    parser.add_argument("--model", required=True, help="its architecture's name")
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--out", type=Path, required=True, help="a folder for the rows' runs")
+    parser.add_argument("--img-size", type=int, default=112)
+    parser.add_argument("--train-images", type=int, default=1000)
+    parser.add_argument("--test-images", type=int, default=2000)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--warmup-epochs", type=float, default=0.5)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = [run_row(name, ROWS[name], args) for name in args.rows]
+    print(
+        f"\n{args.model} from {args.backbone} at {args.img_size} px: {args.train_images} training "
+        f"images, {args.test_images} test images (both stratified, seed {args.seed}), "
+        f"{args.epochs} epochs, batch {args.batch_size}, AdamW\n"
+    )
+    print("| row | test top-1 | EMA top-1 | minutes | flags |\n|---|---:|---:|---:|---|")
+    for r in results:
+        if r["probe_top1"] is not None:
+            print(
+                f"| linear probe (epoch 0 of the next row) | {100 * r['probe_top1']:.2f}% | | | |"
+            )
+        ema = f"{100 * r['ema_top1']:.2f}%" if r["ema_top1"] is not None else ""
+        print(
+            f"| {r['row']} | {100 * r['top1']:.2f}% | {ema} | {r['minutes']:.1f} | `{r['flags']}` |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+"""Fine-tuning pretrained weights (vit.training.finetune): layer decay's groups and rates against
+a hand count, frozen parameters untouched and absent from the optimizer, the probe's head, the
+validation split, exact resume, and the one-line refusals."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vit
+from vit.data.datasets import ImageDataset
+from vit.data.transforms import EvalTransform
+from vit.inference.probe import fit_linear_probe
+from vit.training import checkpoint
+from vit.training.finetune import freeze_below, layer_lr_scales, parameter_depths, probe_head
+from vit.training.optimizers import build_optimizer
+
+TINY = dict(img_size=32, patch_size=4, embed_dim=32, depth=3, num_heads=2, num_classes=3)
+TINY_KWARGS = ("--model-kwargs", "depth=3", "embed_dim=32", "num_heads=2")
+
+
+def read_rows(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def exit_status(main, argv: list[str]) -> int:
+    """train.py's status: main's return, or the SystemExit of a refusal while parsing."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def tiny(**overrides) -> vit.VisionTransformer:
+    torch.manual_seed(0)
+    return vit.create_model("vit_cifar_patch4_32", **{**TINY, **overrides})
+
+
+def test_depths_and_layer_decay_rates_follow_timm_by_hand():
+    """Depth 0: the patch embedding, the position embeddings, the class token; block i: i + 1;
+    the final norm and head: 4 (3 blocks). The factor is RATE^(4 - depth)."""
+    model = tiny()
+    depths = parameter_depths(model)
+    expected = {"cls_token": 0, "pos_embed": 0, "patch_embed.proj.weight": 0}
+    expected |= {"blocks.0.attn.qkv.weight": 1, "blocks.2.mlp.fc2.bias": 3}
+    expected |= {"norm.weight": 4, "head.weight": 4, "head.bias": 4}
+    assert {name: depths[name] for name in expected} == expected
+    assert set(depths) == {name for name, _ in model.named_parameters()}
+    scales = layer_lr_scales(model, 0.5)
+    assert scales["cls_token"] == 0.5**4 and scales["blocks.0.norm1.weight"] == 0.5**3
+    assert scales["blocks.2.attn.proj.weight"] == 0.5 and scales["head.weight"] == 1.0
+
+
+def test_registers_and_distillation_tokens_are_at_depth_zero():
+    registers = parameter_depths(tiny(reg_tokens=4))
+    assert registers["reg_token"] == 0
+    distilled = vit.create_model("deit_small_distilled_patch16_224", num_classes=3, depth=2)
+    depths = parameter_depths(distilled)
+    assert depths["dist_token"] == 0 and depths["head_dist.weight"] == 3
+
+
+@pytest.mark.parametrize("opt", ["adamw", "muon"])
+def test_layer_decay_gives_each_group_its_depths_rate(opt):
+    """Every trainable parameter sits in one group whose learning rate is the base one (--lr for
+    AdamW's, --muon-lr for Muon's) times RATE^(top - depth); weight decay on matrices only."""
+    model = tiny()
+    scales = layer_lr_scales(model, 0.7)
+    optimizer = build_optimizer(
+        model, opt, lr=1e-3, weight_decay=0.05, muon_lr=2e-2, lr_scales=scales
+    )
+    names = {id(p): n for n, p in model.named_parameters()}
+    seen = []
+    for group in optimizer.param_groups:
+        base = 2e-2 if group.get("use_muon") else 1e-3
+        for param in group["params"]:
+            name = names[id(param)]
+            seen.append(name)
+            assert group["lr"] == pytest.approx(base * scales[name]), name
+            decayed = param.ndim > 1 and name not in ("pos_embed", "cls_token")
+            assert group["weight_decay"] == (0.05 if decayed else 0.0), name
+    assert sorted(seen) == sorted(names.values())
+    muon = [g for g in optimizer.param_groups if g.get("use_muon")]
+    assert bool(muon) == (opt == "muon")
+
+
+def test_without_layer_decay_the_groups_are_the_saved_runs_two():
+    """Runs saved before layer decay hold AdamW's two groups (decayed, then not): the grouping
+    without it must stay that, or their optimizer state would not load on --resume."""
+    model = tiny()
+    groups = build_optimizer(model, "adamw", lr=1e-3, weight_decay=0.05).param_groups
+    assert [g["weight_decay"] for g in groups] == [0.05, 0.0] and "lr_scale" not in groups[0]
+
+
+def test_frozen_parameters_stay_put_without_optimizer_state_or_decay():
+    """--trainable-blocks 1: the last block, the final norm and the head train; the rest keeps
+    its values through steps (weight decay included) and has no optimizer state."""
+    model = tiny()
+    freeze_below(model, 1)
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained == {
+        n for n in parameter_depths(model) if n.startswith(("blocks.2.", "norm.", "head."))
+    }
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = build_optimizer(model, "adamw", lr=1e-2, weight_decay=0.5)
+    for _ in range(3):
+        loss = model(torch.randn(4, 3, 32, 32)).logsumexp(dim=1).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    for name, param in model.named_parameters():
+        moved = not torch.equal(param, before[name])
+        assert moved == (name in trained), name
+        assert (param in optimizer.state) == (name in trained), name
+    freeze_below(model, 0)  # the head alone
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {
+        "head.weight",
+        "head.bias",
+    }
+
+
+def test_trainable_blocks_beyond_the_depth_is_one_line():
+    with pytest.raises(ValueError, match=r"--trainable-blocks 4: the model has 3 blocks; give 0"):
+        freeze_below(tiny(), 4)
+
+
+def test_probe_head_equals_the_linear_probe_fit(tmp_path, one_thread):
+    """--head-init probe: the head holds exactly what the linear probe fits on the model's
+    pooled features (the same features, the same protocol and seed)."""
+    model = tiny()
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(30, 32, 32, 3), dtype=np.uint8)
+    labels = np.repeat(np.arange(3), 10)
+    transform = EvalTransform(model.preprocess)
+    dataset = ImageDataset(labels=labels, class_names=["a", "b", "c"], images=images)
+    dataset = dataset.with_transform(transform)
+    fit = probe_head(
+        model, dataset, seed=3, batch_size=8, workers=0, device=torch.device("cpu"), amp=False
+    )
+    with torch.no_grad():
+        x = torch.stack([dataset[i][0] for i in range(30)])
+        features = model.forward_head(model.forward_features(x), pre_logits=True).double()
+    expected = fit_linear_probe(features, torch.as_tensor(labels), num_classes=3, seed=3)
+    # the engine's features come in batches of 8, these in one: the same up to rounding
+    assert fit.l2 == pytest.approx(expected.l2)
+    torch.testing.assert_close(model.head.weight.double(), expected.weight, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(model.head.bias.double(), expected.bias, rtol=1e-4, atol=1e-5)
+
+
+# -- train.py fine-tuning runs --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> Path:
+    """A 'pretrained' tiny model's weights (random, of another class count) to fine-tune from."""
+    path = tmp_path_factory.mktemp("pretrained") / "weights.safetensors"
+    vit.save_weights(tiny(num_classes=5), path)
+    return path
+
+
+def finetune_args(image_folder, out, pretrained, epochs, *extra) -> list[str]:
+    return [
+        "--data", str(image_folder), "--output-dir", str(out), "--epochs", str(epochs),
+        *TINY_KWARGS, "--pretrained", str(pretrained), "--batch-size", "8", "--lr", "1e-3",
+        "--warmup-epochs", "0", "--workers", "0", "--device", "cpu", "--cache-dir", "none",
+        "--threads", "1", *extra,
+    ]  # fmt: skip
+
+
+FINETUNE = (
+    "--layer-decay",
+    "0.7",
+    "--trainable-blocks",
+    "2",
+    "--head-init",
+    "probe",
+    "--val-split",
+    "0.25",
+)
+
+
+def test_finetuning_run_logs_its_rates_and_probe_and_resumes_exactly(
+    image_folder, pretrained, tmp_path, train_script, monkeypatch, caplog
+):
+    """Layer decay, the last 2 of 3 blocks trained, the probe's head, a validation split: the
+    log says the rates by depth once and the probe's accuracy as epoch 0; the frozen block and
+    embeddings end as they began; a run stopped after epoch 1 resumes to the same weights."""
+    straight = tmp_path / "straight"
+    with caplog.at_level("INFO", logger="vit"):
+        assert (
+            train_script.main(finetune_args(image_folder, straight, pretrained, 2, *FINETUNE)) == 0
+        )
+    log = caplog.text
+    assert log.count("--layer-decay 0.7: peak learning rate by depth") == 1
+    assert "epoch 0/2 (--head-init probe" in log and "validation top-1" in log
+    start, end = load_file(pretrained), load_file(straight / "model.safetensors")
+    for name in ("pos_embed", "cls_token", "patch_embed.proj.weight", "blocks.0.mlp.fc1.weight"):
+        assert torch.equal(start[name], end[name]), name
+    assert not torch.equal(start["blocks.1.mlp.fc1.weight"], end["blocks.1.mlp.fc1.weight"])
+    config = (straight / "config.yaml").read_text()
+    assert "val_split: 0.25" in config and "layer_decay: 0.7" in config
+
+    stopped = tmp_path / "stopped"
+    original = checkpoint.save_training_state
+
+    def stop_after_first(state: dict, path: Path) -> None:
+        original(state, path)
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint, "save_training_state", stop_after_first)
+        assert (
+            train_script.main(finetune_args(image_folder, stopped, pretrained, 2, *FINETUNE)) == 130
+        )
+    assert train_script.main(["--resume", str(stopped)]) == 0
+    resumed = load_file(stopped / "model.safetensors")
+    for name, value in end.items():
+        assert torch.equal(resumed[name], value), name
+    assert (
+        read_rows(stopped / "metrics.csv")[-1]["test_top1"]
+        == read_rows(straight / "metrics.csv")[-1]["test_top1"]
+    )
+
+
+def test_validation_split_is_stratified_seeded_and_apart_from_training(image_folder):
+    from vit.data.datasets import load_split
+    from vit.training.build import validation_split
+
+    train = load_split(str(image_folder), "train", cache=True)
+    kept, held = validation_split(train, 0.25, seed=1)
+    again = validation_split(train, 0.25, seed=1)[1]
+    other = validation_split(train, 0.25, seed=2)[1]
+    assert len(kept) + len(held) == len(train)
+    assert np.bincount(held.labels).tolist() == [4, 4, 4]  # 16 a class, a quarter held out
+    assert list(held.paths) == list(again.paths) and list(held.paths) != list(other.paths)
+    assert not set(held.paths) & set(kept.paths)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--layer-decay", "0"), "--layer-decay 0.0: "),
+        (("--layer-decay", "1.5"), "--layer-decay 1.5: "),
+        (("--val-split", "1"), "--val-split 1.0: "),
+        (("--trainable-blocks", "4"), "--trainable-blocks 4: the model has 3 blocks"),
+    ],
+)
+def test_bad_fine_tuning_settings_are_one_line_and_write_nothing(
+    image_folder, pretrained, tmp_path, train_script, capsys, extra, message
+):
+    out = tmp_path / "run"
+    assert (
+        exit_status(train_script.main, finetune_args(image_folder, out, pretrained, 1, *extra)) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", [("--trainable-blocks", "0"), ("--head-init", "probe")])
+def test_head_only_or_probe_without_pretrained_weights_is_refused(
+    image_folder, tmp_path, train_script, capsys, flag, tiny_args
+):
+    out = tmp_path / "run"
+    assert exit_status(train_script.main, tiny_args(image_folder, out, 1, *flag)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no --pretrained was given" in err[0], err
+    assert not out.exists()
+
+
+def test_head_only_run_evaluates_as_an_ordinary_run_folder(
+    image_folder, pretrained, tmp_path, train_script, evaluate_script
+):
+    """--trainable-blocks 0 with the probe: only the head moves, and the run folder is one
+    evaluate.py takes."""
+    run = tmp_path / "run"
+    args = finetune_args(
+        image_folder, run, pretrained, 1, "--trainable-blocks", "0", "--head-init", "probe"
+    )
+    assert train_script.main(args) == 0
+    start, end = load_file(pretrained), load_file(run / "model.safetensors")
+    assert all(torch.equal(start[n], end[n]) for n in start if not n.startswith("head."))
+    report = tmp_path / "report.json"
+    assert (
+        evaluate_script.main(
+            [
+                "--checkpoint",
+                str(run),
+                "--data",
+                str(image_folder),
+                "--json",
+                str(report),
+                "--workers",
+                "0",
+            ]
+        )
+        == 0
+    )
+    assert math.isfinite(json.loads(report.read_text())["top1"])
+
+
+# Every family, headless backbones included, from a weights file of its own (random, one block:
+# blocks add cost, not code paths), at a few patches a side: fine-tuned with every lever, then
+# evaluated as a run folder.
+FAMILY_MODELS = [
+    "vit_small_patch14_reg4_dinov2",
+    "vit_small_patch14_dinov2",
+    "vit_base_patch32_clip_quickgelu_224",
+    "vit_base_patch16_siglip_224",
+    "deit_tiny_distilled_patch16_224",
+    "vit_small_patch16_224.dino",
+    "vit_base_patch16_224.mae",
+]
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_every_family_fine_tunes_and_its_run_evaluates(
+    name, image_folder, tmp_path, train_script, evaluate_script
+):
+    source = vit.create_model(name, depth=2)
+    patch = source.patch_embed.patch_size[0]
+    weights = tmp_path / "pretrained.safetensors"
+    vit.save_weights(source, weights)
+    run = tmp_path / "run"
+    args = [
+        "--data", str(image_folder), "--output-dir", str(run), "--epochs", "1",
+        "--model", name, "--model-kwargs", "depth=2", "--pretrained", str(weights),
+        "--img-size", str(2 * patch), "--batch-size", "8", "--warmup-epochs", "0.5",
+        "--workers", "0", "--device", "cpu", "--cache-dir", "none", "--threads", "1",
+        "--trainable-blocks", "1", "--layer-decay", "0.7", "--head-init", "probe",
+    ]  # fmt: skip
+    assert train_script.main(args) == 0
+    start, end = load_file(weights), load_file(run / "model.safetensors")
+    assert torch.equal(start["blocks.0.attn.qkv.weight"], end["blocks.0.attn.qkv.weight"])
+    assert not torch.equal(start["blocks.1.attn.qkv.weight"], end["blocks.1.attn.qkv.weight"])
+    report = tmp_path / "report.json"
+    evaluate = ["--checkpoint", str(run), "--data", str(image_folder), "--workers", "0"]
+    assert evaluate_script.main([*evaluate, "--json", str(report)]) == 0
+    assert json.loads(report.read_text())["num_images"] == 18

@@ -1,0 +1,132 @@
+"""Fine-tuning pretrained weights: which parameters train (--trainable-blocks), the learning rate
+by depth (--layer-decay), and a new head fitted on the frozen features before the first step
+(--head-init probe).
+
+Depth, as timm's layer decay counts it (`timm.optim.param_groups_layer_decay`): 0 for what comes
+before the blocks (the patch embedding, the position embeddings, the prefix tokens: class,
+registers, distillation; CLIP's pre-norm too, which acts on the embeddings alone), i + 1 for
+block i, and the top, len(blocks) + 1, for what comes after them (the final norm, SigLIP's
+attention pool, the heads). Layer decay scales a parameter's learning rate by
+RATE ** (top - depth): the head learns at the full rate, each block below it RATE times slower
+(BEiT, MAE, DINOv2 and EVA fine-tune with 0.65-0.75), so the pretrained features deep down move
+least.
+
+Probe first (LP-FT, Kumar et al. 2022): a new head starts random, and its first gradients, sent
+down through the blocks, distort the features it should read. Fitting it first on the frozen
+features, by the package's linear probe (`vit.inference.probe`, the CLIP protocol), starts the
+fine-tuning from a head that already reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data.datasets import ImageDataset
+from ..inference.probe import ProbeFit, extract_features, fit_linear_probe
+from ..models.vision_transformer import VisionTransformer
+
+logger = logging.getLogger("vit")
+
+# Parameters before the blocks (depth 0), by their names' beginnings
+STEM = ("patch_embed.", "pos_embed", "cls_token", "reg_token", "dist_token", "norm_pre.")
+HEADS = ("head.", "head_dist.")  # the classifiers, all --trainable-blocks 0 trains
+
+
+def parameter_depths(model: VisionTransformer) -> dict[str, int]:
+    """Each parameter's depth (see the module's docstring), by name."""
+    top = len(model.blocks) + 1
+    depths = {}
+    for name, _ in model.named_parameters():
+        if name.startswith("blocks."):
+            depths[name] = int(name.split(".")[1]) + 1
+        elif name.startswith(STEM):
+            depths[name] = 0
+        else:  # the final norm, the attention pool, the heads
+            depths[name] = top
+    return depths
+
+
+def layer_lr_scales(model: VisionTransformer, rate: float) -> dict[str, float]:
+    """Each parameter's learning-rate factor under layer decay `rate`: rate ** (top - depth)."""
+    top = len(model.blocks) + 1
+    return {name: rate ** (top - depth) for name, depth in parameter_depths(model).items()}
+
+
+def freeze_below(model: VisionTransformer, trainable_blocks: int) -> None:
+    """Train only the last `trainable_blocks` blocks and what comes after them (the final norm,
+    the pool, the heads): every other parameter is frozen (requires_grad False), so that it
+    gets no gradient, no optimizer state and no weight decay. 0: the head alone (and a distilled
+    model's second head), the features it reads exactly the pretrained ones."""
+    depth = len(model.blocks)
+    if not 0 <= trainable_blocks <= depth:
+        raise ValueError(
+            f"--trainable-blocks {trainable_blocks}: the model has {depth} blocks; give 0 (the "
+            f"head only) to {depth}, or leave it out to train every parameter"
+        )
+    first_trained = depth - trainable_blocks + 1  # the depth of the first block that trains
+    for name, depth_of in parameter_depths(model).items():
+        trains = depth_of >= first_trained if trainable_blocks else name.startswith(HEADS)
+        model.get_parameter(name).requires_grad_(trains)
+
+
+def probe_head(
+    model: VisionTransformer,
+    train_set: ImageDataset,
+    *,
+    seed: int,
+    batch_size: int,
+    workers: int,
+    device: torch.device,
+    amp: bool,
+) -> ProbeFit:
+    """Fit the model's new head (and a distilled model's second head) on the frozen pooled
+    features of `train_set` (prepared by its own transform: the evaluation's, no augmentation)
+    with the linear probe's protocol, and copy the fit into it."""
+    heads = [model.head, getattr(model, "head_dist", None)]
+    heads = [head for head in heads if head is not None]
+    if not all(isinstance(head, nn.Linear) for head in heads):
+        raise ValueError(
+            "--head-init probe fits a linear head; this model has none (num_classes=0)"
+        )
+    model.eval()
+    with tempfile.TemporaryDirectory() as folder:
+        features, labels = extract_features(
+            model,
+            train_set,
+            Path(folder) / "features.npz",
+            batch_size=batch_size,
+            workers=workers,
+            device=device,
+            amp=amp,
+        )
+    fit = fit_linear_probe(
+        torch.as_tensor(features, dtype=torch.float64),
+        torch.as_tensor(np.asarray(labels, dtype=np.int64)),
+        num_classes=model.num_classes,
+        seed=seed,
+    )
+    with torch.no_grad():
+        for head in heads:
+            head.weight.copy_(fit.weight)
+            head.bias.copy_(fit.bias)
+    model.train()
+    return fit
+
+
+def describe_layer_decay(model: VisionTransformer, rate: float, lr: float) -> str:
+    """One line for the run's log: the learning rate at each depth under layer decay."""
+    top = len(model.blocks) + 1
+    counts = np.bincount(list(parameter_depths(model).values()), minlength=top + 1)
+    rates = ", ".join(
+        f"{depth}: {lr * rate ** (top - depth):.3g}" for depth in range(top + 1) if counts[depth]
+    )
+    return (
+        f"--layer-decay {rate}: peak learning rate by depth (0: patch and position embeddings, "
+        f"prefix tokens; 1-{top - 1}: the blocks; {top}: the final norm and head): {rates}"
+    )
