@@ -342,3 +342,25 @@ def test_every_family_fine_tunes_and_its_run_evaluates(
     evaluate = ["--checkpoint", str(run), "--data", str(image_folder), "--workers", "0"]
     assert evaluate_script.main([*evaluate, "--json", str(report)]) == 0
     assert json.loads(report.read_text())["num_images"] == 18
+
+
+@pytest.mark.parametrize(
+    ("name", "pool"), [("vit_base_patch16_224.mae", "avg"), ("vit_small_patch16_224.dino", "token")]
+)
+def test_headless_backbones_fine_tune_with_their_papers_readout(name, pool, tmp_path):
+    """MAE fine-tunes with the mean patch token, normalised (fc_norm: the encoder's final norm
+    moves there); DINO with its class token, as its weights have it. --model-kwargs
+    global_pool=... chooses otherwise."""
+    from vit.training.build import build_training_model
+    from vit.training.settings import TrainConfig
+
+    source = vit.create_model(name, depth=1)
+    weights = tmp_path / "backbone.safetensors"
+    vit.save_weights(source, weights)
+    settings = dict(model=name, pretrained=str(weights), img_size=32, model_kwargs={"depth": 1})
+    model = build_training_model(TrainConfig(**settings), ["a", "b"])
+    assert model.global_pool == pool and model.num_classes == 2
+    final_norm = model.fc_norm if pool == "avg" else model.norm
+    assert torch.equal(final_norm.weight, source.norm.weight)
+    settings["model_kwargs"] = {"depth": 1, "global_pool": "token"}
+    assert build_training_model(TrainConfig(**settings), ["a", "b"]).global_pool == "token"

@@ -373,7 +373,27 @@ def adapt_state_dict(
             "the checkpoint has no classifier head (a feature extractor); the model keeps its "
             f"freshly initialised {model.num_classes}-class head"
         )
+    moved = move_final_norm(state_dict, target)
+    if moved:
+        report.messages.append(moved)
     return state_dict
+
+
+def move_final_norm(state_dict: dict, target: dict) -> str | None:
+    """A model that reads another readout than its weights' own, the final LayerNorm on the
+    other side of pooling ('avg' normalises the pooled features, fc_norm; 'token' every token
+    before, norm): the weights' final norm moves there (in place), and the message says so.
+    That is how a class-token backbone (MAE's) is fine-tuned with average pooling."""
+    for old, new in (("norm.", "fc_norm."), ("fc_norm.", "norm.")):
+        fits = f"{new}weight" in target and f"{old}weight" not in target
+        if fits and f"{old}weight" in state_dict and f"{new}weight" not in state_dict:
+            for key in [k for k in state_dict if k.startswith(old)]:
+                state_dict[new + key[len(old) :]] = state_dict.pop(key)
+            return (
+                f"the weights' final LayerNorm ({old}*) normalises the model's readout as "
+                f"{new}* (the model pools {'before' if new == 'fc_norm.' else 'after'} it)"
+            )
+    return None
 
 
 def load_weights(

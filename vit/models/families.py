@@ -203,9 +203,24 @@ def family_of(config, model_name: str | None = None) -> Family:
         model_name = getattr(config, "model_name", None)
     config = getattr(config, "config", config)
     family = next(f for f in FAMILIES if f.is_member(config))
-    if family is VIT and "mae" in re.split(r"[^a-z0-9]+", (model_name or "").lower()):
+    if family is VIT and names_mae(model_name):
         return MAE
     return family
+
+
+def names_mae(name: object) -> bool:
+    """Whether a model name or weights path names an MAE encoder ("vit_base_patch16_224.mae",
+    "facebook/vit-mae-base")."""
+    return "mae" in re.split(r"[^a-z0-9]+", str(name or "").lower())
+
+
+def fine_tuning_pool(model_name: str, weights: object = None) -> str | None:
+    """The readout a family's paper fine-tunes its pretrained encoder with, where it is not the
+    weights' own: MAE (He et al. 2022) averages the patch tokens and normalises the mean
+    (global_pool "avg", fc_norm), where its encoder was pretrained with a class token. None:
+    the weights' own readout (DINO, DINOv2 and DeiT read the class token, CLIP its class token,
+    SigLIP its attention pool)."""
+    return "avg" if names_mae(model_name) or names_mae(weights) else None
 
 
 def extra_switches(config) -> list[str]:

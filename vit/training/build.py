@@ -31,6 +31,7 @@ from ..factory.timm_weights import PretrainedUnavailableError
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
 from ..inference.probe import stratified_holdout
+from ..models.families import fine_tuning_pool
 from ..models.initializers import mimetic_init_, sincos_pos_embed_
 from ..models.vision_transformer import VisionTransformer
 from ..utils import process_group
@@ -126,6 +127,9 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
         "dynamic_img_size": cfg.progressive_size is not None,
         **cfg.model_kwargs,
     }
+    pool = fine_tuning_pool(cfg.model, cfg.pretrained) if cfg.pretrained is not None else None
+    if pool is not None and "global_pool" not in cfg.model_kwargs:  # as the family's paper does
+        overrides["global_pool"] = pool
     try:
         model = create_model(
             cfg.model,
