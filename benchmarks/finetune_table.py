@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
 import subprocess
 import sys
@@ -48,8 +49,10 @@ def shared_flags(args: argparse.Namespace, out: Path) -> list[str]:
         "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
         "--warmup-epochs", str(args.warmup_epochs), "--opt", "adamw", "--weight-decay", "0.05",
         "--crop", "rrc", "--rrc-scale", "0.35", "--label-smoothing", "0.1",
-        "--workers", "0", "--threads", str(args.threads), "--device", "cpu",
+        "--workers", str(args.workers), "--device", args.device,
         "--output-dir", str(out), "--overwrite", "--seed", str(args.seed),
+        *(["--threads", str(args.threads)] if args.device == "cpu" else ["--amp"]),
+        *(["--model-kwargs", *args.model_kwargs] if args.model_kwargs else []),
     ]  # fmt: skip
 
 
@@ -91,14 +94,21 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (then with --amp)")
+    parser.add_argument("--workers", type=int, default=0, help="loader processes")
+    parser.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = [run_row(name, ROWS[name], args) for name in args.rows]
+    if args.json:
+        settings = {k: str(v) for k, v in vars(args).items() if k not in ("json", "rows")}
+        args.json.write_text(json.dumps({"settings": settings, "rows": results}, indent=1))
     print(
         f"\n{args.model} from {args.backbone} at {args.img_size} px: {args.train_images} training "
         f"images, {args.test_images} test images (both stratified, seed {args.seed}), "
-        f"{args.epochs} epochs, batch {args.batch_size}, AdamW\n"
+        f"{args.epochs} epochs, batch {args.batch_size}, AdamW, device {args.device}\n"
     )
     print("| row | test top-1 | EMA top-1 | minutes | flags |\n|---|---:|---:|---:|---|")
     for r in results:

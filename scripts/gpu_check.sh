@@ -4,9 +4,11 @@
 # and one JSON + one log of what was measured (docs/gpu.md says how to read them).
 #
 #   bash scripts/gpu_check.sh OUTDIR [STAGE ...]    # on the GPU machine; STAGE: tests train bench
-#                                                   # speedrun (default: the first three, in order)
+#                                                   # speedrun finetune (default: the first three)
 #   bash scripts/gpu_check.sh --pack                # here, before: build/gpu (data and wheels)
 #   bash scripts/gpu_check.sh --restore FOLDER      # here, after: what came back -> build/gpu/resume
+#   bash scripts/gpu_check.sh --pack-backbone DIR   # here: a transformers folder in bfloat16 ->
+#                                                   # build/gpu-backbone/NAME (the finetune stage)
 #
 # Without CUDA it says so in one line and exits with status 3 in seconds, writing nothing.
 #
@@ -44,6 +46,14 @@
 # its final weights evaluated with --tta flip beside: gpu_check.json's "pipeline" and
 # "speedrun" (per seed: status, wall seconds, every epoch with its time since the command
 # started, when it first reached 90, 93 and 94%, top-1 single view and with TTA).
+# The finetune stage (issue 40; docs/training.md): benchmarks/finetune_table.py on all of
+# CIFAR-10 at 224 px, 3 epochs, --amp: probe then fine-tune with layer decay (the probe's
+# accuracy its epoch 0), the head alone, full with layer decay, from VIT_GPU_BACKBONE (default
+# build/gpu-backbone/dinov2-small, packed by --pack-backbone; VIT_GPU_BACKBONE_MODEL its
+# architecture, default vit_small_patch14_dinov2; VIT_GPU_FINETUNE_ARGS more flags). The
+# backbone (44 MB in bfloat16) and the packed images do not fit one call's 64 MiB: send the
+# images first (a call carrying build/gpu, e.g. the tests stage), then at once, on the warm
+# machine, the backbone (carry ["build/gpu-backbone"]) with this stage.
 # VIT_GPU_BUILD (default build/gpu) and VIT_GPU_DATA (default /tmp/vit-cifar10-jpg): where the
 # carried files and the unpacked images are. VIT_GPU_CHECK_CPU=1 runs the stages on the CPU,
 # to test this script's mechanics (tests/test_gpu.py does): its figures mean nothing.
@@ -54,6 +64,7 @@ PYTHON="${PYTHON:-python3}"
 BUILD="${VIT_GPU_BUILD:-build/gpu}" # what travels: carry ["build/gpu"]
 PACKED="$BUILD/cifar10-jpg.npz"
 WHEELS="$BUILD/wheels"
+BACKBONE="${VIT_GPU_BACKBONE_BUILD:-build/gpu-backbone}"  # what the finetune stage's call carries
 RESUME="$BUILD/resume"
 DATA="${VIT_GPU_DATA:-/tmp/vit-cifar10-jpg}"  # one path on every machine: a resume checks it
 SITE="/tmp/vit-gpu-site"
@@ -116,13 +127,37 @@ restore() {  # here: the state and records that came back from $OUT, for the nex
     fi
 }
 
+pack_backbone() {  # here: a transformers folder's weights in bfloat16 (half the bytes to carry)
+    local from="$1" to
+    to="$BACKBONE/$(basename "$from")"
+    mkdir -p "$to"
+    "$PYTHON" - "$from" "$to" <<'PY'
+import shutil, sys
+from pathlib import Path
+import torch
+from safetensors.torch import load_file, save_file
+source, target = Path(sys.argv[1]), Path(sys.argv[2])
+tensors = load_file(source / "model.safetensors")
+halved = {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}
+save_file(halved, target / "model.safetensors", metadata={"format": "pt"})
+for name in ("config.json", "preprocessor_config.json"):
+    if (source / name).is_file():
+        shutil.copy(source / name, target / name)
+PY
+    echo "$to: $(du -sm "$to" | cut -f1) MiB (bfloat16); carry [\"$BACKBONE\"] alone, after a" \
+        "call that carried build/gpu on the same warm machine"
+}
+
 case "${1:-}" in
     --pack) shift; pack "$@"; exit 0 ;;
+    --pack-backbone)
+        [ $# -eq 2 ] || { say "--pack-backbone takes one transformers folder"; exit 2; }
+        pack_backbone "$2"; exit 0 ;;
     --restore)
         [ $# -eq 2 ] || { say "--restore takes one folder (where the device's files came back)"; exit 2; }
         restore "$2"; exit 0 ;;
     "" | -*)
-        say "usage: bash scripts/gpu_check.sh OUTDIR [tests] [train] [bench] [speedrun] | --pack | --restore FOLDER"
+        say "usage: bash scripts/gpu_check.sh OUTDIR [tests] [train] [bench] [speedrun] [finetune] | --pack | --pack-backbone FOLDER | --restore FOLDER"
         exit 2 ;;
 esac
 OUTDIR="$1"
@@ -131,8 +166,8 @@ STAGES=("$@")
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(tests train bench)
 for STAGE in "${STAGES[@]}"; do
     case "$STAGE" in
-        tests | train | bench | speedrun) ;;
-        *) say "unknown stage '$STAGE'; accepted: tests, train, bench, speedrun"; exit 2 ;;
+        tests | train | bench | speedrun | finetune) ;;
+        *) say "unknown stage '$STAGE'; accepted: tests, train, bench, speedrun, finetune"; exit 2 ;;
     esac
 done
 
@@ -433,6 +468,29 @@ print(f"seed {seed}: status {status}, {result['wall_seconds']} s, top-1 {result[
 PY
     # 0: the run ended; 130: its time box stopped it (a result all the same, recorded as such)
     [ "$status" -eq 0 ] || [ "$status" -eq 130 ]
+}
+
+run_finetune() {  # issue 40 on a GPU: the backbone on all of CIFAR-10, its probe beside
+    unpack_data || { FAILED+=(finetune); return 0; }
+    local backbone="${VIT_GPU_BACKBONE:-$BACKBONE/dinov2-small}" status=0 cores
+    if [ ! -e "$backbone" ]; then
+        say "no backbone at $backbone: run 'bash scripts/gpu_check.sh --pack-backbone FOLDER'" \
+            "here, carry $BACKBONE"
+        FAILED+=(finetune)
+        return 0
+    fi
+    cores="$(nproc)"
+    # shellcheck disable=SC2086  # VIT_GPU_FINETUNE_ARGS: flags, split on spaces
+    "$PYTHON" benchmarks/finetune_table.py --backbone "$backbone" \
+        --model "${VIT_GPU_BACKBONE_MODEL:-vit_small_patch14_dinov2}" --data "$DATA" \
+        --out "$OUTDIR/finetune" --device "$DEVICE" \
+        --workers "${VIT_GPU_WORKERS:-$(( cores > 14 ? 12 : (cores > 2 ? cores - 2 : 0) ))}" \
+        --img-size 224 --train-images 50000 --test-images 10000 --epochs 3 --batch-size 128 \
+        --rows "probe, then full with layer decay 0.65" "head only (--trainable-blocks 0)" \
+        "full, layer decay 0.65" ${VIT_GPU_FINETUNE_ARGS:-} --json "$OUTDIR/finetune.json" \
+        || status=$?
+    if [ -f "$OUTDIR/finetune.json" ]; then record finetune "$OUTDIR/finetune.json"; fi
+    [ "$status" -eq 0 ] || FAILED+=(finetune)
 }
 
 for STAGE in "${STAGES[@]}"; do

@@ -881,3 +881,52 @@ def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(imag
     assert len(times) == 3 and 0 < times[0] < times[1] < times[2] <= seed["wall_seconds"]
     assert seed["top1"] == seed["epochs"][-1]["ema_top1"]  # the kept weights: the EMA's
     assert 0 <= seed["tta_top1"] <= 1 and set(seed["first_reached_s"]) == {"90", "93", "94"}
+
+
+@pytest.mark.slow  # three tiny fine-tuning runs through benchmarks/finetune_table.py: ~1 minute
+def test_gpu_check_finetune_packs_a_backbone_and_tables_its_rows(image_folder, tmp_path):
+    """--pack-backbone halves a transformers folder's weights to bfloat16 (what one call may
+    carry); the finetune stage's mechanics on the CPU (VIT_GPU_CHECK_CPU=1, a tiny backbone of
+    our own format, tiny settings): its three rows and the probe's epoch 0 in the JSON."""
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "dinov2-tiny"
+    folder.mkdir()
+    save_file({"w": torch.ones(4, 4)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text('{"model_type": "dinov2"}')
+    packed = gpu_check("--pack-backbone", str(folder), VIT_GPU_BACKBONE_BUILD=str(tmp_path / "bb"))
+    assert packed.returncode == 0, packed.stderr
+    halved = load_file(tmp_path / "bb" / "dinov2-tiny" / "model.safetensors")
+    assert halved["w"].dtype == torch.bfloat16
+    assert (tmp_path / "bb" / "dinov2-tiny" / "config.json").is_file()
+
+    build = tmp_path / "build"
+    packer = [sys.executable, str(ROOT / "scripts" / "pack_cifar10.py")]
+    packing = [*packer, "--source", str(image_folder), "--output", str(build / "cifar10-jpg.npz")]
+    subprocess.run(packing, check=True, capture_output=True)
+    backbone = tmp_path / "backbone.safetensors"
+    torch.manual_seed(0)
+    vit.save_weights(
+        vit.create_model("vit_cifar_patch4_32", depth=2, embed_dim=32, num_heads=2), backbone
+    )
+    tiny = "--img-size 32 --train-images 24 --test-images 12 --epochs 1 --batch-size 8 --threads 1"
+    done = gpu_check(
+        str(tmp_path / "machine"),
+        "finetune",
+        VIT_GPU_CHECK_CPU="1",
+        VIT_GPU_BUILD=str(build),
+        VIT_GPU_DATA=str(tmp_path / "data"),
+        VIT_GPU_WORKERS="0",
+        VIT_GPU_BACKBONE=str(backbone),
+        VIT_GPU_BACKBONE_MODEL="vit_cifar_patch4_32",
+        VIT_GPU_FINETUNE_ARGS=f"{tiny} --model-kwargs depth=2 embed_dim=32 num_heads=2",
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    records = json.loads((tmp_path / "machine" / "gpu_check.json").read_text())
+    rows = records["finetune"]["rows"]
+    assert [row["row"] for row in rows] == [
+        "probe, then full with layer decay 0.65",
+        "head only (--trainable-blocks 0)",
+        "full, layer decay 0.65",
+    ]
+    assert 0 <= rows[0]["probe_top1"] <= 1 and all(0 <= row["top1"] <= 1 for row in rows)
