@@ -95,6 +95,20 @@ def tiny_train_args(data: Path, out: Path, epochs: int = 2, *extra: str) -> list
     ]  # fmt: skip
 
 
+def stop_after_first_save(patch: pytest.MonkeyPatch) -> None:
+    """Within `patch` (a monkeypatch context), the next training state saved is written and
+    then Ctrl-C arrives: a run stopped (status 130) once its first checkpoint is complete."""
+    from vit.training import checkpoint
+
+    original = checkpoint.save_training_state
+
+    def save_then_stop(state: dict, path: Path) -> None:
+        original(state, path)
+        raise KeyboardInterrupt
+
+    patch.setattr(checkpoint, "save_training_state", save_then_stop)
+
+
 @pytest.fixture(scope="session")
 def tiny_args():
     return tiny_train_args

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import stop_after_first_save
 from safetensors.torch import load_file
 
 import vit
 from vit.data.datasets import ImageDataset
 from vit.data.transforms import EvalTransform
 from vit.inference.probe import fit_linear_probe
-from vit.training import checkpoint
 from vit.training.finetune import freeze_below, layer_lr_scales, parameter_depths, probe_head
 from vit.training.optimizers import build_optimizer
 
@@ -216,14 +216,8 @@ def test_finetuning_run_logs_its_rates_and_probe_and_resumes_exactly(
     assert "val_split: 0.25" in config and "layer_decay: 0.7" in config
 
     stopped = tmp_path / "stopped"
-    original = checkpoint.save_training_state
-
-    def stop_after_first(state: dict, path: Path) -> None:
-        original(state, path)
-        raise KeyboardInterrupt
-
     with monkeypatch.context() as patch:
-        patch.setattr(checkpoint, "save_training_state", stop_after_first)
+        stop_after_first_save(patch)
         assert (
             train_script.main(finetune_args(image_folder, stopped, pretrained, 2, *FINETUNE)) == 130
         )

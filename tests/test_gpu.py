@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CLASSES, RTOL, relative_error
+from conftest import CLASSES, RTOL, relative_error, stop_after_first_save
 from safetensors.torch import load_file
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
@@ -474,16 +474,8 @@ def train_run(
 
 def stopped_after_first_epoch(train_script, image_folder, run, device, monkeypatch) -> Path:
     """A 2-epoch run stopped by Ctrl-C once its epoch-1 checkpoint is saved (status 130)."""
-    from vit.training import checkpoint
-
-    original = checkpoint.save_training_state
-
-    def save_then_stop(state: dict, path: Path) -> None:
-        original(state, path)
-        raise KeyboardInterrupt
-
     with monkeypatch.context() as patch:
-        patch.setattr(checkpoint, "save_training_state", save_then_stop)
+        stop_after_first_save(patch)
         train_run(train_script, image_folder, run, device, 2, status=130)
     assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 1
     return run

@@ -51,6 +51,7 @@ from .optimizers import build_optimizer
 from .schedule import warmup_cosine
 from .settings import (
     TrainConfig,
+    evaluation_split,
     resolve_ema_decay,
     resolve_optimizer,
     resolve_warmup_epochs,
@@ -363,13 +364,12 @@ def init_head_by_probe(
         amp_dtype=cfg.amp_dtype,
     )
     if info.is_main:
-        split = "validation" if cfg.val_split is not None else "test"
         logger.info(
             "epoch 0/%d (--head-init probe: the head fitted on the frozen features, l2 %.3g): "
             "%s top-1 %.2f%%, top-5 %.2f%%",
             cfg.epochs,
             fit.l2,
-            split,
+            evaluation_split(cfg),
             100 * scores["top1"],
             100 * scores["top5"],
         )

@@ -37,6 +37,7 @@ from .errors import START_ERRORS, NonFiniteLossError, TrainingError, TrainingInt
 from .run_log import RunLog
 from .settings import (
     TrainConfig,
+    evaluation_split,
     image_size_for_epoch,
     mixup_on_for_epoch,
     patch_drop_for_epoch,
@@ -102,7 +103,7 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
         if info.is_main:  # everything is ready, on every process: the run folder can be written
             start_run_dir(run_dir, cfg, overwrite)
             started = True
-        split = "test" if cfg.val_split is None else "validation"
+        split = evaluation_split(cfg)
         log = RunLog(run_dir, info, cfg.epochs, start_epoch=run.state.epoch, split=split)
         try:
             log.start(run, num_images=run.num_images)

@@ -281,7 +281,7 @@ def muon_param_groups(
     groups = []
     for (scale, splits), params in sorted(muon.items()):
         group = {"params": params, "use_muon": True, "splits": splits}
-        group.update(lr=muon_lr * scale, weight_decay=weight_decay)
+        group.update(lr=muon_lr, weight_decay=weight_decay)
         if lr_scales is not None:
             group["lr_scale"] = scale
         groups.append(group)
@@ -314,9 +314,9 @@ def build_optimizer(
         )
     else:
         raise ValueError(f"unknown optimizer {name!r}; accepted: adamw, muon")
-    for group in groups:
-        if "lr_scale" in group and not group.get("use_muon"):  # Muon's carry their lr already
-            group["lr"] = lr * group["lr_scale"]
+    for group in groups:  # each group's base rate (Muon's its own, AdamW's --lr) times its factor
+        if "lr_scale" in group:
+            group["lr"] = group.get("lr", lr) * group["lr_scale"]
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
     return Muon(groups, lr=lr, ns_dtype=getattr(torch, muon_ns_dtype))

@@ -234,6 +234,12 @@ def check_settings(cfg: TrainConfig) -> None:
             )
 
 
+def evaluation_split(cfg: TrainConfig) -> str:
+    """What the epochs are evaluated on, as the log names it: "validation" under --val-split
+    (metrics.csv's test_* columns hold it either way), else "test"."""
+    return "test" if cfg.val_split is None else "validation"
+
+
 def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
