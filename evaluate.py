@@ -51,9 +51,11 @@ from vit.cli.flags import (
     ArgumentParser,
     add_model_arguments,
     add_model_dtype_argument,
+    add_runtime_argument,
     add_threads_argument,
     missing_model_argument,
     number_in,
+    runtime_problem,
     unwritable,
 )
 from vit.data.workers import default_workers
@@ -103,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto")
     add_threads_argument(p)
     add_model_dtype_argument(p)
+    add_runtime_argument(p)
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast")
     p.add_argument(
         "--tta",
@@ -254,7 +257,7 @@ def label_mapping(data_classes: list[str], model: VisionTransformer) -> list[int
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    problem = missing_model_argument(args)
+    problem = missing_model_argument(args) or runtime_problem(args)
     if problem:
         parser.error(problem)
     if (args.knn or args.linear_probe) and args.split == "train":
@@ -356,7 +359,7 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
             raise FileNotFoundError(f"{problem} ({probe_flags(args)} fit on the training split)")
     use_threads(args.threads)
     device = resolve_device(onnx_device(args), DistInfo())
-    model = model_from_flags(args, onnx=True).to(device)
+    model = model_from_flags(args, onnx=args.runtime).to(device)
     given = {
         "--amp": args.amp,
         "--model-dtype": args.model_dtype != "float32",

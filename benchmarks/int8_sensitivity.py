@@ -26,9 +26,8 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from training_throughput import cpu_flags  # noqa: E402
-
 import vit  # noqa: E402
+from vit.inference.cpu_paths import cpu_flags  # noqa: E402
 from vit.interop.onnx_export import export_onnx  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -38,9 +36,9 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inference_throughput import timm_model  # noqa: E402
-from training_throughput import cpu_flags  # noqa: E402
 
 import vit  # noqa: E402
+from vit.inference.cpu_paths import cpu_flags, time_paths  # noqa: E402
 from vit.inference.precision import cast_for_inference, fast_bfloat16  # noqa: E402
 from vit.interop.onnx_export import OnnxOptions, export_onnx  # noqa: E402
 
@@ -147,26 +145,6 @@ def autocast_runner(model):
             return model(torch.from_numpy(x))
 
     return run
-
-
-@torch.inference_mode()
-def time_paths(run: dict, batch: np.ndarray, rounds: int, round_seconds: float) -> dict:
-    """Label -> images/s of its median round; each path's iterations per round are set so that
-    a round lasts about `round_seconds`."""
-    iters = {}
-    for label, fn in run.items():  # warm-up, and the iteration count from one timed call
-        fn(batch)
-        start = time.perf_counter()
-        fn(batch)
-        iters[label] = max(1, round(round_seconds / (time.perf_counter() - start)))
-    times: dict[str, list[float]] = {label: [] for label in run}
-    for _ in range(rounds):
-        for label, fn in run.items():
-            start = time.perf_counter()
-            for _ in range(iters[label]):
-                fn(batch)
-            times[label].append((time.perf_counter() - start) / iters[label])
-    return {label: len(batch) / statistics.median(t) for label, t in times.items()}
 
 
 def try_compile(model, batch: np.ndarray):

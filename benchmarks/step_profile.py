@@ -29,9 +29,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from vit.inference.cpu_paths import cpu_flags
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from training_throughput import (  # noqa: E402
-    cpu_flags,
     make_step,
     matmul_peak_gflops,
     parse_shape,

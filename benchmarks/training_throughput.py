@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import vit
+from vit.inference.cpu_paths import cpu_flags
 from vit.training.optimizers import build_optimizer
 
 # (label, ViTConfig overrides on top of vit_cifar_patch4_32)
@@ -84,19 +85,6 @@ def step_flops(step) -> int:
     with counter:
         step()
     return counter.get_total_flops()
-
-
-def cpu_flags() -> str:
-    """The vector instruction sets of this CPU that matter here (from /proc/cpuinfo)."""
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(
-                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
-            )
-    except OSError:
-        return "unknown"
-    return " ".join(flag for flag in wanted if flag in flags) or "none of " + " ".join(wanted)
 
 
 # the CPU recipe's pooling (configs/cifar10_cpu.yaml): the mean of the patch tokens, no class token

@@ -152,7 +152,8 @@ def test_explain_floors_import_only_downwards():
 
 # The subpackages, lowest first: a module imports only from floors below its own (and from its
 # own subpackage). Two subpackages on one floor do not import each other. The front ends (the
-# modules directly in vit/: `python -m vit.predict`, `vit.export`, `vit.distributed`) sit above.
+# modules directly in vit/: `python -m vit.predict`, `vit.export`, `vit.benchmark`,
+# `vit.distributed`) sit above.
 FLOORS = {
     "utils": 0,  # atomic files, locks, the process group, figures, ranges
     "models": 1,  # the network, its parts, the registry of names, the families
@@ -164,7 +165,7 @@ FLOORS = {
     "training": 5,  # settings, the loop and its pieces, checkpoints, optimizers
     "cli": 6,  # flags, one-line errors, the model argument
 }
-FRONT_ENDS = {"vit.predict", "vit.export", "vit.distributed"}
+FRONT_ENDS = {"vit.predict", "vit.export", "vit.benchmark", "vit.distributed"}
 
 
 def floor_of(module: str) -> str | None:
@@ -261,16 +262,19 @@ def test_the_console_scripts_point_at_the_front_ends():
     assert project["scripts"] == {
         "vit-predict": "vit.predict:main",
         "vit-export": "vit.export:main",
+        "vit-benchmark": "vit.benchmark:main",
     }
     for entry in project["scripts"].values():
         module, name = entry.split(":")
         assert f"def {name}(" in (PACKAGE.parent / (module.replace(".", "/") + ".py")).read_text()
 
 
-@pytest.mark.parametrize("module", ["vit.predict", "vit.export", "vit.distributed"])
+@pytest.mark.parametrize(
+    "module", ["vit.predict", "vit.export", "vit.benchmark", "vit.distributed"]
+)
 def test_the_module_commands_still_run(module):
-    """`python -m vit.predict`, `vit.export` and `vit.distributed` answer --help (the last is
-    torchrun's own help, which it passes through)."""
+    """`python -m vit.predict`, `vit.export`, `vit.benchmark` and `vit.distributed` answer
+    --help (the last is torchrun's own help, which it passes through)."""
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     result = subprocess.run(
         [sys.executable, "-m", module, "--help"],

@@ -107,8 +107,9 @@ def test_predict_gives_the_same_classes_probabilities_and_csv(
         ),
         (
             ["--model-dtype", "bfloat16"],
-            "error: --model-dtype: casts the PyTorch model's weights; an ONNX file gives only "
-            "its output: pass the weights it was exported from\n",
+            "error: --model-dtype: casts the PyTorch model's weights (--runtime openvino "
+            "computes an ONNX file in bfloat16); an ONNX file gives only its output: pass the "
+            "weights it was exported from\n",
         ),
     ],
 )

@@ -44,7 +44,7 @@ INLINE_CLAIM = re.compile(r"#\s*->\s?(.*)$")  # `print(x)  # -> printed text`
 SCIENTIFIC = re.compile(r"\d\.\de[-+]\d\d")  # a relative difference: machine-dependent
 SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
 SCRIPTS = ("train.py", "evaluate.py")  # run as files; benchmarks/*.py too
-MODULES = ("vit.predict", "vit.export")
+MODULES = ("vit.predict", "vit.export", "vit.benchmark")
 MAX_README_LINES = 300
 
 

@@ -591,6 +591,10 @@ def test_import_vit_and_train_help_do_not_import_torch():
                 ("evaluate.py", "runpy.run_path('evaluate.py', run_name='__main__')"),
                 ("python -m vit.predict", "runpy.run_module('vit.predict', run_name='__main__')"),
                 ("python -m vit.export", "runpy.run_module('vit.export', run_name='__main__')"),
+                (
+                    "python -m vit.benchmark",
+                    "runpy.run_module('vit.benchmark', run_name='__main__')",
+                ),
             )
         ],
     ],

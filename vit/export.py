@@ -1,7 +1,8 @@
 """Hand a model on, verified: ONNX, a transformers folder, a torchvision state dict.
 
     python -m vit.export CHECKPOINT [--model NAME] [--pretrained [PATH]] [--onnx FILE
-        [--static-size] [--optimize] [--int8]] [--hf DIR] [--torchvision FILE]
+        [--static-size] [--optimize] [--int8 [--calibration DATA]]] [--hf DIR]
+        [--torchvision FILE]
 
 CHECKPOINT is read as evaluate.py and `python -m vit.predict` read their --checkpoint
 (`vit.resolve_model`): a train.py run folder or a weights file in it, one of our
@@ -16,8 +17,10 @@ random images as our model, and its logits must agree with ours to `--tolerance`
 The ONNX graph takes any batch and any height and width that are multiples of the patch size
 (the position embeddings are resampled inside it; --static-size fixes the model's size);
 --optimize applies onnxruntime's transformer fusions and reports their counts; --int8 stores
-int8 matrix products (checked to --int8-tolerance, as int8 cannot meet 1e-5). See
-docs/fast-inference.md.
+int8 matrix products (checked to --int8-tolerance, as int8 cannot meet 1e-5), their activations
+quantized at run time, or with --calibration DATA at ranges measured once on images of DATA's
+train split (static int8, which OpenVINO runs too). Which path is fastest on this CPU:
+`python -m vit.benchmark CHECKPOINT`. See docs/fast-inference.md.
 
 onnx, onnxruntime, onnxscript and transformers are optional: `pip install -e '.[interop]'`.
 """
@@ -29,7 +32,7 @@ import sys
 from pathlib import Path
 
 from .cli.flags import ArgumentParser, add_model_arguments, number_in
-from .utils.ranges import NON_NEGATIVE
+from .utils.ranges import AT_LEAST_1, NON_NEGATIVE
 
 FORMATS = ("onnx", "hf", "torchvision")  # the export flags, in the order they are written
 
@@ -55,6 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--int8", action="store_true", help="ONNX: int8 matrix products (dynamic quantization)"
     )
     parser.add_argument(
+        "--calibration",
+        metavar="DATA",
+        help="--int8: static activation ranges measured on images of DATA's train split "
+        "(cifar10, cifar100 or a folder with train/<class>/<images>)",
+    )
+    parser.add_argument(
+        "--calibration-images",
+        type=number_in(AT_LEAST_1),
+        default=256,
+        metavar="N",
+        help="--calibration: how many images, spread over the classes (default: %(default)s)",
+    )
+    parser.add_argument(
         "--int8-tolerance",
         type=number_in(NON_NEGATIVE),
         default=0.1,
@@ -76,8 +92,12 @@ if __name__ == "__main__":
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
 import functools
 
+import torch
+
 from .cli.flags import unwritable
 from .cli.model_argument import model_from_flags
+from .data.datasets import load_split
+from .data.transforms import EvalTransform
 from .interop.export_check import MissingExtraError, require
 from .interop.layouts import huggingface
 from .interop.layouts import torchvision as torchvision_layout
@@ -119,6 +139,24 @@ def format_problem(flag: str, model: VisionTransformer) -> str | None:
     return None
 
 
+def calibration_images(args: argparse.Namespace, model: VisionTransformer):
+    """--calibration's images (N, C, H, W), prepared as the model's evaluation is; None
+    without the flag."""
+    if args.calibration is None:
+        return None
+    if model.preprocess is None:
+        raise ValueError("the model does not say how its input is prepared (no preprocess)")
+    dataset = load_split(
+        args.calibration,
+        "train",
+        download=False,
+        cache=False,
+        subset=args.calibration_images,
+        transform=EvalTransform(model.preprocess),
+    )
+    return torch.stack([dataset[i][0] for i in range(len(dataset))])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -126,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     if onnx_only and args.onnx is None:
         flag = "--" + onnx_only[0].replace("_", "-")
         parser.error(f"{flag} shapes the ONNX export: pass --onnx FILE too; nothing was written")
+    if args.calibration is not None and not args.int8:
+        parser.error("--calibration calibrates --int8's activations: pass --int8 too")
     targets = [(flag, getattr(args, flag)) for flag in FORMATS if getattr(args, flag) is not None]
     if not targets:
         parser.error("nothing to do: pass --onnx FILE, --hf DIR and/or --torchvision FILE")
@@ -143,11 +183,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --{flag} {path}: {problem}; nothing was written", file=sys.stderr)
     if refused:
         return 2
+    try:
+        calibration = calibration_images(args, model)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: --calibration {args.calibration}: {e}; nothing was written", file=sys.stderr)
+        return 2
     options = OnnxOptions(
         dynamic_size=not args.static_size,
         optimize=args.optimize,
         int8=args.int8,
         int8_tolerance=args.int8_tolerance,
+        calibration=calibration,
     )
     exporters = {
         "onnx": functools.partial(export_onnx, options=options),

@@ -52,6 +52,7 @@ from .cli.flags import (
     ArgumentParser,
     add_model_arguments,
     add_model_dtype_argument,
+    add_runtime_argument,
     add_threads_argument,
 )
 from .inference.options import TTA_CHOICES
@@ -93,6 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto", help="auto (CUDA if available), cpu, cuda:0")
     add_threads_argument(parser)
     add_model_dtype_argument(parser)
+    add_runtime_argument(parser)
     parser.add_argument("--output", type=Path, help="write the predictions to FILE.csv or .json")
     parser.add_argument(
         "--overwrite",
@@ -143,7 +145,7 @@ from typing import TypeVar
 import torch
 from tqdm import tqdm
 
-from .cli.flags import missing_model_argument, unwritable, use_threads
+from .cli.flags import missing_model_argument, runtime_problem, unwritable, use_threads
 from .cli.model_argument import model_from_flags
 from .data.images import expand_image_paths
 from .inference.embed import FeaturesError, FeaturesResult, check_embedding, describe
@@ -192,7 +194,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(
                 f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}"
             )
-    problem = missing_model_argument(args)
+    problem = missing_model_argument(args) or runtime_problem(args)
     if problem:
         parser.error(problem)
     if args.output is not None:
@@ -304,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 for flag in ("output", "features"):
                     if getattr(args, flag) is not None:
                         outputs.enter_context(hold_output(flag, getattr(args, flag)))
-        model = model_from_flags(args, onnx=True).to(device)
+        model = model_from_flags(args, onnx=args.runtime).to(device)
         given = {
             "--explain": args.explain is not None,
             "--features": args.features is not None,

@@ -113,6 +113,30 @@ def add_model_dtype_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
+    """--runtime: what runs an exported ONNX file (`vit.interop.onnx_runtime`)."""
+    parser.add_argument(
+        "--runtime",
+        choices=("onnxruntime", "openvino"),
+        default="onnxruntime",
+        help="what runs an ONNX --checkpoint: onnxruntime, or OpenVINO (pip install openvino; "
+        "with --model-dtype bfloat16 it computes in bfloat16); which is fastest on this CPU: "
+        "python -m vit.benchmark (default: %(default)s)",
+    )
+
+
+def runtime_problem(args: argparse.Namespace) -> str | None:
+    """The one-line complaint when --runtime names another runtime than onnxruntime for a
+    model that is not an ONNX file (a runtime runs exported files only)."""
+    checkpoint = str(args.checkpoint or "")
+    if args.runtime == "onnxruntime" or checkpoint.lower().endswith(".onnx"):
+        return None
+    return (
+        f"--runtime {args.runtime} runs an exported ONNX file, and --checkpoint is not one: "
+        f"export it with python -m vit.export SRC --onnx FILE, or leave --runtime out"
+    )
+
+
 def use_threads(threads: int | None) -> None:
     """--threads N for PyTorch and, read from torch when a session is made, for onnxruntime."""
     if threads:

@@ -67,12 +67,13 @@ def command_arguments(source: str = "--checkpoint") -> ArgumentNames:
 
 
 def model_from_flags(
-    args: argparse.Namespace, source: str = "--checkpoint", onnx: bool = False
+    args: argparse.Namespace, source: str = "--checkpoint", onnx: bool | str = False
 ) -> VisionTransformer:
     """`resolve_model` of a command's --checkpoint (`source`: how the command names it, e.g.
     export's positional "CHECKPOINT"), --model and --pretrained
     (`vit.cli.flags.add_model_arguments`), its messages spelt with those flags. onnx: an exported
-    ONNX file is run (a `vit.interop.onnx_runtime.OnnxModel`) rather than refused."""
+    ONNX file is run (a `vit.interop.onnx_runtime.OnnxModel`, by the runtime `onnx` names, or
+    onnxruntime for True) rather than refused."""
     return resolve_model(
         args.checkpoint,
         model=args.model,
@@ -89,7 +90,7 @@ def resolve_model(
     pretrained: bool | str | Path | None = None,
     names: ArgumentNames = PYTHON_ARGUMENTS,
     random_init: bool = False,
-    onnx: bool = False,
+    onnx: bool | str = False,
 ) -> VisionTransformer:
     """The model an argument means, the same for every command and the Python API: in eval
     mode, with `class_names` (None when the weights name no classes, see `class_names_for`),
@@ -109,8 +110,9 @@ def resolve_model(
     names: how messages spell the arguments (`command_arguments()` for a command's flags).
     random_init: accept a model name without weights (a freshly initialised model), which is
         otherwise refused: random weights classify nothing.
-    onnx: an ONNX file exported by `vit.export` is run in onnxruntime (a
-        `vit.interop.onnx_runtime.OnnxModel`: inference only); refused otherwise.
+    onnx: an ONNX file exported by `vit.export` is run (a `vit.interop.onnx_runtime.OnnxModel`:
+        inference only) by the runtime it names ("onnxruntime" for True, "openvino"); refused
+        otherwise.
     Anything else raises `ModelArgumentError` in one line.
     """
     role = "source"
@@ -209,7 +211,7 @@ def _model_from_path(
     model: str | None,
     pretrained: bool | str | Path | None,
     names: ArgumentNames,
-    onnx: bool = False,
+    onnx: bool | str = False,
 ) -> VisionTransformer:
     """Our .safetensors, a run folder, a transformers folder, a foreign file with `model`, or
     (`onnx`) an exported ONNX file."""
@@ -243,7 +245,7 @@ def _model_from_path(
         if onnx_file:
             from ..interop.onnx_runtime import OnnxModel
 
-            return OnnxModel(weights)
+            return OnnxModel(weights, runtime=onnx if isinstance(onnx, str) else "onnxruntime")
         if says_architecture:
             return load_model(weights)
         if model is None:

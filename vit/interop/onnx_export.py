@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import logging
+import shutil
 import sys
 from dataclasses import astuple, dataclass
 from pathlib import Path
@@ -56,15 +57,23 @@ GELU_FUSIONS = ("Gelu", "FastGelu", "BiasGelu")
 INT8_TOLERANCE = 0.1
 
 
+# Static int8: calibration images run through the float graph this many at a time (onnxruntime's
+# MinMax calibration keeps only each tensor's minimum and maximum per batch)
+CALIBRATION_BATCH = 16
+
+
 @dataclass
 class OnnxOptions:
     """How `export_onnx` builds the graph: dynamic height and width (else the model's fixed input
-    size), onnxruntime's transformer fusions, dynamic int8 matrix products."""
+    size), onnxruntime's transformer fusions, int8 matrix products: dynamic (activations
+    quantized at run time), or static where `calibration` images (N, C, H, W), prepared as
+    `model.preprocess` says, fix each activation's range at export."""
 
     dynamic_size: bool = True
     optimize: bool = False
     int8: bool = False
     int8_tolerance: float = INT8_TOLERANCE
+    calibration: torch.Tensor | None = None
 
 
 def export_onnx(
@@ -98,6 +107,8 @@ def export_onnx(
             f"on; this is onnxruntime {onnxruntime.__version__}: pip install -U "
             f"'onnxruntime>=1.23'"
         )
+    if options.calibration is not None and not options.int8:
+        raise ValueError("calibration images calibrate --int8's activations: pass --int8 too")
     path = Path(path)
     model = cpu_float32(model)
     notes = []
@@ -138,8 +149,7 @@ def export_onnx(
             notes.append(optimize_onnx(tmp, model))
         check = _verify_onnx(onnxruntime, tmp, model, tolerance)
         if options.int8:
-            quantize_onnx(tmp, model)
-            check = _verify_onnx(onnxruntime, tmp, model, options.int8_tolerance, int8=True)
+            check = quantize_checked(tmp, model, options)
         check.target += "".join(f"; {note}" for note in notes)
         result.append(check)
 
@@ -245,25 +255,82 @@ def optimize_onnx(path: Path, model: VisionTransformer) -> str:
     return "fused " + ", ".join(f"{op} {n}" for op, n in sorted(counts.items()))
 
 
-def quantize_onnx(path: Path, model: VisionTransformer) -> None:
+def quantize_checked(path: Path, model: VisionTransformer, options: OnnxOptions) -> ExportCheck:
+    """`quantize_onnx` of the float file at `path` in place (static with `options.calibration`),
+    then its outputs checked against ours to `options.int8_tolerance`."""
+    quantize_onnx(path, model, options.calibration)
+    onnxruntime = require("onnxruntime", "--int8 (verifying the export)")
+    tolerance, samples = options.int8_tolerance, options.calibration
+    return _verify_onnx(onnxruntime, path, model, tolerance, int8=True, samples=samples)
+
+
+def quantized_copy(
+    float_path: Path, path: Path, model: VisionTransformer, options: OnnxOptions
+) -> ExportCheck:
+    """An int8 file at `path` made from the float export at `float_path` (of `model`) without
+    exporting again, checked as `export_onnx` checks its own; nothing written on failure."""
+    result: list[ExportCheck] = []
+
+    def write(tmp: Path) -> None:
+        shutil.copyfile(float_path, tmp)
+        result.append(quantize_checked(tmp, dynamic_size_copy(cpu_float32(model)), options))
+
+    atomic_write(path, write)
+    return ExportCheck(path, *astuple(result[0])[1:])
+
+
+def quantize_onnx(
+    path: Path, model: VisionTransformer, calibration: torch.Tensor | None = None
+) -> None:
     """Quantize the MatMul and Gemm weights of the file at `path` to int8, per output channel,
-    in place; activations are quantized at run time (dynamic), LayerNorm, softmax, GELU and the
-    residual sums stay float32. QInt8 weights: the signed layout onnxruntime's x86 int8 kernels
-    (VNNI and AVX2) take with uint8 activations."""
+    in place. Without `calibration` their activations are quantized at run time (dynamic); with
+    calibration images (N, C, H, W) each activation's range is measured on them once (MinMax)
+    and stored (static: QuantizeLinear/DequantizeLinear pairs around each product, per tensor,
+    which onnxruntime runs as int8 products and OpenVINO reads as an int8 model). LayerNorm,
+    attention (the fused operator), GELU and the residual sums stay float32 either way. QInt8
+    weights: the signed layout onnxruntime's x86 int8 kernels (VNNI and AVX2) take with uint8
+    activations."""
     quantization = require("onnxruntime.quantization", "--int8")
     source = path.with_name(path.name + ".float.onnx")
     path.replace(source)
+    common = dict(
+        op_types_to_quantize=["MatMul", "Gemm"],
+        per_channel=True,
+        weight_type=quantization.QuantType.QInt8,
+        # 7-bit weights: x86 CPUs without VNNI multiply uint8 by int8 in pairs whose sums
+        # saturate at 16 bits (AVX2's vpmaddubsw); there the shipped CIFAR model lost 0.40
+        # points with 8-bit weights and 0.07 with 7-bit (docs/fast-inference.md)
+        reduce_range=True,
+    )
     try:
-        quantization.quantize_dynamic(
-            str(source),
-            str(path),
-            op_types_to_quantize=["MatMul", "Gemm"],
-            per_channel=True,
-            weight_type=quantization.QuantType.QInt8,
-        )
+        # quantize_* log a suggestion to preprocess the graph first (shape inference, which
+        # does not know opset 23's Attention): the check after it says whether it worked
+        with _logging_quiet():
+            if calibration is None:
+                quantization.quantize_dynamic(str(source), str(path), **common)
+            else:
+                quantization.quantize_static(
+                    str(source),
+                    str(path),
+                    CalibrationImages(calibration),
+                    quant_format=quantization.QuantFormat.QDQ,
+                    activation_type=quantization.QuantType.QUInt8,
+                    calibrate_method=quantization.CalibrationMethod.MinMax,
+                    **common,
+                )
     finally:
         source.unlink(missing_ok=True)
     set_onnx_metadata(path, onnx_metadata(model, "int8"))
+
+
+class CalibrationImages:
+    """onnxruntime's calibration reader over images (N, C, H, W): CALIBRATION_BATCH at a time."""
+
+    def __init__(self, images: torch.Tensor) -> None:
+        self.batches = list(images.float().split(CALIBRATION_BATCH))
+
+    def get_next(self) -> dict | None:
+        return {"pixel_values": self.batches.pop(0).numpy()} if self.batches else None
 
 
 def onnx_output_name(model: VisionTransformer) -> str:
@@ -282,15 +349,27 @@ def onnx_check_sizes(model: VisionTransformer, session) -> list[tuple[int, int]]
 
 
 def _verify_onnx(
-    onnxruntime, path: Path, model: VisionTransformer, tolerance: float, int8: bool = False
+    onnxruntime,
+    path: Path,
+    model: VisionTransformer,
+    tolerance: float,
+    int8: bool = False,
+    samples: torch.Tensor | None = None,
 ) -> ExportCheck:
+    """Run the file at `path` on random images, or on `samples` (N, C, H, W) resized to each
+    checked size (a static int8 file is checked on images like its calibration's: its stored
+    activation ranges were measured on them, not on noise), and compare with `model`."""
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     worst, agree, total = 0.0, 0, 0
     sizes = onnx_check_sizes(model, session)
     for size in sizes:
         for batch in (1, 3):  # two batch sizes: the batch axis really is dynamic
             generator = torch.Generator().manual_seed(batch)
-            images = torch.randn(batch, model.config.in_chans, *size, generator=generator)
+            if samples is None:
+                images = torch.randn(batch, model.config.in_chans, *size, generator=generator)
+            else:
+                chosen = samples[torch.randperm(len(samples), generator=generator)[:batch]]
+                images = torch.nn.functional.interpolate(chosen.float(), size, mode="bilinear")
             (theirs,) = session.run([onnx_output_name(model)], {"pixel_values": images.numpy()})
             with torch.no_grad():
                 ours = model(images)  # logits, or a headless model's pooled embedding

@@ -1,0 +1,257 @@
+"""The CPU's inference paths: static int8 (calibrated on images), OpenVINO running an exported
+file in evaluate.py and `vit.predict`, and `python -m vit.benchmark` timing every path and naming
+the fastest; each refusal in one line with nothing written."""
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import vit
+from vit.benchmark import main as benchmark_main
+from vit.cli.model_argument import resolve_model
+from vit.inference import cpu_paths
+from vit.interop.onnx_export import OnnxOptions, export_onnx, quantized_copy
+from vit.interop.onnx_runtime import OnnxModel
+from vit.predict import main as predict_main
+
+pytest.importorskip("onnxruntime", reason="running ONNX files needs onnxruntime ([interop])")
+pytest.importorskip("onnxscript", reason="exporting the test's ONNX file needs onnxscript")
+
+COLOURS = ["blue", "green", "red"]  # conftest's image_folder classes
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny classifier's .safetensors, its float export, and calibration images."""
+    root = tmp_path_factory.mktemp("paths")
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3
+    )
+    torch.nn.init.normal_(model.head.weight)
+    vit.save_weights(model, root / "tiny.safetensors", class_names=COLOURS)
+    export_onnx(resolve_model(root / "tiny.safetensors"), root / "tiny.onnx")
+    return root
+
+
+def calibration_images(count: int = 32) -> torch.Tensor:
+    return torch.randn(count, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+
+
+def graph_operators(path) -> set[str]:
+    return {node.op_type for node in __import__("onnx").load(str(path)).graph.node}
+
+
+def test_static_int8_stores_activation_ranges_and_agrees_with_float(exported, tmp_path, one_thread):
+    model = resolve_model(exported / "tiny.safetensors")
+    static = OnnxOptions(int8=True, calibration=calibration_images())
+    check = quantized_copy(exported / "tiny.onnx", tmp_path / "static.onnx", model, static)
+    # static: QuantizeLinear/DequantizeLinear pairs with stored ranges, no run-time range search
+    operators = graph_operators(tmp_path / "static.onnx")
+    assert {"QuantizeLinear", "DequantizeLinear"} <= operators
+    assert "DynamicQuantizeLinear" not in operators
+    assert check.max_relative_difference < 0.1
+    onnx_model = OnnxModel(tmp_path / "static.onnx")
+    assert (onnx_model.precision, onnx_model.class_names) == ("int8", COLOURS)
+    images = calibration_images(8)
+    ours = model(images).detach()
+    theirs = onnx_model(images)
+    assert (theirs - ours).abs().max() / ours.abs().max() < 0.1
+    assert "DynamicQuantizeLinear" in graph_operators(
+        quantized_copy(
+            exported / "tiny.onnx", tmp_path / "d.onnx", model, OnnxOptions(int8=True)
+        ).path
+    )
+
+
+def test_an_int8_copy_beyond_its_tolerance_writes_nothing(exported, tmp_path):
+    model = resolve_model(exported / "tiny.safetensors")
+    strict = OnnxOptions(int8=True, int8_tolerance=0.0)
+    with pytest.raises(ValueError, match="does not reproduce our logits"):
+        quantized_copy(exported / "tiny.onnx", tmp_path / "int8.onnx", model, strict)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_calibrates_on_the_folders_train_images(exported, image_folder, tmp_path, capsys):
+    from vit.export import main as export_main
+
+    out = tmp_path / "static.onnx"
+    argv = [str(exported / "tiny.safetensors"), "--onnx", str(out), "--int8"]
+    calibrate = ["--calibration", str(image_folder), "--calibration-images", "9"]
+    assert export_main([*argv, *calibrate]) == 0
+    assert "QuantizeLinear" in graph_operators(out)
+    assert "onnxruntime int8" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "extra, line",
+    [
+        (
+            ["--calibration", "DATA"],
+            "python -m vit.export: error: --calibration calibrates --int8's activations: pass "
+            "--int8 too\n",
+        ),
+        (
+            ["--int8", "--calibration", "MISSING"],
+            "error: --calibration MISSING: --data 'MISSING' is neither one of cifar10, cifar100 "
+            "nor an existing folder",
+        ),
+    ],
+)
+def test_export_refuses_calibration_it_cannot_use(extra, line, exported, tmp_path, capsys):
+    from vit.export import main as export_main
+
+    out = tmp_path / "m.onnx"
+    argv = [str(exported / "tiny.safetensors"), "--onnx", str(out)]
+    try:
+        code = export_main([*argv, *[str(tmp_path / a) if a == "MISSING" else a for a in extra]])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err.replace(str(tmp_path / "MISSING"), "MISSING")
+    assert code == 2 and err.startswith(line) and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+# -- OpenVINO ------------------------------------------------------------------------------------
+def test_openvino_runs_the_file_as_onnxruntime_does(exported, tmp_path, one_thread):
+    pytest.importorskip("openvino", reason="OpenVINO is optional (pip install openvino)")
+    ort = OnnxModel(exported / "tiny.onnx")
+    ov = OnnxModel(exported / "tiny.onnx", runtime="openvino")
+    assert (ov.num_classes, ov.class_names, ov.preprocess) == (3, COLOURS, ort.preprocess)
+    # At the model's size the same to float rounding; at another size (the graph's dynamic height
+    # and width) OpenVINO's antialiased cubic Resize of the position embeddings is not quite
+    # onnxruntime's (measured 1.4e-3 relative at 40x24, docs/fast-inference.md)
+    for size, tolerance in (((32, 32), 1e-5), ((40, 24), 1e-2)):
+        images = torch.randn(3, 3, *size)
+        ours = ort(images)
+        assert (ov(images) - ours).abs().max() / ours.abs().max() < tolerance, size
+    images = torch.randn(4, 3, 32, 32)
+    bf16 = OnnxModel(exported / "tiny.onnx", runtime="openvino").to(torch.bfloat16)
+    assert bf16.compute_dtype == torch.bfloat16
+    ours = ort(images)
+    assert (bf16(images) - ours).abs().max() / ours.abs().max() < 0.05
+    with pytest.raises(ValueError, match="an ONNX file computes in what it was exported with"):
+        ort.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="--device cuda: OpenVINO runs ONNX files on the CPU"):
+        ov.to("cuda")
+
+
+def test_evaluate_and_predict_run_the_file_in_openvino(
+    exported, image_folder, evaluate_script, tmp_path, one_thread
+):
+    pytest.importorskip("openvino", reason="OpenVINO is optional (pip install openvino)")
+    reports, rows = {}, {}
+    for runtime in ("onnxruntime", "openvino"):
+        argv = ["--checkpoint", str(exported / "tiny.onnx"), "--runtime", runtime]
+        out = tmp_path / runtime
+        data = ["--data", str(image_folder), "--workers", "0", "--output-dir", str(out)]
+        assert evaluate_script.main([*argv, *data]) == 0
+        reports[runtime] = json.loads((out / "report.json").read_text())
+        csv = tmp_path / f"{runtime}.csv"
+        assert predict_main([str(image_folder / "test"), *argv, "--output", str(csv)]) == 0
+        rows[runtime] = csv.read_text().splitlines()
+    for key in ("top1", "top5", "confusion_matrix", "num_images"):
+        assert reports["openvino"][key] == reports["onnxruntime"][key], key
+    assert len(rows["openvino"]) == len(rows["onnxruntime"]) == 19
+    classes = [[row.split(",")[1] for row in rows[r][1:]] for r in rows]
+    assert classes[0] == classes[1]
+
+
+def test_runtime_openvino_on_pytorch_weights_is_refused_in_one_line(
+    exported, image_folder, tmp_path, capsys
+):
+    image = next((image_folder / "test" / "red").iterdir())
+    out = tmp_path / "p.csv"
+    argv = [str(image), "--checkpoint", str(exported / "tiny.safetensors"), "--runtime", "openvino"]
+    with pytest.raises(SystemExit) as exit_info:
+        predict_main([*argv, "--output", str(out)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "python -m vit.predict: error: --runtime openvino runs an exported ONNX file, and "
+        "--checkpoint is not one: export it with python -m vit.export SRC --onnx FILE, or leave "
+        "--runtime out\n"
+    )
+    assert not out.exists()
+
+
+def test_a_missing_openvino_is_said_in_one_line(exported, image_folder, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino fails
+    image = next((image_folder / "test" / "red").iterdir())
+    argv = [str(image), "--checkpoint", str(exported / "tiny.onnx"), "--runtime", "openvino"]
+    assert predict_main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"error: --checkpoint {exported / 'tiny.onnx'}: running an ONNX file needs openvino: "
+        f"pip install openvino\n"
+    )
+
+
+# -- the benchmark -------------------------------------------------------------------------------
+@pytest.mark.parametrize("native", [False, True])
+def test_paths_skip_bfloat16_where_the_cpu_emulates_it(native, exported, tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_paths, "fast_bfloat16", lambda device: native)
+    model = resolve_model(exported / "tiny.safetensors")
+    paths = {p.label: p for p in cpu_paths.cpu_paths(model, tmp_path, log=lambda line: None)}
+    for label in ("PyTorch bfloat16", "OpenVINO bfloat16"):
+        if label == "OpenVINO bfloat16" and not cpu_paths._installed("openvino"):
+            continue
+        assert (paths[label].run is None) == (not native), label
+        assert paths[label].skipped == ("" if native else cpu_paths.NO_BF16)
+    static = paths["onnxruntime int8 static"]
+    assert static.run is None and "pass --data" in static.skipped  # no calibration images
+    batch = calibration_images(4).numpy()
+    reference = paths["PyTorch float32"].run(batch)
+    for path in paths.values():
+        if path.run is not None:
+            difference, same = cpu_paths.agreement(reference, path.run(batch))
+            assert difference < 0.1, path.label
+
+
+def test_time_paths_reports_each_paths_median_round():
+    calls = {"fast": 0, "slow": 0}
+
+    def sleeper(label, seconds):
+        def run(batch):
+            calls[label] += 1
+            __import__("time").sleep(seconds)
+
+        return run
+
+    batch = np.zeros((8, 3, 4, 4), np.float32)
+    speed = cpu_paths.time_paths(
+        {"fast": sleeper("fast", 0.002), "slow": sleeper("slow", 0.02)}, batch, 3, 0.05
+    )
+    assert speed["fast"] > 3 * speed["slow"]
+    assert 8 / 0.02 / 1.5 < speed["slow"] < 8 / 0.02
+    assert calls["slow"] >= 2 + 3  # warm-up, the timed call, and at least one call a round
+
+
+def test_benchmark_times_every_path_and_names_the_fastest(
+    exported, image_folder, tmp_path, capsys, one_thread
+):
+    keep = tmp_path / "files"
+    argv = [str(exported / "tiny.safetensors"), "--data", str(image_folder), "--batch-size", "6"]
+    fast = ["--rounds", "1", "--round-seconds", "0.01", "--calibration-images", "9"]
+    assert benchmark_main([*argv, *fast, "--onnx-dir", str(keep)]) == 0
+    out = capsys.readouterr().out
+    for label in ("PyTorch float32", "onnxruntime float32", "onnxruntime int8 static"):
+        assert f"\n{label} " in out, label
+    assert "against PyTorch float32 on the 6 test images of" in out
+    fastest = out.split("fastest here: ")[1]
+    assert "x PyTorch float32" in fastest.splitlines()[0]
+    assert "python evaluate.py --checkpoint " in fastest
+    assert sorted(p.name for p in keep.iterdir()) == sorted(
+        name for name, _ in cpu_paths.ONNX_FILES.values()
+    )
+    # the kept files are never overwritten: a second run into the same folder is refused
+    before = (keep / "model.onnx").read_bytes()
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark_main([*argv, *fast, "--onnx-dir", str(keep)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        f"python -m vit.benchmark: error: --onnx-dir {keep}: model.onnx is there already; name "
+        f"an empty or new folder\n"
+    )
+    assert (keep / "model.onnx").read_bytes() == before

@@ -1,0 +1,203 @@
+"""Which way of running a model is fastest on this CPU, measured on it in about a minute.
+
+    python -m vit.benchmark CHECKPOINT [--model NAME] [--pretrained [PATH]] [--data DATA]
+        [--batch-size 32] [--threads N] [--onnx-dir DIR]
+
+CHECKPOINT is read as evaluate.py reads --checkpoint (a run folder, a weights file, a
+transformers folder, a model name with --pretrained). The paths are timed side by side on one
+batch, taking turns round by round: the PyTorch model in float32 and with bfloat16 weights
+(--model-dtype bfloat16, where the CPU multiplies bfloat16 natively), its ONNX export in
+onnxruntime (float32, int8, and static int8 calibrated on DATA's train images), and in OpenVINO
+where it is installed (float32, bfloat16, static int8). Each path's outputs are compared with
+PyTorch float32's on the same images (DATA's test images, else random ones); the fastest path
+is printed with the commands that make and run it. Its accuracy on a whole test set is
+evaluate.py's to tell: the command is printed too. See docs/fast-inference.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .cli.flags import ArgumentParser, add_model_arguments, add_threads_argument, number_in
+from .utils.ranges import AT_LEAST_1, POSITIVE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(  # a bad flag: one line, not the usage text
+        prog="python -m vit.benchmark",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_model_arguments(parser, positional=True)
+    parser.add_argument(
+        "--data",
+        metavar="DATA",
+        help="cifar10, cifar100 or a folder with train/ and test/: the batch is its test "
+        "images and static int8 is calibrated on its train images (default: random images, "
+        "no static int8)",
+    )
+    parser.add_argument(
+        "--batch-size", type=number_in(AT_LEAST_1), default=32, help="(default: %(default)s)"
+    )
+    add_threads_argument(parser)
+    parser.add_argument(
+        "--calibration-images",
+        type=number_in(AT_LEAST_1),
+        default=64,
+        metavar="N",
+        help="--data: train images that calibrate static int8 (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--rounds", type=number_in(AT_LEAST_1), default=3, help="(default: %(default)s)"
+    )
+    parser.add_argument(
+        "--round-seconds",
+        type=number_in(POSITIVE),
+        default=1.0,
+        help="about how long each path runs in a round (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--onnx-dir",
+        type=Path,
+        metavar="DIR",
+        help="keep the ONNX files there (default: a temporary folder, removed at the end)",
+    )
+    return parser
+
+
+if __name__ == "__main__":
+    # `python -m vit.benchmark`: --help and flag mistakes are answered before the imports below
+    # load torch (seconds); main() reads the flags again, at no cost.
+    build_parser().parse_args()
+
+# ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
+import tempfile
+
+import torch
+
+from .cli.flags import use_threads
+from .cli.model_argument import model_from_flags
+from .data.datasets import load_split
+from .data.transforms import EvalTransform
+from .inference.cpu_paths import (
+    ONNX_FILES,
+    InferencePath,
+    agreement,
+    cpu_flags,
+    cpu_name,
+    cpu_paths,
+    time_paths,
+)
+from .inference.precision import fast_bfloat16
+from .models.vision_transformer import VisionTransformer
+
+
+def prepared_images(data: str, split: str, count: int, model: VisionTransformer) -> torch.Tensor:
+    """`count` images (N, C, H, W) of DATA's split, spread over the classes, prepared as the
+    model's evaluation prepares them."""
+    dataset = load_split(
+        data,
+        split,
+        download=False,
+        cache=False,
+        subset=count,
+        transform=EvalTransform(model.preprocess),
+    )
+    return torch.stack([dataset[i][0] for i in range(len(dataset))])
+
+
+def onnx_dir_problem(folder: Path | None) -> str | None:
+    """Why --onnx-dir cannot take the files: one of them is there already (never overwritten)."""
+    if folder is None:
+        return None
+    if folder.exists() and not folder.is_dir():
+        return f"--onnx-dir {folder}: a file, not a folder"
+    taken = [name for name, _ in ONNX_FILES.values() if (folder / name).exists()]
+    if taken:
+        return f"--onnx-dir {folder}: {taken[0]} is there already; name an empty or new folder"
+    return None
+
+
+def print_table(paths: list[InferencePath], speed: dict, agreements: dict, shown: str) -> None:
+    base = speed["PyTorch float32"]
+    header = ("images/s", "x float32", "top-1 same", "max rel diff")
+    print(f"\n{'path':26s} {header[0]:>9s} {header[1]:>9s} {header[2]:>10s} {header[3]:>12s}")
+    for path in paths:
+        if path.run is None:
+            continue
+        difference, same = agreements[path.label]
+        print(
+            f"{path.label:26s} {speed[path.label]:9.1f} {speed[path.label] / base:9.2f} "
+            f"{100 * same:9.1f}% {difference:12.1e}"
+        )
+    print(f"(top-1 same and max rel diff: against PyTorch float32 on the {shown})")
+    for path in paths:
+        if path.skipped:
+            print(f"not timed: {path.label}: {path.skipped}")
+
+
+def source_name(args: argparse.Namespace) -> str:
+    return str(args.checkpoint or args.model)
+
+
+def advice(best: InferencePath, ratio: float, args: argparse.Namespace) -> str:
+    """The fastest path and the commands that make and run it."""
+    source = source_name(args)
+    lines = [f"\nfastest here: {best.label}, {ratio:.2f}x PyTorch float32"]
+    checkpoint = f"--checkpoint {source}" if best.export is None else ""
+    if best.export is not None:
+        export = best.export.replace("DATA", args.data or "DATA")
+        lines.append(f"  python -m vit.export {source} {export}")
+    run_flags = " ".join(f for f in (checkpoint, best.flags) if f)
+    lines.append(f"  python evaluate.py {run_flags} --data {args.data or 'DATA'}  # its accuracy")
+    lines.append(f"  python -m vit.predict IMAGES {run_flags}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    problem = onnx_dir_problem(args.onnx_dir)
+    if problem:
+        parser.error(problem)
+    use_threads(args.threads)
+    try:
+        model = model_from_flags(args, source="CHECKPOINT").float().eval()
+        if args.data is not None:
+            batch = prepared_images(args.data, "test", args.batch_size, model)
+            calibration = prepared_images(args.data, "train", args.calibration_images, model)
+            shown = f"{len(batch)} test images of {args.data}"
+        else:
+            size = model.preprocess.input_size
+            batch = torch.randn(args.batch_size, *size, generator=torch.Generator().manual_seed(0))
+            calibration, shown = None, f"{len(batch)} random images"
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        print(f"python -m vit.benchmark: error: {e}", file=sys.stderr)
+        return 2
+    native = "native" if fast_bfloat16(torch.device("cpu")) else "emulated"
+    print(f"CPU: {cpu_name()}; {cpu_flags()}; bfloat16 {native}; {torch.get_num_threads()} threads")
+    name = model.model_name or source_name(args)
+    print(f"model: {name}, input {tuple(batch.shape[1:])}, batch {len(batch)}")
+    print("exporting (each file checked against the model):")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.onnx_dir or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = cpu_paths(model, folder, calibration)
+        run = {path.label: path.run for path in paths if path.run is not None}
+        pixels = batch.numpy()
+        reference = run["PyTorch float32"](pixels)
+        agreements = {label: agreement(reference, fn(pixels)) for label, fn in run.items()}
+        speed = time_paths(run, pixels, args.rounds, args.round_seconds)
+    print_table(paths, speed, agreements, shown)
+    best = max((p for p in paths if p.run is not None), key=lambda p: speed[p.label])
+    print(advice(best, speed[best.label] / speed["PyTorch float32"], args))
+    if args.onnx_dir is not None:
+        print(f"the ONNX files are in {args.onnx_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
