@@ -255,3 +255,13 @@ def test_benchmark_times_every_path_and_names_the_fastest(
         f"an empty or new folder\n"
     )
     assert (keep / "model.onnx").read_bytes() == before
+
+
+def test_benchmark_without_data_times_random_images(exported, capsys, one_thread):
+    argv = [str(exported / "tiny.safetensors"), "--batch-size", "4", "--rounds", "1"]
+    assert benchmark_main([*argv, "--round-seconds", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "input (3, 32, 32), batch 4" in out
+    assert "against PyTorch float32 on the 4 random images" in out
+    assert "not timed: onnxruntime int8 static: static int8 needs calibration images" in out
+    assert "fastest here: " in out

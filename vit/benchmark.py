@@ -171,8 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             calibration = prepared_images(args.data, "train", args.calibration_images, model)
             shown = f"{len(batch)} test images of {args.data}"
         else:
-            size = model.preprocess.input_size
-            batch = torch.randn(args.batch_size, *size, generator=torch.Generator().manual_seed(0))
+            channels, (height, width) = model.config.in_chans, model.preprocess.input_size
+            generator = torch.Generator().manual_seed(0)
+            batch = torch.randn(args.batch_size, channels, height, width, generator=generator)
             calibration, shown = None, f"{len(batch)} random images"
     except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"python -m vit.benchmark: error: {e}", file=sys.stderr)
