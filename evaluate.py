@@ -390,6 +390,7 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     report = {} if scored_data is None else evaluate_head(args, model, device, out_dir, scored_data)
     report.update(
         checkpoint=model_argument(args),
+        runtime=getattr(model, "runtime", "pytorch"),  # an ONNX file's: onnxruntime or openvino
         model_dtype=args.model_dtype,
         data=args.data,
         split=args.split,

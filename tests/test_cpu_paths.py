@@ -155,6 +155,14 @@ def test_evaluate_and_predict_run_the_file_in_openvino(
         rows[runtime] = csv.read_text().splitlines()
     for key in ("top1", "top5", "confusion_matrix", "num_images"):
         assert reports["openvino"][key] == reports["onnxruntime"][key], key
+    assert (reports["onnxruntime"]["runtime"], reports["openvino"]["runtime"]) == (
+        "onnxruntime",
+        "openvino",
+    )
+    # a feature cache of one runtime is not taken for the other's
+    ort = OnnxModel(exported / "tiny.onnx")
+    ov = OnnxModel(exported / "tiny.onnx", runtime="openvino")
+    assert not torch.equal(ort.state_dict()["onnx.sha1"], ov.state_dict()["onnx.sha1"])
     assert len(rows["openvino"]) == len(rows["onnxruntime"]) == 19
     classes = [[row.split(",")[1] for row in rows[r][1:]] for r in rows]
     assert classes[0] == classes[1]

@@ -194,9 +194,11 @@ class OnnxModel:
         return features
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The file's SHA-1 as a tensor: what identifies the weights in feature caches."""
-        digest = hashlib.sha1(self.path.read_bytes()).digest()
-        return {"onnx.sha1": torch.frombuffer(bytearray(digest), dtype=torch.uint8)}
+        """The file's SHA-1, with the runtime and the dtype it computes in, as a tensor: what
+        identifies the weights in feature caches (OpenVINO's outputs are not onnxruntime's)."""
+        digest = hashlib.sha1(self.path.read_bytes())
+        digest.update(f"{self.runtime} {self.compute_dtype}".encode())
+        return {"onnx.sha1": torch.frombuffer(bytearray(digest.digest()), dtype=torch.uint8)}
 
     def parameters(self):
         """One empty tensor on the model's device: `next(model.parameters()).device` works."""
