@@ -1,9 +1,19 @@
 """The CPU's inference paths: static int8 (calibrated on images), OpenVINO running an exported
 file in evaluate.py and `vit.predict`, and `python -m vit.benchmark` timing every path and naming
-the fastest; each refusal in one line with nothing written."""
+the fastest; each refusal in one line with nothing written.
+
+The tests that load OpenVINO run in a pytest process of their own (marked `openvino`, run by
+`test_the_openvino_cases_in_a_process_of_their_own`): once OpenVINO was loaded into the suite's
+process, a DataLoader worker forked later no longer ignored SIGINT, and a later test's
+`subprocess.run` of torchrun died of a segmentation fault (onnxruntime 1.32.0, openvino
+2026.4.1, torch 2.14.1). A command loads it once, in its own process, and is not affected.
+"""
 
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +31,36 @@ pytest.importorskip("onnxruntime", reason="running ONNX files needs onnxruntime 
 pytest.importorskip("onnxscript", reason="exporting the test's ONNX file needs onnxscript")
 
 COLOURS = ["blue", "green", "red"]  # conftest's image_folder classes
+OPENVINO_PROCESS = "VIT_TESTS_OPENVINO_PROCESS"  # set in the process that runs the OpenVINO cases
+
+
+def openvino_case(test):
+    """A test that loads OpenVINO: run only in the process of its own (see the docstring)."""
+    alone = pytest.mark.skipif(
+        os.environ.get(OPENVINO_PROCESS) != "1",
+        reason="loads OpenVINO: run by test_the_openvino_cases_in_a_process_of_their_own",
+    )
+    return pytest.mark.openvino(alone(test))
+
+
+def test_the_openvino_cases_in_a_process_of_their_own():
+    if os.environ.get(OPENVINO_PROCESS) == "1":
+        pytest.skip("this is that process")
+    pytest.importorskip("openvino", reason="OpenVINO is optional (pip install openvino)")
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "openvino"]
+    done = subprocess.run(
+        [*command, str(Path(__file__).resolve())],
+        cwd=root,
+        env={**os.environ, OPENVINO_PROCESS: "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert (
+        " passed" in done.stdout.splitlines()[-1] and "skipped" not in done.stdout.splitlines()[-1]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +156,8 @@ def test_export_refuses_calibration_it_cannot_use(extra, line, exported, tmp_pat
 
 
 # -- OpenVINO ------------------------------------------------------------------------------------
+@openvino_case
 def test_openvino_runs_the_file_as_onnxruntime_does(exported, tmp_path, one_thread):
-    pytest.importorskip("openvino", reason="OpenVINO is optional (pip install openvino)")
     ort = OnnxModel(exported / "tiny.onnx")
     ov = OnnxModel(exported / "tiny.onnx", runtime="openvino")
     assert (ov.num_classes, ov.class_names, ov.preprocess) == (3, COLOURS, ort.preprocess)
@@ -139,10 +179,10 @@ def test_openvino_runs_the_file_as_onnxruntime_does(exported, tmp_path, one_thre
         ov.to("cuda")
 
 
+@openvino_case
 def test_evaluate_and_predict_run_the_file_in_openvino(
     exported, image_folder, evaluate_script, tmp_path, one_thread
 ):
-    pytest.importorskip("openvino", reason="OpenVINO is optional (pip install openvino)")
     reports, rows = {}, {}
     for runtime in ("onnxruntime", "openvino"):
         argv = ["--checkpoint", str(exported / "tiny.onnx"), "--runtime", runtime]
@@ -197,14 +237,13 @@ def test_a_missing_openvino_is_said_in_one_line(exported, image_folder, capsys, 
 
 
 # -- the benchmark -------------------------------------------------------------------------------
+@openvino_case
 @pytest.mark.parametrize("native", [False, True])
 def test_paths_skip_bfloat16_where_the_cpu_emulates_it(native, exported, tmp_path, monkeypatch):
     monkeypatch.setattr(cpu_paths, "fast_bfloat16", lambda device: native)
     model = resolve_model(exported / "tiny.safetensors")
     paths = {p.label: p for p in cpu_paths.cpu_paths(model, tmp_path, log=lambda line: None)}
     for label in ("PyTorch bfloat16", "OpenVINO bfloat16"):
-        if label == "OpenVINO bfloat16" and not cpu_paths._installed("openvino"):
-            continue
         assert (paths[label].run is None) == (not native), label
         assert paths[label].skipped == ("" if native else cpu_paths.NO_BF16)
     static = paths["onnxruntime int8 static"]
@@ -236,6 +275,7 @@ def test_time_paths_reports_each_paths_median_round():
     assert calls["slow"] >= 2 + 3  # warm-up, the timed call, and at least one call a round
 
 
+@openvino_case
 def test_benchmark_times_every_path_and_names_the_fastest(
     exported, image_folder, tmp_path, capsys, one_thread
 ):
@@ -265,6 +305,7 @@ def test_benchmark_times_every_path_and_names_the_fastest(
     assert (keep / "model.onnx").read_bytes() == before
 
 
+@openvino_case
 def test_benchmark_without_data_times_random_images(exported, capsys, one_thread):
     argv = [str(exported / "tiny.safetensors"), "--batch-size", "4", "--rounds", "1"]
     assert benchmark_main([*argv, "--round-seconds", "0.01"]) == 0
