@@ -1,7 +1,9 @@
 """CPU inference paths side by side: timm eager, ours eager in float32 and bfloat16 (weights
 cast, `--model-dtype bfloat16`; and under autocast) (+ torch.compile), ONNX Runtime float32
-(dynamic size, fixed size, optimized) and int8, and OpenVINO float32 and bfloat16 where it is
-installed (`pip install openvino`: not a dependency of the package), in one run.
+(dynamic size, fixed size, optimized), int8 and static int8 (calibrated on 256 CIFAR-10
+training images where ../shared/data has them), and OpenVINO float32, bfloat16 and the static
+int8 file where it is installed (`pip install openvino`: not a dependency of the package), in
+one run.
 
     python benchmarks/onnx_throughput.py [--models vit_small_patch16_224 cifar dinov2]
         [--batch-sizes 32 1] [--threads 1 2] [--rounds 3] [--compile] [--accuracy]
@@ -38,9 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inference_throughput import timm_model  # noqa: E402
 
 import vit  # noqa: E402
+from vit.data.datasets import load_split  # noqa: E402
+from vit.data.transforms import EvalTransform  # noqa: E402
 from vit.inference.cpu_paths import cpu_flags, time_paths  # noqa: E402
 from vit.inference.precision import cast_for_inference, fast_bfloat16  # noqa: E402
-from vit.interop.onnx_export import OnnxOptions, export_onnx  # noqa: E402
+from vit.interop.onnx_export import OnnxOptions, export_onnx, quantized_copy  # noqa: E402
 
 try:  # an optional comparison: OpenVINO is not a dependency of the package
     import openvino
@@ -52,6 +56,7 @@ SHIPPED = ROOT / "weights" / "cifar10_vit_cpu.safetensors"
 # the shared data sits beside the repository, as in CI
 CIFAR_TEST = ROOT.parent / "shared" / "data" / "cifar10-jpg" / "test"
 DINOV2 = ROOT.parent / "shared" / "data" / "dinov2-small"
+CALIBRATION_IMAGES = 256  # static int8's, from the CIFAR-10 training images
 # the ONNX files timed, by the options they are exported with
 ONNX_PATHS = {
     "ORT fp32": OnnxOptions(),
@@ -94,12 +99,31 @@ def load(name: str) -> tuple[vit.VisionTransformer, torch.nn.Module]:
 
 
 def export_all(model: vit.VisionTransformer, folder: Path) -> dict[str, Path]:
-    """Every ONNX path's file, exported and verified."""
+    """Every ONNX path's file, exported and verified; and static int8 calibrated on
+    CALIBRATION_IMAGES CIFAR-10 training images where the shared data is there (a model whose
+    static file fails its check is said and left out)."""
     files = {}
     for label, options in ONNX_PATHS.items():
         files[label] = folder / (label.replace(" ", "_") + ".onnx")
         result = export_onnx(model, files[label], options=options)
         print(f"  {label}: {result}")
+    if CIFAR_TEST.parent.is_dir():
+        data = load_split(
+            str(CIFAR_TEST.parent),
+            "train",
+            download=False,
+            cache=False,
+            subset=CALIBRATION_IMAGES,
+            transform=EvalTransform(model.preprocess),
+        )
+        images = torch.stack([data[i][0] for i in range(len(data))])
+        static = OnnxOptions(int8=True, calibration=images)
+        try:
+            check = quantized_copy(files["ORT fp32"], folder / "static.onnx", model, static)
+            files["ORT int8 static"] = check.path
+            print(f"  ORT int8 static: {check}")
+        except ValueError as e:
+            print(f"  ORT int8 static: left out: {e}")
     return files
 
 
@@ -136,6 +160,8 @@ def runners(models: dict, files: dict[str, Path], threads: int) -> dict:
         for precision in ("f32", "bf16"):
             compiled = openvino_model(files["ORT fp32"], threads, precision)
             run[f"OpenVINO {precision.replace('f32', 'fp32')}"] = compiled
+        if "ORT int8 static" in files:  # OpenVINO runs the QDQ file's products in int8
+            run["OpenVINO int8 static"] = openvino_model(files["ORT int8 static"], threads, "f32")
     return run
 
 
