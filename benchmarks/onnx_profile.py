@@ -22,8 +22,7 @@ import onnxruntime
 import torch
 
 from vit.cli.model_argument import resolve_model
-from vit.data.datasets import load_split
-from vit.data.transforms import EvalTransform
+from vit.data.transforms import evaluation_images
 from vit.inference.cpu_paths import cpu_flags, cpu_name
 from vit.interop.onnx_export import OnnxOptions, export_onnx, quantized_copy
 
@@ -67,15 +66,7 @@ def main() -> None:
     batch = torch.randn(args.batch_size, channels, height, width, generator=generator)
     kinds = {"int8": OnnxOptions(int8=True)}
     if args.calibration:
-        data = load_split(
-            args.calibration,
-            "train",
-            download=False,
-            cache=False,
-            subset=256,
-            transform=EvalTransform(model.preprocess),
-        )
-        images = torch.stack([data[i][0] for i in range(len(data))])
+        images = evaluation_images(args.calibration, "train", 256, model.preprocess)
         kinds["static int8"] = OnnxOptions(int8=True, calibration=images)
     with tempfile.TemporaryDirectory() as tmp:
         files = {"float32": Path(tmp) / "float32.onnx"}

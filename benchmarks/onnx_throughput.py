@@ -40,8 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inference_throughput import timm_model  # noqa: E402
 
 import vit  # noqa: E402
-from vit.data.datasets import load_split  # noqa: E402
-from vit.data.transforms import EvalTransform  # noqa: E402
+from vit.data.transforms import evaluation_images  # noqa: E402
 from vit.inference.cpu_paths import cpu_flags, time_paths  # noqa: E402
 from vit.inference.precision import cast_for_inference, fast_bfloat16  # noqa: E402
 from vit.interop.onnx_export import OnnxOptions, export_onnx, quantized_copy  # noqa: E402
@@ -108,15 +107,8 @@ def export_all(model: vit.VisionTransformer, folder: Path) -> dict[str, Path]:
         result = export_onnx(model, files[label], options=options)
         print(f"  {label}: {result}")
     if CIFAR_TEST.parent.is_dir():
-        data = load_split(
-            str(CIFAR_TEST.parent),
-            "train",
-            download=False,
-            cache=False,
-            subset=CALIBRATION_IMAGES,
-            transform=EvalTransform(model.preprocess),
-        )
-        images = torch.stack([data[i][0] for i in range(len(data))])
+        cifar = str(CIFAR_TEST.parent)
+        images = evaluation_images(cifar, "train", CALIBRATION_IMAGES, model.preprocess)
         static = OnnxOptions(int8=True, calibration=images)
         try:
             check = quantized_copy(files["ORT fp32"], folder / "static.onnx", model, static)

@@ -114,6 +114,30 @@ def tiny_args():
     return tiny_train_args
 
 
+@pytest.fixture(scope="session")
+def onnx_exports(tmp_path_factory) -> Path:
+    """A folder with a tiny classifier (classes blue, green, red: image_folder's) and a headless
+    model, each as .safetensors and as its ONNX export, as `vit.export` writes it today."""
+    import vit
+    from vit.cli.model_argument import resolve_model
+    from vit.interop.onnx_export import export_onnx
+
+    root = tmp_path_factory.mktemp("onnx")
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3
+    )
+    torch.nn.init.normal_(model.head.weight)
+    vit.save_weights(model, root / "tiny.safetensors", class_names=["blue", "green", "red"])
+    export_onnx(resolve_model(root / "tiny.safetensors"), root / "tiny.onnx")
+    headless = vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=0
+    )
+    vit.save_weights(headless, root / "headless.safetensors")
+    export_onnx(resolve_model(root / "headless.safetensors"), root / "headless.onnx")
+    return root
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models gain nothing from intra-op threads, and on shared cores they lose a lot."""

@@ -19,11 +19,10 @@ import numpy as np
 import pytest
 import torch
 
-import vit
 from vit.benchmark import main as benchmark_main
 from vit.cli.model_argument import resolve_model
 from vit.inference import cpu_paths
-from vit.interop.onnx_export import OnnxOptions, export_onnx, quantized_copy
+from vit.interop.onnx_export import OnnxOptions, quantized_copy
 from vit.interop.onnx_runtime import OnnxModel
 from vit.predict import main as predict_main
 
@@ -63,18 +62,10 @@ def test_the_openvino_cases_in_a_process_of_their_own():
     )
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """A tiny classifier's .safetensors, its float export, and calibration images."""
-    root = tmp_path_factory.mktemp("paths")
-    torch.manual_seed(0)
-    model = vit.VisionTransformer(
-        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3
-    )
-    torch.nn.init.normal_(model.head.weight)
-    vit.save_weights(model, root / "tiny.safetensors", class_names=COLOURS)
-    export_onnx(resolve_model(root / "tiny.safetensors"), root / "tiny.onnx")
-    return root
+@pytest.fixture
+def exported(onnx_exports):
+    """conftest's tiny classifier and headless model, as .safetensors and ONNX."""
+    return onnx_exports
 
 
 def calibration_images(count: int = 32) -> torch.Tensor:

@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import vit
 from vit.cli.model_argument import ModelArgumentError, resolve_model
-from vit.interop.onnx_export import export_onnx
 from vit.interop.onnx_runtime import OnnxModel
 from vit.predict import main as predict_main
 
@@ -22,23 +20,10 @@ pytest.importorskip("onnxscript", reason="exporting the test's ONNX file needs o
 COLOURS = ["blue", "green", "red"]  # conftest's image_folder classes
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """A tiny classifier's .safetensors and its ONNX export, as `vit.export` writes it today."""
-    root = tmp_path_factory.mktemp("onnx")
-    torch.manual_seed(0)
-    model = vit.VisionTransformer(
-        img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=3
-    )
-    torch.nn.init.normal_(model.head.weight)
-    vit.save_weights(model, root / "tiny.safetensors", class_names=COLOURS)
-    export_onnx(resolve_model(root / "tiny.safetensors"), root / "tiny.onnx")
-    headless = vit.VisionTransformer(
-        img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=0
-    )
-    vit.save_weights(headless, root / "headless.safetensors")
-    export_onnx(resolve_model(root / "headless.safetensors"), root / "headless.onnx")
-    return root
+@pytest.fixture
+def exported(onnx_exports):
+    """conftest's tiny classifier and headless model, as .safetensors and ONNX."""
+    return onnx_exports
 
 
 def run_evaluate(evaluate_script, checkpoint, data, out, *extra) -> int:

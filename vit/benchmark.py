@@ -1,4 +1,4 @@
-"""Which way of running a model is fastest on this CPU, measured on it in about a minute.
+"""Which way of running a model is fastest on this CPU, measured on it (a minute or a few).
 
     python -m vit.benchmark CHECKPOINT [--model NAME] [--pretrained [PATH]] [--data DATA]
         [--batch-size 32] [--threads N] [--onnx-dir DIR]
@@ -20,17 +20,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli.flags import ArgumentParser, add_model_arguments, add_threads_argument, number_in
+from .cli.flags import add_model_arguments, add_threads_argument, module_parser, number_in
 from .utils.ranges import AT_LEAST_1, POSITIVE
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(  # a bad flag: one line, not the usage text
-        prog="python -m vit.benchmark",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 2)[2],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = module_parser(
+        "python -m vit.benchmark", __doc__
+    )  # a bad flag: one line, not the usage text
     add_model_arguments(parser, positional=True)
     parser.add_argument(
         "--data",
@@ -80,8 +77,7 @@ import torch
 
 from .cli.flags import use_threads
 from .cli.model_argument import model_from_flags
-from .data.datasets import load_split
-from .data.transforms import EvalTransform
+from .data.transforms import evaluation_images
 from .inference.cpu_paths import (
     ONNX_FILES,
     InferencePath,
@@ -92,21 +88,6 @@ from .inference.cpu_paths import (
     time_paths,
 )
 from .inference.precision import fast_bfloat16
-from .models.vision_transformer import VisionTransformer
-
-
-def prepared_images(data: str, split: str, count: int, model: VisionTransformer) -> torch.Tensor:
-    """`count` images (N, C, H, W) of DATA's split, spread over the classes, prepared as the
-    model's evaluation prepares them."""
-    dataset = load_split(
-        data,
-        split,
-        download=False,
-        cache=False,
-        subset=count,
-        transform=EvalTransform(model.preprocess),
-    )
-    return torch.stack([dataset[i][0] for i in range(len(dataset))])
 
 
 def onnx_dir_problem(folder: Path | None) -> str | None:
@@ -167,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = model_from_flags(args, source="CHECKPOINT").float().eval()
         if args.data is not None:
-            batch = prepared_images(args.data, "test", args.batch_size, model)
-            calibration = prepared_images(args.data, "train", args.calibration_images, model)
+            preprocess = model.preprocess
+            batch = evaluation_images(args.data, "test", args.batch_size, preprocess)
+            calibration = evaluation_images(args.data, "train", args.calibration_images, preprocess)
             shown = f"{len(batch)} test images of {args.data}"
         else:
             channels, (height, width) = model.config.in_chans, model.preprocess.input_size

@@ -31,19 +31,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli.flags import ArgumentParser, add_model_arguments, number_in
+from .cli.flags import add_model_arguments, module_parser, number_in
 from .utils.ranges import AT_LEAST_1, NON_NEGATIVE
 
 FORMATS = ("onnx", "hf", "torchvision")  # the export flags, in the order they are written
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(  # a bad flag: one line, not the usage text
-        prog="python -m vit.export",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 2)[2],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = module_parser(
+        "python -m vit.export", __doc__
+    )  # a bad flag: one line, not the usage text
     add_model_arguments(parser, positional=True)
     parser.add_argument(
         "--onnx", type=Path, metavar="FILE", help="ONNX model, dynamic batch, height and width"
@@ -92,12 +89,9 @@ if __name__ == "__main__":
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
 import functools
 
-import torch
-
 from .cli.flags import unwritable
 from .cli.model_argument import model_from_flags
-from .data.datasets import load_split
-from .data.transforms import EvalTransform
+from .data.transforms import evaluation_images
 from .interop.export_check import MissingExtraError, require
 from .interop.layouts import huggingface
 from .interop.layouts import torchvision as torchvision_layout
@@ -146,15 +140,7 @@ def calibration_images(args: argparse.Namespace, model: VisionTransformer):
         return None
     if model.preprocess is None:
         raise ValueError("the model does not say how its input is prepared (no preprocess)")
-    dataset = load_split(
-        args.calibration,
-        "train",
-        download=False,
-        cache=False,
-        subset=args.calibration_images,
-        transform=EvalTransform(model.preprocess),
-    )
-    return torch.stack([dataset[i][0] for i in range(len(dataset))])
+    return evaluation_images(args.calibration, "train", args.calibration_images, model.preprocess)
 
 
 def main(argv: list[str] | None = None) -> int:

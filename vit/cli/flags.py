@@ -25,6 +25,18 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def module_parser(prog: str, doc: str) -> ArgumentParser:
+    """The parser (a bad flag: one line, not the usage text) of a `python -m vit.X` command
+    whose module docstring is its help: the first paragraph the description, the usage paragraph
+    skipped (argparse writes its own), the paragraphs after it the epilog, as written."""
+    return ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 2)[2],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def number_in(accepted: Range):
     """An argparse `type` that reads a number and refuses it outside `accepted`."""
     parse = int if accepted.integer else float

@@ -4,7 +4,7 @@
 normalise), built from the model's `Preprocess` and the run's `AugmentConfig`.
 `EvalTransform`: the model's evaluation preprocessing (resize, centre crop, normalise) on numpy
 images: `vit.data.eval_transform`'s pipeline, the one `vit.create_transform` returns, so that
-evaluate.py, predict and timm agree.
+evaluate.py, predict and timm agree; `evaluation_images`: a few images of a dataset so prepared.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from albumentations.pytorch import ToTensorV2
 from PIL import Image
 
 from ..models.registry import Preprocess
-from .datasets import CACHE_MAX_SIDE
+from .datasets import CACHE_MAX_SIDE, load_split
 from .eval_transform import eval_transform
 
 
@@ -118,3 +118,13 @@ class EvalTransform:
 
     def __call__(self, image: np.ndarray) -> torch.Tensor:
         return self.transform(Image.fromarray(image))  # (3, H, W)
+
+
+def evaluation_images(data: str, split: str, count: int, preprocess: Preprocess) -> torch.Tensor:
+    """`count` images (N, C, H, W) of `data`'s split ("cifar10", "cifar100" or an image folder),
+    spread over the classes, prepared as the model's evaluation prepares them: calibration and
+    benchmark batches for the inference paths. Nothing is downloaded or cached."""
+    dataset = load_split(
+        data, split, download=False, cache=False, subset=count, transform=EvalTransform(preprocess)
+    )
+    return torch.stack([dataset[i][0] for i in range(len(dataset))])
