@@ -37,7 +37,7 @@ import yaml
 
 # Only light modules here: `train.py --help` must not wait for torch (the engine is imported
 # once the flags are read).
-from vit.cli.flags import ArgumentParser, unwritable
+from vit.cli.flags import ArgumentParser, key_value, unwritable
 from vit.training.settings import CHANGEABLE_ON_RESUME, TrainConfig, check_settings, flag_name
 from vit.utils import locks
 
@@ -58,14 +58,6 @@ def _none_or(parse):
     return convert
 
 
-def _key_value(item: str) -> tuple[str, object]:
-    """'depth=6' -> ('depth', 6): the value read as YAML."""
-    key, sep, value = item.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"--model-kwargs expects KEY=VALUE, got {item!r}")
-    return key, yaml.safe_load(value)
-
-
 def flag_options(f: dataclasses.Field, annotation) -> dict:
     """argparse keywords for one TrainConfig field, from its type, default and metadata."""
     meta = f.metadata
@@ -80,7 +72,7 @@ def flag_options(f: dataclasses.Field, annotation) -> dict:
             options["help"] += f" (default {'on' if default else 'off'})"
         return options
     if base is dict:
-        options["type"] = _key_value
+        options["type"] = key_value
     else:
         options["type"] = _none_or(base) if optional else base
     if default is not None and "default:" not in meta["help"] and base is not dict:

@@ -33,6 +33,7 @@ import torch
 import yaml
 from training_throughput import parse_shape
 
+from vit.cli.flags import key_value
 from vit.training.build import start
 from vit.training.checkpoint import CheckpointSaver
 from vit.training.engine import start_epoch, train_one_epoch
@@ -68,14 +69,14 @@ def row_config(path: str, shape: str, args: argparse.Namespace, device: torch.de
         "output_dir": None,
         "seed": 0,
     }
-    return replace(cfg, **{**settings, **dict(_key_value(item) for item in args.set)})
+    return replace(cfg, **{**settings, **dict(args.set)})
 
 
-def _key_value(item: str) -> tuple[str, object]:
-    key, _, value = item.partition("=")
+def _setting(item: str) -> tuple[str, object]:
+    key, value = key_value(item)
     if key not in TrainConfig.field_names():
-        raise SystemExit(f"--set {item}: {key!r} is no train.py setting (see train.py --help)")
-    return key, yaml.safe_load(value)
+        raise argparse.ArgumentTypeError(f"{key!r} is no train.py setting (see train.py --help)")
+    return key, value
 
 
 def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--set",
         nargs="*",
+        type=_setting,
         default=[],
         metavar="KEY=VALUE",
         help="train.py settings for every row, e.g. compile=false (the CPU check of mechanics)",

@@ -145,3 +145,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def fake_hub_cache(root, repo_id: str, filename: str, tensors: dict) -> None:
+    """A Hugging Face cache holding one file of `repo_id`, laid out as huggingface_hub does."""
+    from safetensors.torch import save_file
+
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(snapshot / filename))

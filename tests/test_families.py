@@ -11,7 +11,7 @@ import time
 import pytest
 import timm
 import torch
-from conftest import RTOL, relative_error
+from conftest import RTOL, fake_hub_cache, relative_error
 
 import vit
 from vit.models import families
@@ -321,18 +321,6 @@ def test_a_tag_selects_its_preprocessing_and_head():
     assert vit.create_model("vit_tiny_patch16_224.augreg_in21k", depth=1).num_classes == 21843
     with pytest.raises(ValueError, match="unknown pretrained tag 'dinov3'.*augreg2.*dino, mae"):
         vit.create_model("vit_base_patch16_224.dinov3")
-
-
-def fake_hub_cache(root, repo_id: str, filename: str, tensors: dict) -> None:
-    """A Hugging Face cache holding one file of `repo_id`, laid out as huggingface_hub does."""
-    from safetensors.torch import save_file
-
-    repo = root / f"models--{repo_id.replace('/', '--')}"
-    snapshot = repo / "snapshots" / ("0" * 40)
-    snapshot.mkdir(parents=True)
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text("0" * 40)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(snapshot / filename))
 
 
 def test_pretrained_offline_reads_the_hub_cache(tmp_path, monkeypatch):

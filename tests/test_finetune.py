@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import stop_after_first_save
+from conftest import fake_hub_cache, stop_after_first_save
 from safetensors.torch import load_file
 
 import vit
@@ -368,3 +368,67 @@ def test_headless_backbones_fine_tune_with_their_papers_readout(name, pool, tmp_
     assert torch.equal(final_norm.weight, source.norm.weight)
     settings["model_kwargs"] = {"depth": 1, "global_pool": "token"}
     assert build_training_model(TrainConfig(**settings), ["a", "b"]).global_pool == "token"
+
+
+def source_of(kind: str, folder: Path, monkeypatch) -> tuple[str, str, dict]:
+    """(--model, --pretrained, the source's own state dict) for weights read from `kind`:
+    timm's name through an offline Hugging Face cache, or a transformers folder."""
+    import huggingface_hub.constants
+    import timm
+    import transformers
+
+    torch.manual_seed(0)
+    if kind == "timm name":
+        name = "deit_tiny_distilled_patch16_224"
+        theirs = timm.create_model(name)
+        fake_hub_cache(folder, f"timm/{name}.fb_in1k", "model.safetensors", theirs.state_dict())
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(folder))
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        return name, "true", theirs.state_dict()
+    # ViT-S/14's widths with one layer: --model vit_small_patch14_dinov2 --model-kwargs depth=1
+    config = transformers.Dinov2Config(
+        hidden_size=384, num_hidden_layers=1, num_attention_heads=6, intermediate_size=1536
+    )
+    transformers.Dinov2Model(config).save_pretrained(folder)
+    return "vit_small_patch14_dinov2", str(folder), vit.load_model(str(folder)).state_dict()
+
+
+@pytest.mark.parametrize("kind", ["timm name", "transformers folder"])
+def test_fine_tunes_from_a_timm_name_and_a_transformers_folder(
+    kind, image_folder, tmp_path, monkeypatch, train_script
+):
+    """The last block and the head train from the source's weights; what is frozen is the
+    source's, exactly (our own file: test_every_family_fine_tunes_and_its_run_evaluates)."""
+    name, pretrained, source = source_of(kind, tmp_path / "source", monkeypatch)
+    patch = 16 if kind == "timm name" else 14
+    run = tmp_path / "run"
+    depth = ["--model-kwargs", "depth=1"] if kind == "transformers folder" else []
+    args = [
+        "--data", str(image_folder), "--output-dir", str(run), "--epochs", "1",
+        "--model", name, *depth, "--pretrained", pretrained, "--img-size", str(2 * patch),
+        "--batch-size", "8", "--warmup-epochs", "0", "--workers", "0", "--device", "cpu",
+        "--cache-dir", "none", "--trainable-blocks", "1", "--head-init", "probe",
+    ]  # fmt: skip
+    if pretrained == "true":
+        args.remove("true")
+    assert train_script.main(args) == 0
+    end = load_file(run / "model.safetensors")
+    last = len([k for k in source if k.endswith(".attn.qkv.weight")]) - 1
+    assert torch.equal(end["patch_embed.proj.weight"], source["patch_embed.proj.weight"])
+    if last > 0:
+        assert torch.equal(end["blocks.0.attn.qkv.weight"], source["blocks.0.attn.qkv.weight"])
+    trained = f"blocks.{last}.attn.qkv.weight"
+    assert not torch.equal(end[trained], source[trained])
+
+
+def test_val_split_needs_no_test_split(image_folder, pretrained, tmp_path, train_script):
+    """--val-split reads the train split alone: a folder without test/ trains and keeps a best
+    model chosen on the images held out."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(image_folder / "train", data / "train")
+    run = tmp_path / "run"
+    assert train_script.main(finetune_args(data, run, pretrained, 1, "--val-split", "0.25")) == 0
+    assert (run / "best.safetensors").is_file()
+    assert len(read_rows(run / "metrics.csv")) == 1

@@ -37,6 +37,17 @@ def module_parser(prog: str, doc: str) -> ArgumentParser:
     )
 
 
+def key_value(item: str) -> tuple[str, object]:
+    """'depth=6' -> ('depth', 6): an argparse type for KEY=VALUE items (--model-kwargs), the
+    value read as YAML; argparse names the flag in its error."""
+    import yaml  # here, not at the top: `import vit` and --help stay light
+
+    key, sep, value = item.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
+    return key, yaml.safe_load(value)
+
+
 def number_in(accepted: Range):
     """An argparse `type` that reads a number and refuses it outside `accepted`."""
     parse = int if accepted.integer else float

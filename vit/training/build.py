@@ -62,15 +62,20 @@ logger = logging.getLogger("vit")
 
 
 def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageDataset]:
-    """The raw train and test splits (no transform yet: that needs the model's preprocessing).
+    """The raw training and evaluation images (no transform yet: that needs the model's
+    preprocessing): the train and test splits, or under --val-split the train split and the part
+    of it held out (the test split is then neither read nor decoded: it may not even exist).
 
     Rank 0 loads first, so that a CIFAR download happens once, not once per process; if it
     fails there, every process stops (`process_group.rank0_first`). The folders a failed download
     made for --data-root are removed: a failed start leaves nothing behind."""
     data_root = Path(cfg.data_root)  # its first folder that does not exist yet, if any:
     made = next((p for p in [*reversed(data_root.parents), data_root] if not p.exists()), None)
+    splits = [("train", cfg.train_subset)]
+    if cfg.val_split is None:
+        splits.append(("test", cfg.test_subset))
 
-    def load() -> tuple[ImageDataset, ImageDataset]:
+    def load() -> tuple[ImageDataset, ...]:
         return tuple(
             load_split(
                 cfg.data,
@@ -82,22 +87,23 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
                 seed=cfg.seed,
                 cache_dir=cfg.cache_path,
             )
-            for split, subset in (("train", cfg.train_subset), ("test", cfg.test_subset))
+            for split, subset in splits
         )
 
     try:
-        train_set, test_set = process_group.rank0_first(info, load, errors=START_ERRORS)
+        loaded = process_group.rank0_first(info, load, errors=START_ERRORS)
     except START_ERRORS:
         if info.is_main and made is not None and made.is_dir():
             shutil.rmtree(made)  # what the failed download made: nothing of the user's
         raise
+    if cfg.val_split is not None:
+        return validation_split(loaded[0], cfg.val_split, cfg.seed)
+    train_set, test_set = loaded
     if test_set.class_names != train_set.class_names:
         raise ValueError(
             f"train and test splits of {cfg.data} have different classes: "
             f"{train_set.class_names} vs {test_set.class_names}"
         )
-    if cfg.val_split is not None:
-        return validation_split(train_set, cfg.val_split, cfg.seed)
     return train_set, test_set
 
 
