@@ -432,3 +432,31 @@ def test_val_split_needs_no_test_split(image_folder, pretrained, tmp_path, train
     assert train_script.main(finetune_args(data, run, pretrained, 1, "--val-split", "0.25")) == 0
     assert (run / "best.safetensors").is_file()
     assert len(read_rows(run / "metrics.csv")) == 1
+
+
+@pytest.mark.parametrize("source", ["our file", "transformers folder"])
+def test_mae_weights_are_told_by_what_they_say_of_themselves(source, tmp_path):
+    """MAE weights under a path and a --model that do not say "mae": our file's model name, a
+    transformers folder's model_type "vit_mae", still give MAE's readout."""
+    import transformers
+
+    from vit.training.build import build_training_model
+    from vit.training.settings import TrainConfig
+
+    if source == "our file":
+        weights = tmp_path / "backbone.safetensors"
+        mae = vit.create_model("vit_base_patch16_224.mae", depth=1)
+        vit.save_weights(mae, weights, model_name="vit_base_patch16_224.mae")
+    else:
+        weights = tmp_path / "backbone"
+        config = transformers.ViTMAEConfig(num_hidden_layers=1, mask_ratio=0.0)
+        transformers.ViTMAEModel(config).save_pretrained(weights)
+    settings = dict(
+        model="vit_base_patch16_224", pretrained=str(weights), img_size=32,
+        model_kwargs={"depth": 1},
+    )  # fmt: skip
+    assert build_training_model(TrainConfig(**settings), ["a", "b"]).global_pool == "avg"
+    plain = tmp_path / "plain.safetensors"
+    vit.save_weights(vit.create_model("vit_base_patch16_224", depth=1), plain)
+    settings["pretrained"] = str(plain)
+    assert build_training_model(TrainConfig(**settings), ["a", "b"]).global_pool == "token"

@@ -51,6 +51,7 @@ __all__ = [
     "read_checkpoint",
     "read_metadata",
     "read_state_dict",
+    "names_in_source",
     "resample_abs_pos_embed",
     "save_weights",
 ]
@@ -101,6 +102,22 @@ def read_metadata(path: str | Path) -> dict:
     except (SafetensorError, OSError, ValueError) as e:
         raise ValueError(f"cannot read safetensors file {path}: {e}") from e
     return {key: json.loads(value) for key, value in raw.items() if key.startswith("vit.")}
+
+
+def names_in_source(source: object) -> list[str]:
+    """The names a weights source gives itself, beyond its path: a transformers folder's
+    `model_type` and `_name_or_path` ("vit_mae", "facebook/vit-mae-base"), our file's model
+    name; [] for anything else (tensors in memory, other files, a timm name)."""
+    if not isinstance(source, (str, Path)):
+        return []
+    path = Path(source).expanduser()
+    if (path / "config.json").is_file():
+        config = hf_common.read_json(path / "config.json")
+        return [str(config[key]) for key in ("model_type", "_name_or_path") if config.get(key)]
+    if path.suffix == ".safetensors" and path.is_file():
+        name = read_metadata(path).get("vit.model_name")
+        return [name] if name else []
+    return []
 
 
 def _unwrap(state: Mapping, path: Path | str) -> dict[str, torch.Tensor]:

@@ -210,17 +210,20 @@ def family_of(config, model_name: str | None = None) -> Family:
 
 def names_mae(name: object) -> bool:
     """Whether a model name or weights path names an MAE encoder ("vit_base_patch16_224.mae",
-    "facebook/vit-mae-base")."""
-    return "mae" in re.split(r"[^a-z0-9]+", str(name or "").lower())
+    "facebook/vit-mae-base", "weights/mae_vitb.pth"): by its last part alone, as a folder
+    above the weights ("/home/mae/") says nothing of them."""
+    last = str(name or "").replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    return "mae" in re.split(r"[^a-z0-9]+", last.lower())
 
 
-def fine_tuning_pool(model_name: str, weights: object = None) -> str | None:
+def fine_tuning_pool(*names: object) -> str | None:
     """The readout a family's paper fine-tunes its pretrained encoder with, where it is not the
     weights' own: MAE (He et al. 2022) averages the patch tokens and normalises the mean
-    (global_pool "avg", fc_norm), where its encoder was pretrained with a class token. None:
-    the weights' own readout (DINO, DINOv2 and DeiT read the class token, CLIP its class token,
-    SigLIP its attention pool)."""
-    return "avg" if names_mae(model_name) or names_mae(weights) else None
+    (global_pool "avg", fc_norm), where its encoder was pretrained with a class token; it is
+    told by any of `names` (the model name, the weights' path, the names the weights give
+    themselves). None: the weights' own readout (DINO, DINOv2 and DeiT read the class token,
+    CLIP its class token, SigLIP its attention pool)."""
+    return "avg" if any(names_mae(name) for name in names) else None
 
 
 def extra_switches(config) -> list[str]:

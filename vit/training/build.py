@@ -31,6 +31,7 @@ from ..factory.timm_weights import PretrainedUnavailableError
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
 from ..inference.probe import stratified_holdout
+from ..interop.weights import names_in_source
 from ..models.families import fine_tuning_pool
 from ..models.initializers import mimetic_init_, sincos_pos_embed_
 from ..models.vision_transformer import VisionTransformer
@@ -134,7 +135,10 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
         "dynamic_img_size": cfg.progressive_size is not None,
         **cfg.model_kwargs,
     }
-    pool = fine_tuning_pool(cfg.model, cfg.pretrained) if cfg.pretrained is not None else None
+    pool = None
+    if cfg.pretrained is not None:
+        names = names_in_source(cfg.pretrained_weights)  # e.g. a transformers folder's "vit_mae"
+        pool = fine_tuning_pool(cfg.model, cfg.pretrained, *names)
     if pool is not None and "global_pool" not in cfg.model_kwargs:  # as the family's paper does
         overrides["global_pool"] = pool
     try:
