@@ -410,6 +410,27 @@ def test_batches_on_the_device_are_crops_and_flips_of_their_images(device):
     assert len(offsets) >= 20  # 25 offsets, 64 draws: missing 6 has probability < 1e-3
 
 
+def test_randaugment_on_the_device_is_the_cpus(device):
+    """RandAugment drawn on `device`: each image is what the CPU's ops make of it with the ops
+    and magnitudes the device's generator drew (on CUDA every op runs on the whole batch;
+    tests/test_batch_randaugment.py compares the CPU's with torchvision's). One round, so that
+    posterize and equalize read whole pixel values on both; 1e-2 of 255 covers bilinear
+    sampling's float32 rounding on either device."""
+    from vit.data.batch_randaugment import OPS, apply_ops, rand_augment
+
+    x = torch.randint(0, 256, (64, 3, 12, 16), generator=torch.Generator().manual_seed(1))
+    x = x.float().to(device)
+    out = rand_augment(x, 1, torch.Generator(device=device).manual_seed(2))
+    replay = torch.Generator(device=device).manual_seed(2)
+    op = torch.randint(len(OPS), (64,), generator=replay, device=device)
+    u = torch.rand(64, generator=replay, device=device)
+    # the CPU's other way: per op on its images, or (beside the CPU's own) on the whole batch
+    expected = apply_ops(x.cpu(), op.cpu(), u.cpu(), whole_batch=device.type == "cpu")
+    assert out.device.type == device.type
+    torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=1e-2)
+    assert len(set(op.tolist())) >= 10  # 64 draws of 13 ops: most ops are in the batch
+
+
 def test_erasing_on_the_device_fills_one_box_per_chosen_image(device):
     """Random erasing drawn on `device`: each chosen image gets one box of 10-40% a side filled
     with noise of unit variance, the others are untouched, about `prob` of them chosen."""

@@ -4,8 +4,8 @@ For small images (CIFAR: 50,000 x 3 x 32 x 32 bytes = 150 MB) per-image augmenta
 Python costs as much as the model's step on a CPU. Here the decoded images live in one uint8
 tensor and every augmentation is a tensor operation on the batch:
 
-    uint8 (N, 3, H, W) --index--> (B, 3, H, W) --pad + random crop, flip, erase--> float
-    --resize to the epoch's size (progressive resizing)--> normalise --> (B, 3, S, S)
+    uint8 (N, 3, H, W) --index--> (B, 3, H, W) float --pad + random crop, flip, RandAugment-->
+    --resize to the epoch's size (progressive resizing)--> normalise, erase --> (B, 3, S, S)
 
 Randomness comes from a generator seeded by (seed, epoch), never from the global RNG, so an
 epoch's batches are the same after a resume, and every process of a distributed run draws the
@@ -29,6 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .batch_randaugment import rand_augment
+
 
 class InMemoryBatches:
     """An iterable of (images (B, 3, S, S) float, labels (B,) int64) batches, one epoch each.
@@ -38,6 +40,8 @@ class InMemoryBatches:
     hflip: probability of a horizontal flip. hflip_alternate: instead, flip each image on
     alternate epochs, starting from a random half (airbench's derandomised flips: over any two
     epochs every image is seen both ways, where random flips miss a quarter of them).
+    randaug_ops: RandAugment ops per image (0: none), each image its own draws
+    (`vit.data.batch_randaugment`: the per-image pipeline's menu, on the whole batch).
     reprob: probability of random erasing (one box of 10-40% per side, filled with normal
     noise after normalisation, as timm's RandomErasing).
     device: where the images are held, augmented and yielded (a GPU: see the module's notes).
@@ -55,6 +59,7 @@ class InMemoryBatches:
         pad: int = 4,
         hflip: float = 0.5,
         hflip_alternate: bool = False,
+        randaug_ops: int = 0,
         reprob: float = 0.0,
         seed: int = 0,
         rank: int = 0,
@@ -68,6 +73,7 @@ class InMemoryBatches:
         self.mean = pixel_scaled(mean, self.device)
         self.std = pixel_scaled(std, self.device)
         self.pad, self.hflip, self.reprob = pad, hflip, reprob
+        self.randaug_ops = randaug_ops
         # Which images start flipped under hflip_alternate: fixed by the seed, not the epoch.
         start = self.generator(seed * 1_000_003 - 1)
         self.flip_start = (
@@ -121,6 +127,8 @@ class InMemoryBatches:
         elif self.hflip > 0:
             flip = torch.rand(B, generator=generator, device=x.device) < self.hflip  # (B,)
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        if self.randaug_ops > 0:
+            x = rand_augment(x, self.randaug_ops, generator)
         if self.size != H or self.size != W:
             x = F.interpolate(
                 x, size=(self.size, self.size), mode="bilinear", antialias=True, align_corners=False

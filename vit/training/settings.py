@@ -63,7 +63,7 @@ class TrainConfig:
     test_subset: int | None = setting(None, "data", "evaluate on N test images, stratified by class", metavar="N")
     cache: bool | None = setting(None, "data", "decode images once into memory (default: images <= 64 px only)")
     workers: int = setting(default_workers(), "data", "data loader processes (default: one per spare core, at most 4)")
-    batch_augment: bool = setting(False, "data", "augment whole uint8 batches held in memory (pad-crop, flip, erasing; no RandAugment): fast on CPUs")
+    batch_augment: bool = setting(False, "data", "augment whole uint8 batches held in memory, on the training device (pad-crop, flips, RandAugment, erasing)")
     cache_dir: str | None = setting("~/.cache/vit", "data", "keep decoded images here between runs, none for off")
     val_split: float | None = setting(None, "data", "hold out this fraction of the training images (per class, chosen by --seed) and evaluate on them each epoch instead of the test split, so that best.safetensors is chosen without the test images", metavar="FRACTION")
 

@@ -67,10 +67,10 @@ def in_memory_batches(
 ) -> InMemoryBatches:
     """--batch-augment: the decoded training images as one uint8 tensor on `device`, augmented
     per batch there."""
-    if cfg.aa != "none" or cfg.crop not in ("auto", "pad"):
+    if cfg.crop not in ("auto", "pad"):
         raise ValueError(
-            f"--batch-augment does pad-and-crop, flips and random erasing only; got --aa "
-            f"{cfg.aa} --crop {cfg.crop}: use --aa none --crop pad, or leave out --batch-augment"
+            f"--batch-augment does pad-and-crop, flips, RandAugment and random erasing; got "
+            f"--crop {cfg.crop}: use --crop pad, or leave out --batch-augment"
         )
     if train_set.images is None:
         raise ValueError("--batch-augment keeps the images in memory: leave --cache on")
@@ -94,6 +94,7 @@ def in_memory_batches(
         pad=preprocess.input_size[0] // 8,  # the CIFAR standard: 4 pixels on 32
         hflip=cfg.hflip,
         hflip_alternate=cfg.hflip_alternate,
+        randaug_ops=cfg.aa_n if cfg.aa == "randaug" else 0,
         reprob=cfg.reprob,
         seed=cfg.seed,
         rank=info.rank,
