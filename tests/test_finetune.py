@@ -252,6 +252,7 @@ def test_validation_split_is_stratified_seeded_and_apart_from_training(image_fol
         (("--layer-decay", "1.5"), "--layer-decay 1.5: "),
         (("--val-split", "1"), "--val-split 1.0: "),
         (("--trainable-blocks", "4"), "--trainable-blocks 4: the model has 3 blocks"),
+        ((*TINY_KWARGS, "global_pool=''"), "the model outputs every token, not one prediction"),
     ],
 )
 def test_bad_fine_tuning_settings_are_one_line_and_write_nothing(
@@ -460,3 +461,45 @@ def test_mae_weights_are_told_by_what_they_say_of_themselves(source, tmp_path):
     vit.save_weights(vit.create_model("vit_base_patch16_224", depth=1), plain)
     settings["pretrained"] = str(plain)
     assert build_training_model(TrainConfig(**settings), ["a", "b"]).global_pool == "token"
+
+
+def test_a_new_head_reading_by_attention_pool_trains_the_pool_it_brings(tmp_path):
+    """--trainable-blocks 0 trains the head alone, and with it the attention pool a new head
+    brings where the weights had none (global_pool=map on a class-token backbone); a pool the
+    weights gave (SigLIP's) stays frozen with the blocks."""
+    from vit.training.build import build_training_model
+    from vit.training.settings import TrainConfig
+
+    def trained(weights: Path) -> set[str]:
+        settings = dict(
+            model="vit_cifar_patch4_32", pretrained=str(weights), trainable_blocks=0,
+            model_kwargs={"depth": 3, "embed_dim": 32, "num_heads": 2, "global_pool": "map"},
+        )  # fmt: skip
+        model = build_training_model(TrainConfig(**settings), ["a", "b", "c"])
+        return {n.split(".")[0] for n, p in model.named_parameters() if p.requires_grad}
+
+    token = tmp_path / "token.safetensors"
+    vit.save_weights(tiny(num_classes=0), token)
+    assert trained(token) == {"head", "attn_pool"}
+    pooled = tmp_path / "map.safetensors"
+    vit.save_weights(tiny(num_classes=0, global_pool="map"), pooled)
+    assert trained(pooled) == {"head"}
+    # and the other way: a new head that reads the class token drops the weights' pool
+    report = vit.load_weights(tiny(num_classes=3), pooled)
+    assert report.fresh_head and not any(k.startswith("attn_pool.") for k in report.loaded)
+    assert any("dropped the weights' attention pool" in m for m in report.messages)
+
+
+def test_weights_without_the_models_tensors_are_one_line_and_write_nothing(
+    image_folder, tmp_path, train_script, capsys
+):
+    """A 3-class model's weights (its head kept) into a model that reads by an attention pool
+    they lack: one line naming the missing tensors, not a KeyError's traceback."""
+    weights = tmp_path / "three-classes.safetensors"
+    vit.save_weights(tiny(), weights)
+    out = tmp_path / "run"
+    args = finetune_args(image_folder, out, weights, 1, *TINY_KWARGS, "global_pool=map")
+    assert exit_status(train_script.main, args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--pretrained: " in err[0] and "attn_pool.latent" in err[0], err
+    assert not out.exists()

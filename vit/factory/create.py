@@ -81,7 +81,7 @@ def create_model(
     model.preprocess = preprocess
     model.model_name = name
     if checkpoint is not None:
-        load_weights(model, checkpoint)
+        model.load_report = load_weights(model, checkpoint)
     return FeatureMaps(model, out_indices) if features_only else model
 
 

@@ -74,6 +74,7 @@ class LoadReport:
     missing: list[str] = field(default_factory=list)  # in the model, absent from the source
     unexpected: list[str] = field(default_factory=list)  # in the source, absent from the model
     fresh_head: bool = False  # the source's head was absent or of another num_classes
+    fresh_pool: bool = False  # the new head reads by an attention pool the source lacked
     resampled_pos_embed: tuple | None = None  # (old grid, new grid) when resampled
     layout: str = "timm"  # the source's naming: timm, transformers, torchvision, google_jax
     messages: list[str] = field(default_factory=list)
@@ -393,7 +394,33 @@ def adapt_state_dict(
     moved = move_final_norm(state_dict, target)
     if moved:
         report.messages.append(moved)
+    if report.fresh_head:
+        report.fresh_pool, pool_message = new_head_pool(state_dict, target)
+        if pool_message:
+            report.messages.append(pool_message)
     return state_dict
+
+
+def new_head_pool(state_dict: dict, target: dict) -> tuple[bool, str | None]:
+    """A new head that reads the tokens otherwise than the weights did, by an attention pool
+    (global_pool='map') or without one: the pool belongs to the head, as SigLIP's does. The
+    model's pool, where the weights have none, stays freshly initialised (True, and why); the
+    weights' pool, where the model has none, is dropped (in place)."""
+    theirs = [k for k in state_dict if k.startswith("attn_pool.")]
+    ours = any(k.startswith("attn_pool.") for k in target)
+    if ours and not theirs:
+        return True, (
+            "the weights have no attention pool: the model's (global_pool='map') is freshly "
+            "initialised, part of the new head"
+        )
+    if theirs and not ours:
+        for key in theirs:
+            del state_dict[key]
+        return (
+            False,
+            "dropped the weights' attention pool (attn_pool.*): the new head reads otherwise",
+        )
+    return False, None
 
 
 def move_final_norm(state_dict: dict, target: dict) -> str | None:
@@ -456,8 +483,10 @@ def load_weights(
             f"weights from {checkpoint.description} do not fit this model; shape mismatches:\n  "
             + "\n  ".join(wrong_shape)
         )
-    fresh_head = set(HEAD_KEYS) & set(target) if report.fresh_head else set()
-    report.missing = sorted(set(target) - set(state_dict) - fresh_head)
+    fresh = set(HEAD_KEYS) & set(target) if report.fresh_head else set()
+    if report.fresh_pool:
+        fresh |= {k for k in target if k.startswith("attn_pool.")}
+    report.missing = sorted(set(target) - set(state_dict) - fresh)
     report.unexpected = sorted(set(state_dict) - set(target))
     if report.missing or report.unexpected:
         problem = (

@@ -377,6 +377,7 @@ class VisionTransformer(nn.Module):
         self.model_name: str | None = None
         self.class_names: list[str] | None = None  # one per output, in output order
         self.preprocess = None  # a vit.Preprocess: how images must be prepared for this model
+        self.load_report = None  # a vit.LoadReport: what loading pretrained weights did, if any
 
     # -- construction ------------------------------------------------------------------------
     def _make_heads(self, cfg: ViTConfig) -> None:

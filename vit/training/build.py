@@ -153,11 +153,21 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
         raise ValueError(f"--model-kwargs: {e}") from e
     except PretrainedUnavailableError as e:  # offline: one line, advising the flag to use
         raise ValueError(f"--pretrained: {e.advising('--pretrained PATH')}") from None
+    except KeyError as e:  # weights of other switches than the model's (registers, a pool)
+        problem = str(e.args[0]).removesuffix(" (pass strict=False to load the rest)")
+        raise ValueError(f"--pretrained: {problem}") from None
     except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
         raise ValueError(f"--model {cfg.model}: {e}") from e
+    if not model.global_pool:  # every token out, one prediction per image is what trains
+        raise ValueError(
+            f"--model {cfg.model} with global_pool='': the model outputs every token, not one "
+            f"prediction per image; train with global_pool token, avg or map"
+        )
     model.class_names = list(class_names)
     if cfg.trainable_blocks is not None:
-        freeze_below(model, cfg.trainable_blocks)
+        report = model.load_report
+        new = {n for n, _ in model.named_parameters()} - set(report.loaded) if report else set()
+        freeze_below(model, cfg.trainable_blocks, new=new)
     if cfg.pretrained_weights is False:  # initialisations for training from scratch only
         if cfg.mimetic_init:
             mimetic_init_(model)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -58,11 +59,15 @@ def layer_lr_scales(model: VisionTransformer, rate: float) -> dict[str, float]:
     return {name: rate ** (top - depth) for name, depth in parameter_depths(model).items()}
 
 
-def freeze_below(model: VisionTransformer, trainable_blocks: int) -> None:
+def freeze_below(
+    model: VisionTransformer, trainable_blocks: int, new: Collection[str] = ()
+) -> None:
     """Train only the last `trainable_blocks` blocks and what comes after them (the final norm,
     the pool, the heads): every other parameter is frozen (requires_grad False), so that it
     gets no gradient, no optimizer state and no weight decay. 0: the head alone (and a distilled
-    model's second head), the features it reads exactly the pretrained ones."""
+    model's second head), the features it reads exactly the pretrained ones. `new`: the names
+    of parameters the pretrained weights did not give (the head, an attention pool the weights
+    lacked): they always train, as a frozen random parameter helps nobody."""
     depth = len(model.blocks)
     if not 0 <= trainable_blocks <= depth:
         raise ValueError(
@@ -72,7 +77,7 @@ def freeze_below(model: VisionTransformer, trainable_blocks: int) -> None:
     first_trained = depth - trainable_blocks + 1  # the depth of the first block that trains
     for name, depth_of in parameter_depths(model).items():
         trains = depth_of >= first_trained if trainable_blocks else name.startswith(HEADS)
-        model.get_parameter(name).requires_grad_(trains)
+        model.get_parameter(name).requires_grad_(trains or name in new)
 
 
 def probe_head(
