@@ -40,12 +40,12 @@ def per_image_rate(images: np.ndarray) -> float:
     return count / (time.perf_counter() - started)
 
 
-def batch_rate(batches: InMemoryBatches, device: torch.device) -> float:
+def batch_rate(batches: InMemoryBatches) -> float:
     batches.set_epoch(batches.epoch + 1)
     started, seen = time.perf_counter(), 0
     for x, _ in batches:
         seen += len(x)
-    if device.type == "cuda":
+    if batches.device.type == "cuda":
         torch.cuda.synchronize()
     return seen / (time.perf_counter() - started)
 
@@ -70,13 +70,11 @@ def main() -> None:
                 )  # fmt: skip
     for batches in rows.values():  # warm-up: allocations, kernels, the first launch
         if batches is not None:
-            batch_rate(batches, batches.device)
+            batch_rate(batches)
     rates: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(args.rounds):
         for name, batches in rows.items():
-            rate = (
-                per_image_rate(images) if batches is None else batch_rate(batches, batches.device)
-            )
+            rate = per_image_rate(images) if batches is None else batch_rate(batches)
             rates[name].append(rate)
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     print(f"cores={len(os.sched_getaffinity(0))} torch threads={torch.get_num_threads()}{gpu}")

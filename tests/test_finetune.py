@@ -371,9 +371,10 @@ def test_headless_backbones_fine_tune_with_their_papers_readout(name, pool, tmp_
     assert build_training_model(TrainConfig(**settings), ["a", "b"]).global_pool == "token"
 
 
-def source_of(kind: str, folder: Path, monkeypatch) -> tuple[str, str, dict]:
-    """(--model, --pretrained, the source's own state dict) for weights read from `kind`:
-    timm's name through an offline Hugging Face cache, or a transformers folder."""
+def source_of(kind: str, folder: Path, monkeypatch) -> tuple[list[str], dict]:
+    """(train.py's model flags, the source's own state dict) for weights read from `kind`:
+    timm's name through an offline Hugging Face cache, or a transformers folder; each at two
+    patches a side."""
     import huggingface_hub.constants
     import timm
     import transformers
@@ -385,13 +386,17 @@ def source_of(kind: str, folder: Path, monkeypatch) -> tuple[str, str, dict]:
         fake_hub_cache(folder, f"timm/{name}.fb_in1k", "model.safetensors", theirs.state_dict())
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(folder))
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-        return name, "true", theirs.state_dict()
+        return ["--model", name, "--pretrained", "--img-size", "32"], theirs.state_dict()
     # ViT-S/14's widths with one layer: --model vit_small_patch14_dinov2 --model-kwargs depth=1
     config = transformers.Dinov2Config(
         hidden_size=384, num_hidden_layers=1, num_attention_heads=6, intermediate_size=1536
     )
     transformers.Dinov2Model(config).save_pretrained(folder)
-    return "vit_small_patch14_dinov2", str(folder), vit.load_model(str(folder)).state_dict()
+    flags = [
+        "--model", "vit_small_patch14_dinov2", "--model-kwargs", "depth=1",
+        "--pretrained", str(folder), "--img-size", "28",
+    ]  # fmt: skip
+    return flags, vit.load_model(str(folder)).state_dict()
 
 
 @pytest.mark.parametrize("kind", ["timm name", "transformers folder"])
@@ -400,18 +405,13 @@ def test_fine_tunes_from_a_timm_name_and_a_transformers_folder(
 ):
     """The last block and the head train from the source's weights; what is frozen is the
     source's, exactly (our own file: test_every_family_fine_tunes_and_its_run_evaluates)."""
-    name, pretrained, source = source_of(kind, tmp_path / "source", monkeypatch)
-    patch = 16 if kind == "timm name" else 14
+    model_flags, source = source_of(kind, tmp_path / "source", monkeypatch)
     run = tmp_path / "run"
-    depth = ["--model-kwargs", "depth=1"] if kind == "transformers folder" else []
     args = [
-        "--data", str(image_folder), "--output-dir", str(run), "--epochs", "1",
-        "--model", name, *depth, "--pretrained", pretrained, "--img-size", str(2 * patch),
+        "--data", str(image_folder), "--output-dir", str(run), "--epochs", "1", *model_flags,
         "--batch-size", "8", "--warmup-epochs", "0", "--workers", "0", "--device", "cpu",
         "--cache-dir", "none", "--trainable-blocks", "1", "--head-init", "probe",
     ]  # fmt: skip
-    if pretrained == "true":
-        args.remove("true")
     assert train_script.main(args) == 0
     end = load_file(run / "model.safetensors")
     last = len([k for k in source if k.endswith(".attn.qkv.weight")]) - 1

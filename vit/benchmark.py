@@ -25,9 +25,8 @@ from .utils.ranges import AT_LEAST_1, POSITIVE
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = module_parser(
-        "python -m vit.benchmark", __doc__
-    )  # a bad flag: one line, not the usage text
+    # a bad flag: one line, not the usage text
+    parser = module_parser("python -m vit.benchmark", __doc__)
     add_model_arguments(parser, positional=True)
     parser.add_argument(
         "--data",

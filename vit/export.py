@@ -38,9 +38,8 @@ FORMATS = ("onnx", "hf", "torchvision")  # the export flags, in the order they a
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = module_parser(
-        "python -m vit.export", __doc__
-    )  # a bad flag: one line, not the usage text
+    # a bad flag: one line, not the usage text
+    parser = module_parser("python -m vit.export", __doc__)
     add_model_arguments(parser, positional=True)
     parser.add_argument(
         "--onnx", type=Path, metavar="FILE", help="ONNX model, dynamic batch, height and width"

@@ -44,6 +44,7 @@ from .layouts.google_jax import convert_jax_checkpoint
 __all__ = [
     "Checkpoint",
     "LoadReport",
+    "WeightsMismatchError",
     "adapt_state_dict",
     "atomic_write",
     "convert_jax_checkpoint",
@@ -78,6 +79,16 @@ class LoadReport:
     resampled_pos_embed: tuple | None = None  # (old grid, new grid) when resampled
     layout: str = "timm"  # the source's naming: timm, transformers, torchvision, google_jax
     messages: list[str] = field(default_factory=list)
+
+
+class WeightsMismatchError(KeyError):
+    """`load_weights(strict=True)` met keys the model and the weights do not share. `problem`
+    states them (and the switches they belong to); the message adds the Python API's way round
+    it, which a command line has no use for."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(f"{problem} (pass strict=False to load the rest)")
+        self.problem = problem
 
 
 @dataclass
@@ -494,7 +505,7 @@ def load_weights(
             f"unexpected keys {report.unexpected}{_switch_hint(report)}"
         )
         if strict:
-            raise KeyError(problem + " (pass strict=False to load the rest)")
+            raise WeightsMismatchError(problem)
         report.messages.append(problem)
     model.load_state_dict({k: v for k, v in state_dict.items() if k in target}, strict=False)
     report.loaded = sorted(set(state_dict) & set(target))

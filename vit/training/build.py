@@ -31,7 +31,7 @@ from ..factory.timm_weights import PretrainedUnavailableError
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
 from ..inference.probe import stratified_holdout
-from ..interop.weights import names_in_source
+from ..interop.weights import WeightsMismatchError, names_in_source
 from ..models.families import fine_tuning_pool
 from ..models.initializers import mimetic_init_, sincos_pos_embed_
 from ..models.vision_transformer import VisionTransformer
@@ -153,9 +153,8 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
         raise ValueError(f"--model-kwargs: {e}") from e
     except PretrainedUnavailableError as e:  # offline: one line, advising the flag to use
         raise ValueError(f"--pretrained: {e.advising('--pretrained PATH')}") from None
-    except KeyError as e:  # weights of other switches than the model's (registers, a pool)
-        problem = str(e.args[0]).removesuffix(" (pass strict=False to load the rest)")
-        raise ValueError(f"--pretrained: {problem}") from None
+    except WeightsMismatchError as e:  # weights of other switches (registers, a pool)
+        raise ValueError(f"--pretrained: {e.problem}") from None
     except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
         raise ValueError(f"--model {cfg.model}: {e}") from e
     if not model.global_pool:  # every token out, one prediction per image is what trains
