@@ -494,7 +494,8 @@ def test_weights_without_the_models_tensors_are_one_line_and_write_nothing(
     image_folder, tmp_path, train_script, capsys
 ):
     """A 3-class model's weights (its head kept) into a model that reads by an attention pool
-    they lack: one line naming the missing tensors, not a KeyError's traceback."""
+    they lack: one line naming the first missing tensors and their count (the pool's 13), not a
+    KeyError's traceback."""
     weights = tmp_path / "three-classes.safetensors"
     vit.save_weights(tiny(), weights)
     out = tmp_path / "run"
@@ -502,4 +503,5 @@ def test_weights_without_the_models_tensors_are_one_line_and_write_nothing(
     assert exit_status(train_script.main, args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--pretrained: " in err[0] and "attn_pool.latent" in err[0], err
+    assert "... (13 in all)" in err[0], err
     assert not out.exists()

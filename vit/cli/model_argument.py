@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from ..factory.timm_weights import PretrainedUnavailableError, pretrained_weight
 from ..interop.weights import read_metadata
 from ..models.registry import MODELS, close_model_names, get_spec, split_tag
 from ..models.vision_transformer import VisionTransformer
+from ..utils.messages import one_line
 
 
 class ModelArgumentError(ValueError):
@@ -202,7 +202,7 @@ def _model_from_name(
         raise ModelArgumentError(f"{given}: {advice}") from None
     except (ValueError, KeyError, OSError) as e:
         raise ModelArgumentError(
-            f"{names.given('pretrained', pretrained)}: {_one_line(e, weights)}"
+            f"{names.given('pretrained', pretrained)}: {one_line(e, weights)}"
         ) from None
 
 
@@ -258,15 +258,7 @@ def _model_from_path(
     except ModelArgumentError:
         raise
     except (ValueError, KeyError, OSError) as e:
-        raise ModelArgumentError(f"{given}: {_one_line(e, weights, path)}") from None
-
-
-def _first_items(match: re.Match, shown: int = 4) -> str:
-    """A bracketed list of a message, cut after `shown` items (200 missing keys in one line)."""
-    items = match.group(1).split(", ")
-    if len(items) <= shown + 1:
-        return match.group(0)
-    return f"[{', '.join(items[:shown])}, ... ({len(items)} in all)]"
+        raise ModelArgumentError(f"{given}: {one_line(e, weights, path)}") from None
 
 
 def _refuse_onnx(path: Path, given: str) -> None:
@@ -276,21 +268,3 @@ def _refuse_onnx(path: Path, given: str) -> None:
             f"the weights it was exported from (our .safetensors, a run folder, a transformers "
             f"folder)"
         )
-
-
-def _one_line(error: BaseException, *paths: Path) -> str:
-    """An error's message as one line, without a leading path (the caller names it): lines
-    joined, a long list cut after three items."""
-    text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if len(lines) > 4:
-        lines = lines[:4] + [f"... ({len(lines) - 4} more)"]
-    joined = lines[0] if lines else type(error).__name__
-    for line in lines[1:]:
-        joined += (" " if joined.endswith(":") else "; ") + line
-    joined = re.sub(r"\[([^\[\]]*)\]", _first_items, joined)
-    for path in paths:
-        for prefix in (f"{path}: ", f"{path} "):
-            if joined.startswith(prefix):
-                return joined[len(prefix) :]
-    return joined

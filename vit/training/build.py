@@ -36,6 +36,7 @@ from ..models.families import fine_tuning_pool
 from ..models.initializers import mimetic_init_, sincos_pos_embed_
 from ..models.vision_transformer import VisionTransformer
 from ..utils import process_group
+from ..utils.messages import one_line
 from ..utils.process_group import DistInfo
 from .checkpoint import (
     CONFIG_FILE,
@@ -154,7 +155,7 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
     except PretrainedUnavailableError as e:  # offline: one line, advising the flag to use
         raise ValueError(f"--pretrained: {e.advising('--pretrained PATH')}") from None
     except WeightsMismatchError as e:  # weights of other switches (registers, a pool)
-        raise ValueError(f"--pretrained: {e.problem}") from None
+        raise ValueError(f"--pretrained: {one_line(ValueError(e.problem))}") from None
     except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
         raise ValueError(f"--model {cfg.model}: {e}") from e
     if not model.global_pool:  # every token out, one prediction per image is what trains
