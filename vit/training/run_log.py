@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 from ..utils.plots import plot_curves, save_figure
@@ -11,6 +12,11 @@ from .build import Run
 from .checkpoint import CURVES_FILE, METRICS_FILE, TENSORBOARD_DIR, write_metrics_csv
 
 logger = logging.getLogger("vit")
+
+# curves.png is for a person to look at, and drawing it costs ~0.3 s of the host (matplotlib's
+# layout and PNG encoding), which a GPU epoch of ~1 s would wait for: it is redrawn at most this
+# often, and after the last epoch. metrics.csv and TensorBoard get every epoch at once.
+CURVES_REDRAW_SECONDS = 30.0
 
 
 class RunLog:
@@ -23,6 +29,8 @@ class RunLog:
         """split: what the epochs are evaluated on, as the log lines name it ("test", or
         "validation" under --val-split; metrics.csv's test_* columns hold it either way)."""
         self.run_dir, self.epochs, self.writer, self.split = run_dir, epochs, None, split
+        self.drawn_at = -float("inf")  # time.monotonic() of the last curves.png
+        self.undrawn: list[dict] | None = None  # a history curves.png does not show yet
         if info.is_main:
             from torch.utils.tensorboard import SummaryWriter  # slow import: rank 0 only
 
@@ -54,10 +62,20 @@ class RunLog:
         self.writer.flush()
         logger.info(epoch_summary(row, self.epochs, self.split))
         write_metrics_csv(history, self.run_dir / METRICS_FILE)
-        save_figure(plot_curves(history), self.run_dir / CURVES_FILE)
+        self.undrawn = history
+        last = row["epoch"] == self.epochs
+        if last or time.monotonic() - self.drawn_at >= CURVES_REDRAW_SECONDS:
+            self.draw_curves()
+
+    def draw_curves(self) -> None:
+        if self.undrawn:
+            save_figure(plot_curves(self.undrawn), self.run_dir / CURVES_FILE)
+            self.drawn_at, self.undrawn = time.monotonic(), None
 
     def close(self) -> None:
+        """Also draws the epochs curves.png does not show yet (a run stopped by Ctrl-C)."""
         if self.writer is not None:
+            self.draw_curves()
             self.writer.close()
 
 
