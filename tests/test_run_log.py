@@ -47,7 +47,8 @@ def test_curves_are_redrawn_at_most_every_interval_and_after_the_last_epoch(tmp_
     shown, clock = drawn
     log = RunLog(tmp_path, DistInfo(), epochs=6, start_epoch=0)
     history: list[dict] = []
-    for epoch, seconds in zip(range(1, 7), (0, 1, CURVES_REDRAW_SECONDS - 2, 1, 1, 1)):
+    waits = (0, 1, CURVES_REDRAW_SECONDS - 2, 1, 1, 1)  # seconds before each epoch's end
+    for epoch, seconds in enumerate(waits, start=1):
         clock["now"] += seconds
         history.append(row(epoch))
         log.epoch(history[-1], history)
