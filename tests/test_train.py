@@ -22,6 +22,7 @@ import vit.training.checkpoint as checkpoint
 import vit.training.settings as settings
 from vit.models.vision_transformer import VisionTransformer
 from vit.training.optimizers import param_groups
+from vit.training.run_log import RunLog
 from vit.training.schedule import warmup_cosine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,6 +261,40 @@ def test_ctrl_c_stops_the_run_even_where_its_exception_was_swallowed(
     assert train_script.main(tiny_args(image_folder, run, 4, *RECIPE)) == 130
     assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 2
     assert "stopped after epoch 2 of 4" in capsys.readouterr().err
+
+
+def test_checkpoint_interval_writes_every_nth_epoch_and_resumes_from_the_last_written(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
+):
+    """--checkpoint-interval 2, evaluated only after the last epoch (so no epoch before it is a
+    new best): the state is written after epochs 2 and 4 alone; Ctrl-C after epoch 3 leaves
+    epoch 2's, and --resume from it ends on an uninterrupted run's weights."""
+    flags = (*RECIPE, "--eval-interval", "4")
+    reference = tmp_path / "reference"
+    assert train_script.main(tiny_args(image_folder, reference, 4, *flags)) == 0
+    written: list[int] = []
+    original = checkpoint.save_training_state
+    monkeypatch.setattr(
+        checkpoint,
+        "save_training_state",
+        lambda state, path: (written.append(state["epoch"]), original(state, path)),
+    )
+    logged = RunLog.epoch
+
+    def ctrl_c_after_epoch_3(self, row: dict, history: list[dict]) -> None:
+        logged(self, row, history)
+        if row["epoch"] == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunLog, "epoch", ctrl_c_after_epoch_3)
+    run = tmp_path / "run"
+    args = tiny_args(image_folder, run, 4, *flags, "--checkpoint-interval", "2")
+    assert train_script.main(args) == 130
+    assert written == [2] and "stopped after epoch 2 of 4" in capsys.readouterr().err
+    monkeypatch.setattr(RunLog, "epoch", logged)
+    assert train_script.main(["--resume", str(run)]) == 0
+    assert written == [2, 4]
+    assert_same_weights(run / "model.safetensors", reference / "model.safetensors")
 
 
 def test_sigkilled_process_resumes_to_identical_weights(

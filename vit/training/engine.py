@@ -155,7 +155,8 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
         kept_metrics = ema_test if state.ema is not None else test  # see TrainingState.kept
         improved = state.end_epoch(row, kept_metrics)
         log.epoch(row, state.history)
-        saver.save(state, kept_metrics, improved)
+        if improved or (epoch + 1) % cfg.checkpoint_interval == 0 or epoch + 1 == cfg.epochs:
+            saver.save(state, kept_metrics, improved)
         process_group.barrier()
     return row
 

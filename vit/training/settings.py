@@ -117,6 +117,7 @@ class TrainConfig:
     seed: int = setting(0, "run", "random seed")
     threads: int | None = setting(None, "run", "PyTorch threads per process (default: torch's own choice)")
     eval_interval: int = setting(1, "run", "evaluate every N epochs and after the last")
+    checkpoint_interval: int = setting(1, "run", "write the run's weights and training state every N epochs, at each new best and after the last (--resume continues from the last written; a GPU epoch of a second would otherwise wait ~0.2 s for each)")
     device: str = setting("auto", "run", "auto, cpu, cuda, cuda:1, ...")
     output_dir: str | None = setting(None, "run", "run folder (default runs/MODEL-DATA-TIMESTAMP)")
     resume: str | None = setting(None, "run", "continue the run in RUN_DIR from its last complete checkpoint, with its own settings and number of processes (only --epochs may change, to extend it)", metavar="RUN_DIR")
@@ -190,17 +191,20 @@ LIMITS: dict[str, Range] = {
     "mixup_off_epoch": AT_LEAST_0,
     "threads": AT_LEAST_1,
     "eval_interval": AT_LEAST_1,
+    "checkpoint_interval": AT_LEAST_1,
     "processes": AT_LEAST_1,
 }
 
 # --resume continues a run with its own settings: one given again must be the run's, except
 # these, which change how long it trains (--epochs, to extend it) or how it is carried out,
-# not what it learns: loader processes and threads, the device, where the data and the cache
-# of decoded images are found, whether they are held in memory.
+# not what it learns: loader processes and threads, how often checkpoints are written, the
+# device, where the data and the cache of decoded images are found, whether they are held in
+# memory.
 CHANGEABLE_ON_RESUME = (
     "epochs",
     "workers",
     "threads",
+    "checkpoint_interval",
     "device",
     "data_root",
     "download",
