@@ -155,7 +155,7 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
     except PretrainedUnavailableError as e:  # offline: one line, advising the flag to use
         raise ValueError(f"--pretrained: {e.advising('--pretrained PATH')}") from None
     except WeightsMismatchError as e:  # weights of other switches (registers, a pool)
-        raise ValueError(f"--pretrained: {one_line(ValueError(e.problem))}") from None
+        raise ValueError(f"--pretrained: {one_line(e.problem)}") from None
     except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
         raise ValueError(f"--model {cfg.model}: {e}") from e
     if not model.global_pool:  # every token out, one prediction per image is what trains

@@ -10,10 +10,14 @@ import re
 from pathlib import Path
 
 
-def one_line(error: BaseException, *paths: Path | str) -> str:
-    """`error`'s message as one line, without a leading path (the caller names it): its lines
-    joined, more than four cut to four and a count, each bracketed list cut after four items."""
-    text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
+def one_line(error: BaseException | str, *paths: Path | str) -> str:
+    """An error's message (or a message) as one line, without a leading path (the caller names
+    it): its lines joined, more than four cut to four and a count, each bracketed list cut after
+    four items."""
+    if isinstance(error, str):
+        text = error
+    else:  # a KeyError's str() is its message quoted: take the message itself
+        text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) > 4:
         lines = lines[:4] + [f"... ({len(lines) - 4} more)"]
