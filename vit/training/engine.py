@@ -141,7 +141,7 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
         started = time.perf_counter()
         stats = train_one_epoch(run, epoch=epoch)
         seconds = time.perf_counter() - started
-        due = (epoch + 1) % cfg.eval_interval == 0 or epoch + 1 == cfg.epochs
+        due = ends_period(epoch, cfg.eval_interval, cfg.epochs)
         test, ema_test = evaluate_epoch(run) if due else (None, None)
         row = metrics_row(
             epoch=epoch,
@@ -155,10 +155,16 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
         kept_metrics = ema_test if state.ema is not None else test  # see TrainingState.kept
         improved = state.end_epoch(row, kept_metrics)
         log.epoch(row, state.history)
-        if improved or (epoch + 1) % cfg.checkpoint_interval == 0 or epoch + 1 == cfg.epochs:
+        if improved or ends_period(epoch, cfg.checkpoint_interval, cfg.epochs):
             saver.save(state, kept_metrics, improved)
         process_group.barrier()
     return row
+
+
+def ends_period(epoch: int, interval: int, epochs: int) -> bool:
+    """Whether `epoch` (counted from 0) is every `interval`-th of the run's or its last: when
+    --eval-interval evaluates and --checkpoint-interval writes."""
+    return (epoch + 1) % interval == 0 or epoch + 1 == epochs
 
 
 def start_epoch(run: Run, epoch: int) -> int:
