@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import replace
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from vit.training.build import start
 from vit.training.checkpoint import CheckpointSaver
 from vit.training.engine import start_epoch, train_one_epoch
 from vit.training.settings import TrainConfig
+from vit.utils.messages import one_line
 from vit.utils.process_group import DistInfo, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,13 +166,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     device = resolve_device(args.device, DistInfo())
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    environment = {"device": name, "torch": torch.__version__, "images": args.images}
     rows = []
-    for path in args.configs:
-        for shape in args.shapes:
+    # Model by model, today's pipeline beside the new one: when a GPU call's time runs out, the
+    # rows done are pairs, and each is in the JSON the moment it is measured.
+    for shape in args.shapes:
+        for path in args.configs:
             cfg = row_config(path, shape, args, device)
             print(f"== {path}, model {shape}: batch {cfg.batch_size}", file=sys.stderr, flush=True)
-            rows.append({"config": path, "shape": shape, **measure(cfg, args.epochs, device)})
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+            try:
+                rows.append({"config": path, "shape": shape, **measure(cfg, args.epochs, device)})
+            except Exception as error:  # one row's failure (a compiler's, say) is that row's
+                traceback.print_exc()  # the whole of it in the log: a GPU call is not repeated
+                failure = f"{type(error).__name__}: {one_line(error)}"
+                rows.append({"config": path, "shape": shape, "error": failure})
+            if args.json:
+                record = {"environment": environment, "rows": rows}
+                args.json.write_text(json.dumps(record, indent=1))
     print(
         f"{name}, torch {torch.__version__}; {args.images} images an epoch, median of "
         f"{args.epochs} epochs after one warm-up; bfloat16 autocast on a GPU"
@@ -180,15 +193,17 @@ def main(argv: list[str] | None = None) -> None:
         "|---|---|---:|---:|---:|---:|---:|---:|"
     )
     for row in rows:
+        if "error" in row:
+            print(f"| {row['config']} | {row['shape']} | failed: {row['error']} | | | | | |")
+            continue
         busy = "n/a" if row["gpu_busy_share"] is None else f"{100 * row['gpu_busy_share']:.0f}%"
         print(
             f"| {row['config']} | {row['shape']} | {row['params_m']:.2f}M | {row['batch_size']} "
             f"| {row['images_per_s']:,.0f} | {row['ms_per_step']:.2f} "
             f"| {100 * row['data_wait_share']:.0f}% | {busy} |"
         )
-    if args.json:
-        environment = {"device": name, "torch": torch.__version__, "images": args.images}
-        args.json.write_text(json.dumps({"environment": environment, "rows": rows}, indent=1))
+    if any("error" in row for row in rows):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

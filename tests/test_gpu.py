@@ -795,6 +795,13 @@ def gpu_check(*args: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+def pack_images(image_folder: Path, build: Path) -> None:
+    """What `gpu_check.sh --pack` carries: the images in one file, under a build folder."""
+    packer = [sys.executable, str(ROOT / "scripts" / "pack_cifar10.py")]
+    packing = [*packer, "--source", str(image_folder), "--output", str(build / "cifar10-jpg.npz")]
+    subprocess.run(packing, check=True, capture_output=True)
+
+
 @pytest.mark.skipif(CUDA, reason="there is a GPU here: gpu_check.sh runs instead of refusing")
 def test_gpu_check_refuses_without_a_gpu_in_one_line_writing_nothing(tmp_path):
     done = gpu_check(str(tmp_path / "out"))
@@ -818,9 +825,7 @@ def test_gpu_check_stages_time_box_and_resume_on_a_fresh_machine(image_folder, t
     images, on those the first call unpacked: the two-call resume), the records of both chunks
     in one JSON; a finished run is not trained again; bench writes its rows."""
     build, out = tmp_path / "build", tmp_path / "out"
-    packer = [sys.executable, str(ROOT / "scripts" / "pack_cifar10.py")]
-    packing = [*packer, "--source", str(image_folder), "--output", str(build / "cifar10-jpg.npz")]
-    subprocess.run(packing, check=True, capture_output=True)
+    pack_images(image_folder, build)
     out.mkdir()
     settings = dict(
         VIT_GPU_CHECK_CPU="1",
@@ -864,18 +869,12 @@ def test_gpu_check_stages_time_box_and_resume_on_a_fresh_machine(image_folder, t
     assert again.returncode == 0 and "nothing to train" in again.stdout
 
 
-@pytest.mark.slow  # the pipeline benchmark's two rows and a tiny speedrun: ~1 minute on a CPU
-def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(image_folder, tmp_path):
-    """The speedrun stage's mechanics on the CPU (VIT_GPU_CHECK_CPU=1; tiny settings, no
-    compilation): the pipeline benchmark's rows, then per seed the recipe's whole train.py
-    command timed from before its start, every epoch's time since then within that wall time,
-    the final weights' top-1 with flip TTA beside, and the records back in $OUT."""
+def speedrun_stage(image_folder: Path, tmp_path: Path, **env: str):
+    """gpu_check.sh's speedrun stage on the CPU, the images packed as --pack packs them: the
+    finished process and the records that came back in $OUT."""
     build, out = tmp_path / "build", tmp_path / "out"
-    packer = [sys.executable, str(ROOT / "scripts" / "pack_cifar10.py")]
-    packing = [*packer, "--source", str(image_folder), "--output", str(build / "cifar10-jpg.npz")]
-    subprocess.run(packing, check=True, capture_output=True)
+    pack_images(image_folder, build)
     out.mkdir()
-    tiny = ["--batch-size", "8", "--threads", "1", "--no-compile", "--epochs", "3"]
     done = gpu_check(
         str(tmp_path / "machine"),
         "speedrun",
@@ -883,25 +882,56 @@ def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(imag
         VIT_GPU_CHECK_CPU="1",
         VIT_GPU_BUILD=str(build),
         VIT_GPU_DATA=str(tmp_path / "data"),
+        **env,
+    )
+    return done, json.loads((out / "gpu_check.json").read_text())
+
+
+@pytest.mark.slow  # the pipeline benchmark's two rows and a tiny speedrun: ~1 minute on a CPU
+def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(image_folder, tmp_path):
+    """The speedrun stage's mechanics on the CPU (VIT_GPU_CHECK_CPU=1; tiny settings, no
+    compilation): per seed the recipe's whole train.py command timed from before its start, a
+    run that fails tried again with the next of VIT_GPU_FALLBACKS, every epoch's time since the
+    start within that wall time, the final weights' top-1 with flip TTA beside, then the
+    pipeline benchmark's rows, and the records back in $OUT."""
+    tiny = ["--batch-size", "8", "--threads", "1", "--no-compile", "--epochs", "3"]
+    heads_3 = "--model-kwargs depth=2 embed_dim=64 num_heads=3"  # 64 wide: no 3 equal heads
+    done, records = speedrun_stage(
+        image_folder,
+        tmp_path,
         VIT_GPU_PIPELINE_ARGS="--images 24 --epochs 1 --shapes 64d-2L-2h-r2 --cache-dir none "
         "--set compile=false threads=1 batch_size=8 workers=0",
         VIT_GPU_SEEDS="3",
-        VIT_GPU_SPEEDRUN_ARGS=" ".join([*TINY_KWARGS, *tiny, "--eval-interval", "1"]),
+        VIT_GPU_SPEEDRUN_ARGS=" ".join([*tiny, "--eval-interval", "1", heads_3]),
+        VIT_GPU_FALLBACKS=" ".join(TINY_KWARGS),
     )
     assert done.returncode == 0, done.stdout[-3000:]
-    records = json.loads((out / "gpu_check.json").read_text())
+    failed, seed = records["speedrun"]
+    assert failed["status"] not in (0, 130) and failed["epochs"] == [] and failed["top1"] is None
+    assert failed["flags"][-1] == "num_heads=3"
+    assert seed["seed"] == 3 and seed["status"] == 0 and seed["flags"][-1] == "num_heads=2"
+    times = [epoch["since_start_s"] for epoch in seed["epochs"]]
+    assert len(times) == 3 and 0 < times[0] < times[1] < times[2] <= seed["wall_seconds"]
+    assert seed["top1"] == seed["epochs"][-1]["ema_top1"]  # the kept weights: the EMA's
+    assert 0 <= seed["tta_top1"] <= 1 and set(seed["first_reached_s"]) == {"90", "93", "94"}
     rows = records["pipeline"]["rows"]
     assert [row["config"] for row in rows] == [
         "configs/cifar10.yaml",
         "configs/cifar10_gpu_speedrun.yaml",
     ]
     assert all(row["images_per_s"] > 0 and row["gpu_busy_share"] is None for row in rows)
+
+
+def test_gpu_check_speedrun_starts_nothing_it_has_no_time_for(image_folder, tmp_path):
+    """VIT_GPU_DEADLINE: a seed whose time box would be under a minute is not started (status
+    75, recorded), nor is the benchmark, and the stage says it failed."""
+    # 50 s, less the TTA's 45: under the minute a run needs
+    done, records = speedrun_stage(image_folder, tmp_path, VIT_GPU_DEADLINE="50")
+    assert done.returncode == 1, done.stdout[-3000:]
     (seed,) = records["speedrun"]
-    assert seed["seed"] == 3 and seed["status"] == 0
-    times = [epoch["since_start_s"] for epoch in seed["epochs"]]
-    assert len(times) == 3 and 0 < times[0] < times[1] < times[2] <= seed["wall_seconds"]
-    assert seed["top1"] == seed["epochs"][-1]["ema_top1"]  # the kept weights: the EMA's
-    assert 0 <= seed["tta_top1"] <= 1 and set(seed["first_reached_s"]) == {"90", "93", "94"}
+    assert seed["seed"] == 0 and seed["status"] == 75 and seed["epochs"] == []
+    assert "pipeline" not in records and not (tmp_path / "machine" / "speedrun-0").exists()
+    assert "pipeline benchmark: not started" in done.stdout
 
 
 @pytest.mark.slow  # three tiny fine-tuning runs through benchmarks/finetune_table.py: ~1 minute
@@ -922,9 +952,7 @@ def test_gpu_check_finetune_packs_a_backbone_and_tables_its_rows(image_folder, t
     assert (tmp_path / "bb" / "dinov2-tiny" / "config.json").is_file()
 
     build = tmp_path / "build"
-    packer = [sys.executable, str(ROOT / "scripts" / "pack_cifar10.py")]
-    packing = [*packer, "--source", str(image_folder), "--output", str(build / "cifar10-jpg.npz")]
-    subprocess.run(packing, check=True, capture_output=True)
+    pack_images(image_folder, build)
     backbone = tmp_path / "backbone.safetensors"
     torch.manual_seed(0)
     vit.save_weights(
