@@ -98,7 +98,13 @@ def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
             stats = train_one_epoch(run, epoch=epoch)  # ends with a read of its sums: synced
             seconds.append(time.perf_counter() - started)
             waits.append(stats["data_seconds"] / seconds[-1])
-        busy = gpu_busy_share(run, 1 + epochs) if device.type == "cuda" else None
+        busy, busy_error = None, None
+        if device.type == "cuda":
+            try:  # the profiler over CUDA graph replays: its failure keeps the row's timings
+                busy = gpu_busy_share(run, 1 + epochs)
+            except RuntimeError as error:
+                traceback.print_exc()
+                busy_error = f"{type(error).__name__}: {one_line(error)}"
     epoch_seconds = statistics.median(seconds)
     return {
         "params_m": sum(p.numel() for p in run.model.parameters()) / 1e6,
@@ -108,6 +114,7 @@ def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
         "ms_per_step": 1000 * epoch_seconds / steps,
         "data_wait_share": statistics.median(waits),
         "gpu_busy_share": busy,
+        **({"gpu_busy_error": busy_error} if busy_error else {}),
         "epoch_seconds": seconds,
     }
 
