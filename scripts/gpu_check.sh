@@ -430,11 +430,9 @@ speedrun_seed() {  # speedrun_seed SEED: the recipe's whole command, timed; TTA 
     # A run that fails (not one its time box stops) is tried again with each of
     # VIT_GPU_FALLBACKS in turn (';' between them), while time is left: one GPU call is too
     # scarce to end at a compiler's error with nothing measured.
-    local seed="$1" attempts=("") fallback
+    local seed="$1" fallbacks extra status
     IFS=';' read -r -a fallbacks <<< "${VIT_GPU_FALLBACKS---compile-mode default;--no-compile}"
-    for fallback in "${fallbacks[@]}"; do attempts+=("$fallback"); done
-    local extra status
-    for extra in "${attempts[@]}"; do
+    for extra in "" "${fallbacks[@]}"; do  # the recipe as it is, then each fallback
         status=0
         speedrun_attempt "$seed" "$extra" || status=$?
         record speedrun "$OUTDIR/speedrun-$seed.json" append
