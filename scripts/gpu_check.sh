@@ -546,5 +546,7 @@ for STAGE in "${STAGES[@]}"; do
     "run_$STAGE"
 done
 
+# last, since the device tool's reply carries the end of the output: the records as tables
+if [ -f "$JSON" ]; then "$PYTHON" scripts/gpu_report.py "$JSON" || true; fi
 echo "== done ($(date -u +%T)); ${FAILED[*]:-no} failed stage(s); $JSON"
 [ ${#FAILED[@]} -eq 0 ]

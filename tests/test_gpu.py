@@ -920,6 +920,12 @@ def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(imag
         "configs/cifar10_gpu_speedrun.yaml",
     ]
     assert all(row["images_per_s"] > 0 and row["gpu_busy_share"] is None for row in rows)
+    # the tables printed last (scripts/gpu_report.py): both attempts, the finished one's mean
+    attempts = [line for line in done.stdout.splitlines() if line.startswith("| 3 | ")]
+    assert len(attempts) == 2 and "| 0 | " in attempts[1]
+    assert f"Finished runs: 1; top-1 mean {100 * seed['top1']:.2f}%" in done.stdout
+    pipelines = done.stdout.split("Pipelines on CPU, torch ")[1]
+    assert pipelines.count("| 64d-2L-2h-r2 |") == 2
 
 
 def test_gpu_check_speedrun_starts_nothing_it_has_no_time_for(image_folder, tmp_path):
@@ -932,6 +938,7 @@ def test_gpu_check_speedrun_starts_nothing_it_has_no_time_for(image_folder, tmp_
     assert seed["seed"] == 0 and seed["status"] == 75 and seed["epochs"] == []
     assert "pipeline" not in records and not (tmp_path / "machine" / "speedrun-0").exists()
     assert "pipeline benchmark: not started" in done.stdout
+    assert "| 0 | (the recipe) | 75 | " in done.stdout
 
 
 @pytest.mark.slow  # three tiny fine-tuning runs through benchmarks/finetune_table.py: ~1 minute

@@ -1,0 +1,105 @@
+"""The speedrun's records in gpu_check.json as markdown tables: what a device call prints last
+(the device tool's reply carries the end of the output) and what docs/gpu.md's results are
+written from.
+
+    python scripts/gpu_report.py build/gc/gpu_check.json
+
+Per speedrun attempt: seed, the flags added to the recipe, exit status (0 finished, 130 stopped
+by its time box, 75 not started), wall seconds of the whole command, epochs done, when it first
+reached 90/93/94%, top-1 single view and with flip TTA; then the mean top-1 over the finished
+seeds; then the pipeline benchmark's rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def percent(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.2f}%"
+
+
+def seconds(value: float | None) -> str:
+    return "" if value is None else f"{value:.0f} s"
+
+
+def speedrun_table(attempts: list[dict]) -> list[str]:
+    lines = [
+        "| seed | flags | status | wall | epochs | 90% at | 93% at | 94% at | top-1 | TTA |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in attempts:
+        reached = run.get("first_reached_s", {})
+        lines.append(
+            f"| {run['seed']} | {' '.join(run.get('flags', [])) or '(the recipe)'} "
+            f"| {run['status']} | {seconds(run['wall_seconds'])} "
+            f"| {run['epochs'][-1]['epoch'] if run['epochs'] else 0} "
+            f"| {seconds(reached.get('90'))} | {seconds(reached.get('93'))} "
+            f"| {seconds(reached.get('94'))} | {percent(run['top1'])} "
+            f"| {percent(run['tta_top1'])} |"
+        )
+    finished = [run for run in attempts if run["status"] == 0 and run["top1"] is not None]
+    if finished:
+        tops = [run["top1"] for run in finished]
+        walls = [run["wall_seconds"] for run in finished]
+        lines.append(
+            f"\nFinished runs: {len(finished)}; top-1 mean {percent(statistics.mean(tops))} "
+            f"(min {percent(min(tops))}), wall seconds mean {statistics.mean(walls):.0f} "
+            f"(max {max(walls):.0f})"
+        )
+    return lines
+
+
+def pipeline_table(pipeline: dict) -> list[str]:
+    environment = pipeline.get("environment", {})
+    lines = [
+        f"Pipelines on {environment.get('device')}, torch {environment.get('torch')}, "
+        f"{environment.get('images')} images an epoch:",
+        "| pipeline | model | img/s | ms/step | waiting for data | GPU busy |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for row in pipeline.get("rows", []):
+        if "error" in row:
+            lines.append(f"| {row['config']} | {row['shape']} | failed: {row['error']} | | | |")
+            continue
+        busy = row.get("gpu_busy_share")
+        lines.append(
+            f"| {row['config']} | {row['shape']} | {row['images_per_s']:,.0f} "
+            f"| {row['ms_per_step']:.2f} | {100 * row['data_wait_share']:.0f}% "
+            f"| {'n/a' if busy is None else f'{100 * busy:.0f}%'} |"
+        )
+    return lines
+
+
+def report(records: dict) -> str:
+    lines = []
+    if records.get("environment"):
+        env = records["environment"]
+        gpu = env.get("gpu") or "no GPU"
+        lines.append(f"{gpu}; torch {env.get('torch')}, CUDA {env.get('cuda')}")
+    if records.get("speedrun"):
+        lines += ["", *speedrun_table(records["speedrun"])]
+    if records.get("pipeline"):
+        lines += ["", *pipeline_table(records["pipeline"])]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("json", type=Path, help="a gpu_check.json")
+    args = parser.parse_args(argv)
+    try:
+        records = json.loads(args.json.read_text())
+    except (OSError, ValueError) as error:
+        problem = f"not a readable gpu_check.json ({error})"
+        print(f"gpu_report.py: {args.json}: {problem}", file=sys.stderr)
+        sys.exit(2)
+    print(report(records))
+
+
+if __name__ == "__main__":
+    main()
