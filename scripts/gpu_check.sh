@@ -51,7 +51,7 @@
 # minute is not started), and the benchmark stops there with the rows it has. gpu_check.json's
 # "speedrun" (per attempt: seed, status, flags, time box, wall seconds, every epoch with its time
 # since the command started, when it first reached 90, 93 and 94%, top-1 single view and with
-# TTA) and "pipeline".
+# TTA) and "pipeline". Last, any stage: the records as tables (scripts/gpu_report.py).
 # The finetune stage (issue 40; docs/training.md): benchmarks/finetune_table.py on all of
 # CIFAR-10 at 224 px, 3 epochs, --amp: probe then fine-tune with layer decay (the probe's
 # accuracy its epoch 0), the head alone, full with layer decay, from VIT_GPU_BACKBONE (default
