@@ -104,7 +104,7 @@ def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
                 busy = gpu_busy_share(run, 1 + epochs)
             except RuntimeError as error:
                 traceback.print_exc()
-                busy_error = f"{type(error).__name__}: {one_line(error)}"
+                busy_error = described(error)
     epoch_seconds = statistics.median(seconds)
     return {
         "params_m": sum(p.numel() for p in run.model.parameters()) / 1e6,
@@ -131,6 +131,11 @@ def gpu_busy_share(run, epoch: int) -> float:
         wall = time.perf_counter() - started
     busy_us = sum(event.self_device_time_total for event in profile.key_averages())
     return busy_us / 1e6 / wall
+
+
+def described(error: Exception) -> str:
+    """A failure as the JSON keeps it: its type and its message in one line."""
+    return f"{type(error).__name__}: {one_line(error)}"
 
 
 def synchronize(device: torch.device) -> None:
@@ -186,8 +191,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append({"config": path, "shape": shape, **measure(cfg, args.epochs, device)})
             except Exception as error:  # one row's failure (a compiler's, say) is that row's
                 traceback.print_exc()  # the whole of it in the log: a GPU call is not repeated
-                failure = f"{type(error).__name__}: {one_line(error)}"
-                rows.append({"config": path, "shape": shape, "error": failure})
+                rows.append({"config": path, "shape": shape, "error": described(error)})
             if args.json:
                 record = {"environment": environment, "rows": rows}
                 args.json.write_text(json.dumps(record, indent=1))

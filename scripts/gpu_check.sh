@@ -445,10 +445,10 @@ speedrun_seed() {  # speedrun_seed SEED: the recipe's whole command, timed; TTA 
 
 speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS: one timed train.py command
     local seed="$1" extra="$2" run="$OUTDIR/speedrun-$1" caches="$OUTDIR/caches-$1"
-    local status=0 started ended left box
+    local status=0 started ended left box recipe_box="${VIT_GPU_SPEEDRUN_SECONDS:-330}"
     left="$(seconds_left)"
     # the time box: the recipe's, or what the deadline leaves once the TTA evaluation (~45 s)
-    box=$(( left - 45 < ${VIT_GPU_SPEEDRUN_SECONDS:-330} ? left - 45 : ${VIT_GPU_SPEEDRUN_SECONDS:-330} ))
+    box=$(( left - 45 < recipe_box ? left - 45 : recipe_box ))
     rm -rf "$caches"  # a first run on a bare machine: decoding and compilation included
     started="$(date +%s.%N)"
     if [ "$box" -lt 60 ]; then
