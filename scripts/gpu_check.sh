@@ -39,19 +39,21 @@
 # flags selecting the tests, default "-k cuda": the CUDA cases; "" for the CPU cases too),
 # PYTHON (default python3).
 # The speedrun stage (issue 38; docs/gpu.md): configs/cifar10_gpu_speedrun.yaml once per seed
-# of VIT_GPU_SEEDS (default "0"), one after another, each the whole train.py command timed as a
-# first run on a bare machine (caches of its own for decoded images and compiled kernels),
-# time-boxed to VIT_GPU_SPEEDRUN_SECONDS (default 330), VIT_GPU_SPEEDRUN_ARGS added, its final
-# weights evaluated with --tta flip beside; a run that fails (not one its time box stops) is tried
-# again with each of VIT_GPU_FALLBACKS (default "--compile-mode default;--no-compile") added.
-# Then benchmarks/training_pipeline.py (today's pipeline against the speedrun's, model by model:
-# images/s, ms per step, the GPU's busy share; VIT_GPU_PIPELINE_ARGS adds flags,
-# VIT_GPU_PIPELINE=0 skips it). All of it ends by VIT_GPU_DEADLINE seconds after the script
-# began (default 560, for a 600 s call): a seed's time box shrinks to what is left (one under a
-# minute is not started), and the benchmark stops there with the rows it has. gpu_check.json's
-# "speedrun" (per attempt: seed, status, flags, time box, wall seconds, every epoch with its time
-# since the command started, when it first reached 90, 93 and 94%, top-1 single view and with
-# TTA) and "pipeline". Last, any stage: the records as tables (scripts/gpu_report.py).
+# of VIT_GPU_SEEDS (default "0"), one after another (VIT_GPU_SEEDS_TOGETHER=1: all at once,
+# side by side on the one GPU, under CUDA MPS where the machine has it), each the whole train.py
+# command timed as a first run on a bare machine (caches of its own for decoded images and
+# compiled kernels), time-boxed to VIT_GPU_SPEEDRUN_SECONDS (default 330), VIT_GPU_SPEEDRUN_ARGS
+# added, its final weights evaluated with --tta flip beside; a run that fails (not one its time
+# box stops) is tried again with each of VIT_GPU_FALLBACKS (default "--compile-mode
+# default;--no-compile") added. Then benchmarks/training_pipeline.py (today's pipeline against
+# the speedrun's, model by model: images/s, ms per step, the GPU's busy share;
+# VIT_GPU_PIPELINE_ARGS adds flags, VIT_GPU_PIPELINE=0 skips it). All of it ends by
+# VIT_GPU_DEADLINE seconds after the script began (default 560, for a 600 s call): a seed's time
+# box shrinks to what is left (one under a minute is not started), and the benchmark stops there
+# with the rows it has. gpu_check.json's "speedrun" (per attempt: seed, status, flags, time box,
+# wall seconds, every epoch with its time since the command started, when it first reached 90,
+# 93 and 94%, top-1 single view and with TTA, how many runs shared the GPU) and "pipeline".
+# Last, any stage: the records as tables (scripts/gpu_report.py).
 # The finetune stage (issue 40; docs/training.md): benchmarks/finetune_table.py on all of
 # CIFAR-10 at 224 px, 3 epochs, --amp: probe then fine-tune with layer decay (the probe's
 # accuracy its epoch 0), the head alone, full with layer decay, from VIT_GPU_BACKBONE (default
@@ -223,8 +225,10 @@ if ! "$PYTHON" -c "import albumentations" 2>/dev/null; then
     export PYTHONPATH="$PYTHONPATH:$SITE"
 fi
 
+LOCK=()  # seeds run side by side record at once: one writer of gpu_check.json at a time
+if command -v flock >/dev/null; then LOCK=(flock "$JSON.lock"); fi
 record() {  # record KEY VALUE_JSON_FILE [append]: put (or append) a value into gpu_check.json
-    "$PYTHON" - "$JSON" "$@" <<'EOF'
+    "${LOCK[@]}" "$PYTHON" - "$JSON" "$@" <<'EOF'
 import json, sys
 from pathlib import Path
 path, key, value_file = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -406,10 +410,14 @@ seconds_left() {  # what is left of VIT_GPU_DEADLINE (seconds after this script 
 run_speedrun() {
     unpack_data || { FAILED+=(speedrun); return 0; }
     local status=0 seed left
-    for seed in ${VIT_GPU_SEEDS:-0}; do
-        speedrun_seed "$seed" || status=1
-        copy_out  # what is measured comes back even if what follows runs past the call
-    done
+    if [ "${VIT_GPU_SEEDS_TOGETHER:-0}" = 1 ]; then
+        speedrun_seeds_together || status=1
+    else
+        for seed in ${VIT_GPU_SEEDS:-0}; do
+            speedrun_seed "$seed" || status=1
+            copy_out  # what is measured comes back even if what follows runs past the call
+        done
+    fi
     if [ "${VIT_GPU_PIPELINE:-1}" != 0 ]; then
         left="$(seconds_left)"
         if [ "$left" -lt 60 ]; then
@@ -424,6 +432,32 @@ run_speedrun() {
         fi
     fi
     [ "$status" -eq 0 ] || FAILED+=(speedrun)
+}
+
+speedrun_seeds_together() {  # every seed of VIT_GPU_SEEDS at once, side by side on the GPU
+    # Two whole commands do not fit one session's device time one after the other; side by side
+    # they may, each timed as it shares the GPU (a pessimistic time: alone it can only be
+    # faster). CUDA MPS, where the machine has it, lets their kernels run at the same time
+    # instead of taking turns.
+    local seed status=0 mps=0 pids=()
+    # shellcheck disable=SC2206  # seeds, split on spaces
+    local seeds=(${VIT_GPU_SEEDS:-0})
+    if [ "$DEVICE" = cuda ] && command -v nvidia-cuda-mps-control >/dev/null \
+        && nvidia-cuda-mps-control -d; then
+        mps=1
+    fi
+    echo "seeds ${seeds[*]} side by side (CUDA MPS $([ "$mps" = 1 ] && echo on || echo off))"
+    for seed in "${seeds[@]}"; do
+        VIT_GPU_AT_ONCE="${#seeds[@]}" speedrun_seed "$seed" > "$OUTDIR/speedrun-$seed.log" 2>&1 &
+        pids+=("$!")
+    done
+    for index in "${!pids[@]}"; do
+        wait "${pids[$index]}" || status=1
+        cat "$OUTDIR/speedrun-${seeds[$index]}.log"  # each seed's output whole, in turn
+    done
+    if [ "$mps" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; fi
+    copy_out
+    return "$status"
 }
 
 speedrun_seed() {  # speedrun_seed SEED: the recipe's whole command, timed; TTA beside it
@@ -470,7 +504,7 @@ speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS: one timed train.py co
     fi
     "$PYTHON" - "$run" "$seed" "$status" "$started" "$ended" "$box" \
         "${VIT_GPU_SPEEDRUN_ARGS:-} $extra" "$OUTDIR/speedrun-$seed.json" <<'PY'
-import csv, json, sys
+import csv, json, os, sys
 from pathlib import Path
 run, seed, status, started, ended, box, flags, out = sys.argv[1:]
 run, started, status = Path(run), float(started), int(status)
@@ -503,12 +537,14 @@ result = {
     "status": status,
     "flags": flags.split(),  # added to the recipe's: VIT_GPU_SPEEDRUN_ARGS, then a fallback's
     "time_box_s": int(box),
+    "started_at": round(started, 1),  # the clock's seconds: runs side by side overlap
     "wall_seconds": round(float(ended) - started, 1),
     "epochs": epochs,
     "first_reached_s": reached,
     "top1": evaluated[-1]["kept_top1"] if evaluated else None,
     "tta_top1": tta.get("tta", {}).get("top1"),
     "tta_views": "flip",
+    "at_once": int(os.environ.get("VIT_GPU_AT_ONCE", "1")),  # runs sharing the GPU (together)
 }
 Path(out).write_text(json.dumps(result))
 print(f"seed {seed} {' '.join(result['flags'])}: status {status}, {result['wall_seconds']} s "

@@ -7,7 +7,8 @@ written from.
 Per speedrun attempt: seed, the flags added to the recipe, exit status (0 finished, 130 stopped
 by its time box, 75 not started), wall seconds of the whole command, epochs done, when it first
 reached 90/93/94%, top-1 single view and with flip TTA; then the mean top-1 over the finished
-seeds; then the pipeline benchmark's rows.
+seeds; how many runs shared the GPU (at once: 1 alone, more side by side, each then timed
+as it shared it); then the pipeline benchmark's rows.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ def seconds(value: float | None) -> str:
 
 def speedrun_table(attempts: list[dict]) -> list[str]:
     lines = [
-        "| seed | flags | status | wall | epochs | 90% at | 93% at | 94% at | top-1 | TTA |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| seed | flags | status | wall | epochs | 90% at | 93% at | 94% at | top-1 | TTA "
+        "| at once |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for run in attempts:
         reached = run.get("first_reached_s", {})
@@ -40,7 +42,7 @@ def speedrun_table(attempts: list[dict]) -> list[str]:
             f"| {run['epochs'][-1]['epoch'] if run['epochs'] else 0} "
             f"| {seconds(reached.get('90'))} | {seconds(reached.get('93'))} "
             f"| {seconds(reached.get('94'))} | {percent(run['top1'])} "
-            f"| {percent(run['tta_top1'])} |"
+            f"| {percent(run['tta_top1'])} | {run.get('at_once', 1)} |"
         )
     finished = [run for run in attempts if run["status"] == 0 and run["top1"] is not None]
     if finished:

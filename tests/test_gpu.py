@@ -928,6 +928,39 @@ def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(imag
     assert pipelines.count("| 64d-2L-2h-r2 |") == 2
 
 
+@pytest.mark.slow  # two tiny speedruns at once: ~40 s on a CPU
+def test_gpu_check_speedrun_runs_seeds_side_by_side(image_folder, tmp_path):
+    """VIT_GPU_SEEDS_TOGETHER=1: every seed's whole command at once (on a GPU, sharing it), each
+    recorded whole (one writer of gpu_check.json at a time) with the number of runs that shared
+    the device, their times overlapping; each seed's output printed whole, one after the other."""
+    tiny = "--batch-size 8 --threads 1 --no-compile --epochs 2 --eval-interval 1"
+    done, records = speedrun_stage(
+        image_folder,
+        tmp_path,
+        VIT_GPU_SEEDS="0 1",
+        VIT_GPU_SEEDS_TOGETHER="1",
+        VIT_GPU_PIPELINE="0",
+        VIT_GPU_FALLBACKS="",
+        VIT_GPU_SPEEDRUN_ARGS=f"{tiny} {' '.join(TINY_KWARGS)}",
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    runs = sorted(records["speedrun"], key=lambda run: run["seed"])
+    assert [run["seed"] for run in runs] == [0, 1]
+    assert all(run["status"] == 0 and run["at_once"] == 2 for run in runs)
+    assert all(len(run["epochs"]) == 2 and run["top1"] is not None for run in runs)
+    ends = [run["started_at"] + run["wall_seconds"] for run in runs]
+    assert max(run["started_at"] for run in runs) < min(ends)  # they ran at the same time
+    assert "seeds 0 1 side by side (CUDA MPS off)" in done.stdout
+    outputs = done.stdout.split("seeds 0 1 side by side")[1]
+    # seed 0's output to its last line (the summary), then seed 1's from its first
+    assert outputs.index("seed 0: train.py") < outputs.index("seed 0 --batch-size")
+    assert outputs.index("seed 0 --batch-size") < outputs.index("seed 1: train.py")
+    assert "Finished runs: 2;" in done.stdout
+    lines = done.stdout.splitlines()
+    shared = [line for line in lines if line.startswith("| ") and line.endswith(" | 2 |")]
+    assert len(shared) == 2  # the attempts table's last column: 2 runs at once
+
+
 def test_gpu_check_speedrun_starts_nothing_it_has_no_time_for(image_folder, tmp_path):
     """VIT_GPU_DEADLINE: a seed whose time box would be under a minute is not started (status
     75, recorded), nor is the benchmark, and the stage says it failed."""
