@@ -204,7 +204,11 @@ copy_out() {  # $OUT is what comes back from the device tool's machine: the reco
         done
     fi
 }
-trap copy_out EXIT
+MPS_STARTED=0  # the CUDA MPS daemon this script started (seeds side by side), stopped at exit
+stop_mps() {
+    if [ "$MPS_STARTED" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; MPS_STARTED=0; fi
+}
+trap 'stop_mps; copy_out' EXIT
 STARTED_AT="$(date +%s)"  # the speedrun stage's VIT_GPU_DEADLINE counts from here
 echo "== gpu_check.sh $(date -u +%FT%TZ): stages ${STAGES[*]} into $OUTDIR"
 
@@ -435,18 +439,18 @@ run_speedrun() {
 }
 
 speedrun_seeds_together() {  # every seed of VIT_GPU_SEEDS at once, side by side on the GPU
-    # Two whole commands do not fit one session's device time one after the other; side by side
-    # they may, each timed as it shares the GPU (a pessimistic time: alone it can only be
-    # faster). CUDA MPS, where the machine has it, lets their kernels run at the same time
-    # instead of taking turns.
-    local seed status=0 mps=0 pids=()
+    # One after the other, two whole commands take two calls and leave a session's device time
+    # no room for the benchmark; side by side they may fit one call, each timed as it shares
+    # the GPU (a pessimistic time: alone it can only be faster). CUDA MPS, where the machine
+    # has it, lets their kernels run at the same time instead of taking turns.
+    local seed status=0 pids=()
     # shellcheck disable=SC2206  # seeds, split on spaces
     local seeds=(${VIT_GPU_SEEDS:-0})
     if [ "$DEVICE" = cuda ] && command -v nvidia-cuda-mps-control >/dev/null \
         && nvidia-cuda-mps-control -d; then
-        mps=1
+        MPS_STARTED=1
     fi
-    echo "seeds ${seeds[*]} side by side (CUDA MPS $([ "$mps" = 1 ] && echo on || echo off))"
+    echo "seeds ${seeds[*]} side by side (CUDA MPS $([ "$MPS_STARTED" = 1 ] && echo on || echo off))"
     for seed in "${seeds[@]}"; do
         VIT_GPU_AT_ONCE="${#seeds[@]}" speedrun_seed "$seed" > "$OUTDIR/speedrun-$seed.log" 2>&1 &
         pids+=("$!")
@@ -455,7 +459,7 @@ speedrun_seeds_together() {  # every seed of VIT_GPU_SEEDS at once, side by side
         wait "${pids[$index]}" || status=1
         cat "$OUTDIR/speedrun-${seeds[$index]}.log"  # each seed's output whole, in turn
     done
-    if [ "$mps" = 1 ]; then echo quit | nvidia-cuda-mps-control || true; fi
+    stop_mps  # the benchmark after it runs alone
     copy_out
     return "$status"
 }
