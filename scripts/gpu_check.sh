@@ -40,7 +40,8 @@
 # PYTHON (default python3).
 # The speedrun stage (issue 38; docs/gpu.md): configs/cifar10_gpu_speedrun.yaml once per seed
 # of VIT_GPU_SEEDS (default "0"), one after another (VIT_GPU_SEEDS_TOGETHER=1: all at once,
-# side by side on the one GPU, under CUDA MPS where the machine has it), each the whole train.py
+# side by side on the one GPU, under CUDA MPS where the machine has it; VIT_GPU_VARIANTS, flag
+# sets with ';' between them: each seed once per variant, all at once), each the whole train.py
 # command timed as a first run on a bare machine (caches of its own for decoded images and
 # compiled kernels), time-boxed to VIT_GPU_SPEEDRUN_SECONDS (default 330), VIT_GPU_SPEEDRUN_ARGS
 # added, its final weights evaluated with --tta flip beside; a run that fails (not one its time
@@ -414,8 +415,8 @@ seconds_left() {  # what is left of VIT_GPU_DEADLINE (seconds after this script 
 run_speedrun() {
     unpack_data || { FAILED+=(speedrun); return 0; }
     local status=0 seed left
-    if [ "${VIT_GPU_SEEDS_TOGETHER:-0}" = 1 ]; then
-        speedrun_seeds_together || status=1
+    if [ "${VIT_GPU_SEEDS_TOGETHER:-0}" = 1 ] || [ -n "${VIT_GPU_VARIANTS:-}" ]; then
+        speedrun_side_by_side || status=1
     else
         for seed in ${VIT_GPU_SEEDS:-0}; do
             speedrun_seed "$seed" || status=1
@@ -438,42 +439,53 @@ run_speedrun() {
     [ "$status" -eq 0 ] || FAILED+=(speedrun)
 }
 
-speedrun_seeds_together() {  # every seed of VIT_GPU_SEEDS at once, side by side on the GPU
+speedrun_side_by_side() {  # every seed (x every variant) at once, side by side on the GPU
     # One after the other, two whole commands take two calls and leave a session's device time
     # no room for the benchmark; side by side they may fit one call, each timed as it shares
-    # the GPU (a pessimistic time: alone it can only be faster). CUDA MPS, where the machine
-    # has it, lets their kernels run at the same time instead of taking turns.
-    local seed status=0 pids=()
-    # shellcheck disable=SC2206  # seeds, split on spaces
-    local seeds=(${VIT_GPU_SEEDS:-0})
+    # the GPU (a pessimistic time: alone it can only be faster). VIT_GPU_VARIANTS (flag sets,
+    # ';' between them) screens levers the same way: each seed once per variant, all at once.
+    # CUDA MPS, where the machine has it, lets their kernels run at the same time instead of
+    # taking turns.
+    local seed index status=0 variants=() names=() pids=()
+    IFS=';' read -r -a variants <<< "${VIT_GPU_VARIANTS:-}"
+    [ ${#variants[@]} -gt 0 ] || variants=("")
+    for seed in ${VIT_GPU_SEEDS:-0}; do
+        for index in "${!variants[@]}"; do
+            # a run's name: its seed, and its variant's number where there are variants
+            names+=("$seed${VIT_GPU_VARIANTS:+-v$((index + 1))}")
+        done
+    done
     if [ "$DEVICE" = cuda ] && command -v nvidia-cuda-mps-control >/dev/null \
         && nvidia-cuda-mps-control -d; then
         MPS_STARTED=1
     fi
-    echo "seeds ${seeds[*]} side by side (CUDA MPS $([ "$MPS_STARTED" = 1 ] && echo on || echo off))"
-    for seed in "${seeds[@]}"; do
-        VIT_GPU_AT_ONCE="${#seeds[@]}" speedrun_seed "$seed" > "$OUTDIR/speedrun-$seed.log" 2>&1 &
+    echo "runs ${names[*]} side by side (CUDA MPS $([ "$MPS_STARTED" = 1 ] && echo on || echo off))"
+    for index in "${!names[@]}"; do
+        VIT_GPU_AT_ONCE="${#names[@]}" \
+            VIT_GPU_SPEEDRUN_ARGS="${VIT_GPU_SPEEDRUN_ARGS:-} ${variants[index % ${#variants[@]}]}" \
+            speedrun_seed "${names[index]%%-*}" "${names[index]}" \
+            > "$OUTDIR/speedrun-${names[index]}.log" 2>&1 &
         pids+=("$!")
     done
     for index in "${!pids[@]}"; do
-        wait "${pids[$index]}" || status=1
-        cat "$OUTDIR/speedrun-${seeds[$index]}.log"  # each seed's output whole, in turn
+        wait "${pids[index]}" || status=1
+        cat "$OUTDIR/speedrun-${names[index]}.log"  # each run's output whole, in turn
     done
     stop_mps  # the benchmark after it runs alone
     copy_out
     return "$status"
 }
 
-speedrun_seed() {  # speedrun_seed SEED: the recipe's whole command, timed; TTA beside it
+speedrun_seed() {  # speedrun_seed SEED [NAME]: the recipe's whole command, timed; TTA beside it
     # A run that fails (not one its time box stops) is tried again with each of
     # VIT_GPU_FALLBACKS in turn (';' between them), while time is left: one GPU call is too
     # scarce to end at a compiler's error with nothing measured.
-    local seed="$1" fallbacks extra status
+    local seed="$1" name="${2:-$1}" fallbacks extra status
     IFS=';' read -r -a fallbacks <<< "${VIT_GPU_FALLBACKS---compile-mode default;--no-compile}"
     for extra in "" "${fallbacks[@]}"; do  # the recipe as it is, then each fallback
         status=0
-        speedrun_attempt "$seed" "$extra" || status=$?
-        record speedrun "$OUTDIR/speedrun-$seed.json" append
+        speedrun_attempt "$seed" "$extra" "$name" || status=$?
+        record speedrun "$OUTDIR/speedrun-$name.json" append
         # 0: the run ended; 130: its time box stopped it (a result all the same, recorded as
         # such); 75: not started, too little time left
         case "$status" in 0 | 130) return 0 ;; 75) return 1 ;; esac
@@ -481,8 +493,8 @@ speedrun_seed() {  # speedrun_seed SEED: the recipe's whole command, timed; TTA 
     return 1
 }
 
-speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS: one timed train.py command
-    local seed="$1" extra="$2" run="$OUTDIR/speedrun-$1" caches="$OUTDIR/caches-$1"
+speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS NAME: one timed train.py command
+    local seed="$1" extra="$2" run="$OUTDIR/speedrun-$3" caches="$OUTDIR/caches-$3"
     local status=0 started ended left box recipe_box="${VIT_GPU_SPEEDRUN_SECONDS:-330}"
     left="$(seconds_left)"
     # the time box: the recipe's, or what the deadline leaves once the TTA evaluation (~45 s)
@@ -507,7 +519,7 @@ speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS: one timed train.py co
             --json "$run/tta.json" || true
     fi
     "$PYTHON" - "$run" "$seed" "$status" "$started" "$ended" "$box" \
-        "${VIT_GPU_SPEEDRUN_ARGS:-} $extra" "$OUTDIR/speedrun-$seed.json" <<'PY'
+        "${VIT_GPU_SPEEDRUN_ARGS:-} $extra" "$OUTDIR/speedrun-$3.json" <<'PY'
 import csv, json, os, sys
 from pathlib import Path
 run, seed, status, started, ended, box, flags, out = sys.argv[1:]

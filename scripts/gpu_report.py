@@ -6,9 +6,9 @@ written from.
 
 Per speedrun attempt: seed, the flags added to the recipe, exit status (0 finished, 130 stopped
 by its time box, 75 not started), wall seconds of the whole command, epochs done, when it first
-reached 90/93/94%, top-1 single view and with flip TTA; then the mean top-1 over the finished
-seeds; how many runs shared the GPU (at once: 1 alone, more side by side, each then timed
-as it shared it); then the pipeline benchmark's rows.
+reached 90/93/94%, top-1 single view and with flip TTA, how many runs shared the GPU (at once: 1
+alone, more side by side, each then timed as it shared it); then the mean top-1 over the
+finished seeds of each set of flags; then the pipeline benchmark's rows.
 """
 
 from __future__ import annotations
@@ -44,14 +44,19 @@ def speedrun_table(attempts: list[dict]) -> list[str]:
             f"| {seconds(reached.get('94'))} | {percent(run['top1'])} "
             f"| {percent(run['tta_top1'])} | {run.get('at_once', 1)} |"
         )
-    finished = [run for run in attempts if run["status"] == 0 and run["top1"] is not None]
-    if finished:
-        tops = [run["top1"] for run in finished]
-        walls = [run["wall_seconds"] for run in finished]
+    # the finished runs' means, one line per set of flags (the seeds of one variant)
+    finished: dict[str, list[dict]] = {}
+    for run in attempts:
+        if run["status"] == 0 and run["top1"] is not None:
+            flags = " ".join(run.get("flags", [])) or "(the recipe)"
+            finished.setdefault(flags, []).append(run)
+    for flags, runs in finished.items():
+        tops = [run["top1"] for run in runs]
+        walls = [run["wall_seconds"] for run in runs]
         lines.append(
-            f"\nFinished runs: {len(finished)}; top-1 mean {percent(statistics.mean(tops))} "
+            f"\nFinished runs: {len(runs)}; top-1 mean {percent(statistics.mean(tops))} "
             f"(min {percent(min(tops))}), wall seconds mean {statistics.mean(walls):.0f} "
-            f"(max {max(walls):.0f})"
+            f"(max {max(walls):.0f}): {flags}"
         )
     return lines
 

@@ -928,37 +928,42 @@ def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(imag
     assert pipelines.count("| 64d-2L-2h-r2 |") == 2
 
 
-@pytest.mark.slow  # two tiny speedruns at once: ~40 s on a CPU
-def test_gpu_check_speedrun_runs_seeds_side_by_side(image_folder, tmp_path):
-    """VIT_GPU_SEEDS_TOGETHER=1: every seed's whole command at once (on a GPU, sharing it), each
-    recorded whole (one writer of gpu_check.json at a time) with the number of runs that shared
-    the device, their times overlapping; each seed's output printed whole, one after the other."""
-    tiny = "--batch-size 8 --threads 1 --no-compile --epochs 2 --eval-interval 1"
+@pytest.mark.slow  # four tiny speedruns at once: ~1 minute on a CPU
+def test_gpu_check_speedrun_runs_seeds_and_variants_side_by_side(image_folder, tmp_path):
+    """VIT_GPU_VARIANTS (as VIT_GPU_SEEDS_TOGETHER=1 for the seeds alone): every seed once per
+    variant, all at once (on a GPU, sharing it), each recorded whole (one writer of
+    gpu_check.json at a time) with its variant's flags and the number of runs that shared the
+    device, their times overlapping; each run's output printed whole, one after the other; the
+    finished seeds' mean per variant."""
+    tiny = "--batch-size 8 --threads 1 --no-compile --eval-interval 1"
     done, records = speedrun_stage(
         image_folder,
         tmp_path,
         VIT_GPU_SEEDS="0 1",
-        VIT_GPU_SEEDS_TOGETHER="1",
+        VIT_GPU_VARIANTS="--epochs 1;--epochs 2",
         VIT_GPU_PIPELINE="0",
         VIT_GPU_FALLBACKS="",
         VIT_GPU_SPEEDRUN_ARGS=f"{tiny} {' '.join(TINY_KWARGS)}",
     )
     assert done.returncode == 0, done.stdout[-3000:]
-    runs = sorted(records["speedrun"], key=lambda run: run["seed"])
-    assert [run["seed"] for run in runs] == [0, 1]
-    assert all(run["status"] == 0 and run["at_once"] == 2 for run in runs)
-    assert all(len(run["epochs"]) == 2 and run["top1"] is not None for run in runs)
+    runs = sorted(records["speedrun"], key=lambda run: (run["seed"], run["flags"][-1]))
+    assert [(run["seed"], run["flags"][-2:]) for run in runs] == [
+        (seed, ["--epochs", epochs]) for seed in (0, 1) for epochs in ("1", "2")
+    ]
+    assert [len(run["epochs"]) for run in runs] == [1, 2, 1, 2]
+    assert all(run["status"] == 0 and run["at_once"] == 4 for run in runs)
     ends = [run["started_at"] + run["wall_seconds"] for run in runs]
     assert max(run["started_at"] for run in runs) < min(ends)  # they ran at the same time
-    assert "seeds 0 1 side by side (CUDA MPS off)" in done.stdout
-    outputs = done.stdout.split("seeds 0 1 side by side")[1]
-    # seed 0's output to its last line (the summary), then seed 1's from its first
-    assert outputs.index("seed 0: train.py") < outputs.index("seed 0 --batch-size")
-    assert outputs.index("seed 0 --batch-size") < outputs.index("seed 1: train.py")
-    assert "Finished runs: 2;" in done.stdout
+    assert "runs 0-v1 0-v2 1-v1 1-v2 side by side (CUDA MPS off)" in done.stdout
+    outputs = done.stdout.split("side by side (CUDA MPS off)")[1]
+    # each run's output whole, to its last line (the summary), before the next one's
+    first_run_ends = outputs.index("seed 0 --batch-size")  # 0-v1's summary
+    assert outputs.index("seed 0: train.py") < first_run_ends < outputs.index("seed 1: train.py")
     lines = done.stdout.splitlines()
-    shared = [line for line in lines if line.startswith("| ") and line.endswith(" | 2 |")]
-    assert len(shared) == 2  # the attempts table's last column: 2 runs at once
+    shared = [line for line in lines if line.startswith("| ") and line.endswith(" | 4 |")]
+    assert len(shared) == 4  # the attempts table's last column: 4 runs at once
+    means = [line for line in lines if line.startswith("Finished runs: 2; top-1 mean")]
+    assert [line.rsplit(" ", 2)[-2:] for line in means] == [["--epochs", "1"], ["--epochs", "2"]]
 
 
 def test_gpu_check_speedrun_starts_nothing_it_has_no_time_for(image_folder, tmp_path):
