@@ -494,7 +494,8 @@ speedrun_seed() {  # speedrun_seed SEED [NAME]: the recipe's whole command, time
 }
 
 speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS NAME: one timed train.py command
-    local seed="$1" extra="$2" run="$OUTDIR/speedrun-$3" caches="$OUTDIR/caches-$3"
+    local seed="$1" extra="$2" name="$3"
+    local run="$OUTDIR/speedrun-$name" caches="$OUTDIR/caches-$name"
     local status=0 started ended left box recipe_box="${VIT_GPU_SPEEDRUN_SECONDS:-330}"
     left="$(seconds_left)"
     # the time box: the recipe's, or what the deadline leaves once the TTA evaluation (~45 s)
@@ -519,7 +520,7 @@ speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS NAME: one timed train.
             --json "$run/tta.json" || true
     fi
     "$PYTHON" - "$run" "$seed" "$status" "$started" "$ended" "$box" \
-        "${VIT_GPU_SPEEDRUN_ARGS:-} $extra" "$OUTDIR/speedrun-$3.json" <<'PY'
+        "${VIT_GPU_SPEEDRUN_ARGS:-} $extra" "$OUTDIR/speedrun-$name.json" <<'PY'
 import csv, json, os, sys
 from pathlib import Path
 run, seed, status, started, ended, box, flags, out = sys.argv[1:]
