@@ -230,22 +230,23 @@ if ! "$PYTHON" -c "import albumentations" 2>/dev/null; then
     export PYTHONPATH="$PYTHONPATH:$SITE"
 fi
 
-LOCK=()  # seeds run side by side record at once: one writer of gpu_check.json at a time
-if command -v flock >/dev/null; then LOCK=(flock "$JSON.lock"); fi
 record() {  # record KEY VALUE_JSON_FILE [append]: put (or append) a value into gpu_check.json
-    "${LOCK[@]}" "$PYTHON" - "$JSON" "$@" <<'EOF'
-import json, sys
+    "$PYTHON" - "$JSON" "$@" <<'EOF'
+import fcntl, json, sys
 from pathlib import Path
 path, key, value_file = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-data = json.loads(path.read_text()) if path.is_file() else {}
 value = json.loads(Path(value_file).read_text())
-if sys.argv[4:] == ["append"]:
-    data.setdefault(key, []).append(value)
-else:
-    data[key] = value
-tmp = path.with_suffix(".tmp")
-tmp.write_text(json.dumps(data, indent=1))
-tmp.replace(path)
+# runs side by side (the speedrun stage's) record at once: one writer at a time
+with open(path.with_suffix(".lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    if sys.argv[4:] == ["append"]:
+        data.setdefault(key, []).append(value)
+    else:
+        data[key] = value
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
 EOF
 }
 
