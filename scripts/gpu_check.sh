@@ -447,13 +447,15 @@ speedrun_side_by_side() {  # every seed (x every variant) at once, side by side 
     # ';' between them) screens levers the same way: each seed once per variant, all at once.
     # CUDA MPS, where the machine has it, lets their kernels run at the same time instead of
     # taking turns.
-    local seed index status=0 variants=() names=() pids=()
+    local seed index status=0 variants=() names=() seeds=() flags=() pids=()
     IFS=';' read -r -a variants <<< "${VIT_GPU_VARIANTS:-}"
     [ ${#variants[@]} -gt 0 ] || variants=("")
     for seed in ${VIT_GPU_SEEDS:-0}; do
         for index in "${!variants[@]}"; do
             # a run's name: its seed, and its variant's number where there are variants
             names+=("$seed${VIT_GPU_VARIANTS:+-v$((index + 1))}")
+            seeds+=("$seed")
+            flags+=("${VIT_GPU_SPEEDRUN_ARGS:-} ${variants[index]}")
         done
     done
     if [ "$DEVICE" = cuda ] && command -v nvidia-cuda-mps-control >/dev/null \
@@ -462,9 +464,8 @@ speedrun_side_by_side() {  # every seed (x every variant) at once, side by side 
     fi
     echo "runs ${names[*]} side by side (CUDA MPS $([ "$MPS_STARTED" = 1 ] && echo on || echo off))"
     for index in "${!names[@]}"; do
-        VIT_GPU_AT_ONCE="${#names[@]}" \
-            VIT_GPU_SPEEDRUN_ARGS="${VIT_GPU_SPEEDRUN_ARGS:-} ${variants[index % ${#variants[@]}]}" \
-            speedrun_seed "${names[index]%%-*}" "${names[index]}" \
+        VIT_GPU_AT_ONCE="${#names[@]}" VIT_GPU_SPEEDRUN_ARGS="${flags[index]}" \
+            speedrun_seed "${seeds[index]}" "${names[index]}" \
             > "$OUTDIR/speedrun-${names[index]}.log" 2>&1 &
         pids+=("$!")
     done

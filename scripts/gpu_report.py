@@ -28,6 +28,11 @@ def seconds(value: float | None) -> str:
     return "" if value is None else f"{value:.0f} s"
 
 
+def flags_text(run: dict) -> str:
+    """The flags an attempt added to the recipe, as one string."""
+    return " ".join(run.get("flags", [])) or "(the recipe)"
+
+
 def speedrun_table(attempts: list[dict]) -> list[str]:
     lines = [
         "| seed | flags | status | wall | epochs | 90% at | 93% at | 94% at | top-1 | TTA "
@@ -37,7 +42,7 @@ def speedrun_table(attempts: list[dict]) -> list[str]:
     for run in attempts:
         reached = run.get("first_reached_s", {})
         lines.append(
-            f"| {run['seed']} | {' '.join(run.get('flags', [])) or '(the recipe)'} "
+            f"| {run['seed']} | {flags_text(run)} "
             f"| {run['status']} | {seconds(run['wall_seconds'])} "
             f"| {run['epochs'][-1]['epoch'] if run['epochs'] else 0} "
             f"| {seconds(reached.get('90'))} | {seconds(reached.get('93'))} "
@@ -48,8 +53,7 @@ def speedrun_table(attempts: list[dict]) -> list[str]:
     finished: dict[str, list[dict]] = {}
     for run in attempts:
         if run["status"] == 0 and run["top1"] is not None:
-            flags = " ".join(run.get("flags", [])) or "(the recipe)"
-            finished.setdefault(flags, []).append(run)
+            finished.setdefault(flags_text(run), []).append(run)
     for flags, runs in finished.items():
         tops = [run["top1"] for run in runs]
         walls = [run["wall_seconds"] for run in runs]
