@@ -14,7 +14,6 @@ the GPU, so what it measures is the work, not its launch.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
@@ -24,6 +23,7 @@ import torch
 import vit
 from vit.data.batch_pipeline import InMemoryBatches
 from vit.data.transforms import AugmentConfig, train_transform
+from vit.data.workers import usable_cores
 
 IMAGES = 8192
 
@@ -77,7 +77,7 @@ def main() -> None:
             rate = per_image_rate(images) if batches is None else batch_rate(batches)
             rates[name].append(rate)
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    print(f"cores={len(os.sched_getaffinity(0))} torch threads={torch.get_num_threads()}{gpu}")
+    print(f"cores={usable_cores()} torch threads={torch.get_num_threads()}{gpu}")
     print("| pipeline | images/s (median) |\n|---|---:|")
     for name, values in rates.items():
         print(f"| {name} | {statistics.median(values):,.0f} |")

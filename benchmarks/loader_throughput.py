@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ import vit
 from vit.data.datasets import ImageDataset
 from vit.data.loaders import init_worker
 from vit.data.transforms import train_transform
+from vit.data.workers import usable_cores
 from vit.training.settings import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def main() -> None:
         transform=train_transform(model.preprocess, cfg.augment()),
     )
     print(
-        f"cores={len(os.sched_getaffinity(0))} opencv default threads="
+        f"cores={usable_cores()} opencv default threads="
         f"{cv2.getNumThreads()} torch={torch.__version__} opencv={cv2.__version__}"
     )
     settings = list(itertools.product(args.workers, args.opencv_threads))

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import yaml
 from training_throughput import parse_shape
 
 from vit.cli.flags import key_value
+from vit.data.workers import usable_cores
 from vit.training.build import start
 from vit.training.checkpoint import CheckpointSaver
 from vit.training.engine import start_epoch, train_one_epoch
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--workers",
         type=int,
-        default=max(0, min(12, len(os.sched_getaffinity(0)) - 2)),
+        default=max(0, min(12, usable_cores() - 2)),
         help="loader processes of a per-image pipeline (default: cores - 2, at most 12, as "
         "scripts/gpu_check.sh's train stage)",
     )

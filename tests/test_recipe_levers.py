@@ -1,7 +1,8 @@
 """The CPU recipe's second round of levers: mimetic attention init, fixed sin-cos position
-embeddings, Muon, annealed patch dropout, alternating flips (test-time augmentation is in
-test_tta.py)."""
+embeddings, Muon, annealed patch dropout, alternating flips; and repeated augmentation
+(test-time augmentation is in test_tta.py)."""
 
+import itertools
 import math
 
 import pytest
@@ -418,6 +419,58 @@ def test_alternating_flips_show_every_image_both_ways_over_two_epochs():
                 flipped.setdefault(label, []).append(bool(image[..., :4].sum() > 0))
     assert all(len(v) == 3 and v[0] != v[1] and v[0] == v[2] for v in flipped.values())
     assert 10 < sum(v[0] for v in flipped.values()) < 30  # a random half starts flipped
+
+
+def repeated_batches(repeats: int, **options) -> InMemoryBatches:
+    """48 random images (the same each call) labelled by their index, in batches of 12 with
+    pad-crop and flips."""
+    same = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 255, (48, 3, 8, 8), dtype=torch.uint8, generator=same)
+    return InMemoryBatches(
+        images, list(range(48)), batch_size=12, mean=(0, 0, 0), std=(1, 1, 1),
+        aug_repeats=repeats, seed=5, **options,
+    )  # fmt: skip
+
+
+def test_repeated_augmentation_takes_each_image_n_times_in_a_row_each_copy_its_own():
+    batches = repeated_batches(3)
+    batches.set_epoch(1)
+    pairs = [pair for x, labels in batches for pair in zip(x, labels.tolist(), strict=True)]
+    labels = [label for _, label in pairs]
+    assert len(labels) == 48  # an epoch is as many samples as without repeats ...
+    assert len(set(labels)) == 16  # ... of a third of the images, each three times in a row
+    triples = [pairs[i : i + 3] for i in range(0, 48, 3)]
+    assert all(len({label for _, label in triple}) == 1 for triple in triples)
+    # each copy is cropped and flipped on its own: no copy equals the one before it
+    assert all(not torch.equal(a[0], b[0]) for t in triples for a, b in itertools.pairwise(t))
+    batches.set_epoch(2)
+    assert {label for _, labels in batches for label in labels.tolist()} != set(labels)
+
+
+def test_repeated_augmentation_across_as_many_processes_gives_each_one_copy():
+    """DeiT's layout: with 3 processes and 3 repeats every process sees the epoch's same
+    images in the same order, each its own augmented copy."""
+    ranks = [repeated_batches(3, rank=rank, world_size=3) for rank in range(3)]
+    labels = [[label for _, y in batches for label in y.tolist()] for batches in ranks]
+    assert labels[0] == labels[1] == labels[2] and len(set(labels[0])) == 12  # one batch each
+    first = [next(iter(batches))[0] for batches in ranks]
+    assert not torch.equal(first[0], first[1]) and not torch.equal(first[1], first[2])
+
+
+def test_repeated_alternating_flips_show_an_images_copies_both_ways():
+    images = torch.randint(0, 255, (40, 3, 8, 8), dtype=torch.uint8)
+    images[..., :4] = 0  # left half dark, as above
+    batches = InMemoryBatches(
+        images, list(range(40)), batch_size=8, mean=(0, 0, 0), std=(1, 1, 1), pad=0,
+        hflip_alternate=True, aug_repeats=2, seed=3,
+    )  # fmt: skip
+    for epoch in range(2):
+        batches.set_epoch(epoch)
+        flipped = {}
+        for x, labels in batches:
+            for image, label in zip(x, labels.tolist(), strict=True):
+                flipped.setdefault(label, []).append(bool(image[..., :4].sum() > 0))
+        assert len(flipped) == 20 and all(sorted(v) == [False, True] for v in flipped.values())
 
 
 # -- defaults --------------------------------------------------------------------------------------

@@ -538,7 +538,7 @@ def test_progressive_image_size_grows_in_whole_patches_to_the_model_size():
 FAST = (
     "--batch-augment", "--progressive-size", "16", "--progressive-epochs", "3",
     "--patch-drop", "0.25", "--reprob", "0.5", "--aa", "none", "--mixup", "0.8",
-    "--eval-interval", "2",
+    "--aug-repeats", "2", "--eval-interval", "2",
 )  # fmt: skip
 
 
@@ -594,6 +594,7 @@ def test_second_round_cpu_levers_train_and_resume_exactly(
     [
         (("--batch-augment", "--crop", "rrc"), "--batch-augment does pad-and-crop"),
         (("--hflip-alternate",), "--hflip-alternate needs --batch-augment"),
+        (("--aug-repeats", "3"), "--aug-repeats needs --batch-augment"),
         (("--progressive-size", "16"), "--progressive-size needs --batch-augment"),
         (("--batch-augment", "--aa", "none", "--no-cache"), "leave --cache on"),
     ],

@@ -44,6 +44,11 @@ class InMemoryBatches:
     (`vit.data.batch_randaugment`: the per-image pipeline's menu, on the whole batch).
     reprob: probability of random erasing (one box of 10-40% per side, filled with normal
     noise after normalisation, as timm's RandomErasing).
+    aug_repeats: repeated augmentation (Hoffer et al. 2020; DeiT; timm's RepeatAugSampler):
+    each image of the epoch's shuffle taken this many times in a row, each copy augmented on
+    its own (with hflip_alternate every other copy flipped the other way), the epoch still
+    len(images) samples, so of 1 / aug_repeats of the images. One process holds an image's
+    copies in one batch; with as many processes as copies, each takes one (0 or 1: off).
     device: where the images are held, augmented and yielded (a GPU: see the module's notes).
     Call `set_epoch(epoch, size)` before iterating; `size` (default H) resizes the batch.
     """
@@ -61,6 +66,7 @@ class InMemoryBatches:
         hflip_alternate: bool = False,
         randaug_ops: int = 0,
         reprob: float = 0.0,
+        aug_repeats: int = 0,
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
@@ -74,6 +80,7 @@ class InMemoryBatches:
         self.std = pixel_scaled(std, self.device)
         self.pad, self.hflip, self.reprob = pad, hflip, reprob
         self.randaug_ops = randaug_ops
+        self.repeats = max(aug_repeats, 1)
         # Which images start flipped under hflip_alternate: fixed by the seed, not the epoch.
         start = self.generator(seed * 1_000_003 - 1)
         self.flip_start = (
@@ -106,23 +113,43 @@ class InMemoryBatches:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         generator = self.generator(self.seed * 1_000_003 + self.epoch)
         order = torch.randperm(len(self.images), generator=generator, device=self.device)
-        mine = order[self.rank :: self.world_size][: self.per_process]
+        if self.repeats > 1 and self.world_size > 1:
+            # Every process draws the same augmentations from the shared generator: without
+            # repeats they fall on other images, but a process's copy of an image must differ
+            # from the others' copies (without repeats the draws stay those of earlier releases).
+            own_seed = hash((self.seed, self.epoch, self.rank)) & 0x7FFF_FFFF_FFFF_FFFF
+            generator = self.generator(own_seed)
+        # (N * repeats,): each image `repeats` times in a row, and which copy each one is
+        order = order.repeat_interleave(self.repeats)
+        copy = torch.arange(len(order), device=self.device) % self.repeats
+        mine = order[self.rank :: self.world_size][: self.per_process]  # (N / world,)
+        my_copy = copy[self.rank :: self.world_size][: self.per_process]
         for start in range(0, len(self) * self.batch_size, self.batch_size):
-            index = mine[start : start + self.batch_size]
-            yield self.augment(self.images[index], generator, index), self.labels[index]
+            index = mine[start : start + self.batch_size]  # (B,)
+            batch = self.augment(
+                self.images[index], generator, index, my_copy[start : start + self.batch_size]
+            )
+            yield batch, self.labels[index]
 
     def augment(
-        self, batch: torch.Tensor, generator: torch.Generator, index: torch.Tensor | None = None
+        self,
+        batch: torch.Tensor,
+        generator: torch.Generator,
+        index: torch.Tensor | None = None,
+        copy: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """uint8 (B, 3, H, W) -> normalised float (B, 3, size, size), augmented.
 
-        index: the images' positions in the data set (needed by hflip_alternate)."""
+        index: the images' positions in the data set (needed by hflip_alternate); copy (B,):
+        which of an image's aug_repeats copies each is (odd ones flip the other way)."""
         x = batch.float()  # (B, 3, H, W), 0..255
         B, _, H, W = x.shape
         if self.pad > 0:
             x = random_crop(x, self.pad, generator)
         if self.flip_start is not None:
             flip = self.flip_start[index] ^ bool(self.epoch % 2)  # (B,)
+            if copy is not None:
+                flip = flip ^ (copy % 2).bool()
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         elif self.hflip > 0:
             flip = torch.rand(B, generator=generator, device=x.device) < self.hflip  # (B,)

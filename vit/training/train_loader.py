@@ -34,6 +34,11 @@ def build_train_loader(
     or a DataLoader running `train_set`'s own transform per image in worker processes."""
     if cfg.hflip_alternate and not cfg.batch_augment:
         raise ValueError("--hflip-alternate needs --batch-augment (it flips whole batches)")
+    if cfg.aug_repeats > 1 and not cfg.batch_augment:
+        raise ValueError(
+            "--aug-repeats needs --batch-augment (the per-image loader seeds an image's "
+            "augmentation by its index, which would give every copy the same one)"
+        )
     if cfg.batch_augment:  # InMemoryBatches checks the batch size against the data itself
         return in_memory_batches(cfg, train_set, preprocess, info, device)
     if cfg.progressive_size is not None:
@@ -96,6 +101,7 @@ def in_memory_batches(
         hflip_alternate=cfg.hflip_alternate,
         randaug_ops=cfg.aa_n if cfg.aa == "randaug" else 0,
         reprob=cfg.reprob,
+        aug_repeats=cfg.aug_repeats,
         seed=cfg.seed,
         rank=info.rank,
         world_size=info.world_size,
