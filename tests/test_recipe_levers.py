@@ -12,7 +12,10 @@ import torch
 import vit
 import vit.training.optimizers
 from vit.data.batch_pipeline import InMemoryBatches
+from vit.data.datasets import ImageDataset
+from vit.data.loaders import RepeatAugSampler
 from vit.data.mixup import MixupCutmix, one_hot
+from vit.data.transforms import AugmentConfig, train_transform
 from vit.models.initializers import mimetic_init_, sincos_2d, sincos_pos_embed_
 from vit.training.optimizers import (
     Muon,
@@ -471,6 +474,53 @@ def test_repeated_alternating_flips_show_an_images_copies_both_ways():
             for image, label in zip(x, labels.tolist(), strict=True):
                 flipped.setdefault(label, []).append(bool(image[..., :4].sum() > 0))
         assert len(flipped) == 20 and all(sorted(v) == [False, True] for v in flipped.values())
+
+
+def test_the_per_image_loader_repeats_in_the_same_layout():
+    """RepeatAugSampler: every image of the shuffle three times in a row, dealt to the processes
+    in turn; an epoch as many samples as without repeats."""
+    sampler = RepeatAugSampler(30, repeats=3, num_replicas=1, rank=0, seed=0)
+    pairs = list(sampler)
+    assert len(pairs) == len(sampler) == 30 and len({index for index, _ in pairs}) == 10
+    assert [copy for _, copy in pairs] == [0, 1, 2] * 10
+    assert all(len({index for index, _ in pairs[i : i + 3]}) == 1 for i in range(0, 30, 3))
+    sampler.set_epoch(1)
+    assert list(sampler) != pairs
+    ranks = [
+        list(RepeatAugSampler(30, repeats=3, num_replicas=3, rank=r, seed=0)) for r in range(3)
+    ]
+    assert [index for index, _ in ranks[0]] == [index for index, _ in ranks[2]]
+    assert [{copy for _, copy in rank} for rank in ranks] == [{0}, {1}, {2}]
+
+
+def test_each_copy_of_an_image_draws_its_own_per_image_augmentation():
+    same = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 255, (4, 32, 32, 3), dtype=torch.uint8, generator=same).numpy()
+    preprocess = vit.create_model("vit_cifar_patch4_32", depth=1).preprocess
+    dataset = ImageDataset(labels=[0, 1, 0, 1], class_names=["a", "b"], images=images)
+    dataset = dataset.with_transform(train_transform(preprocess, AugmentConfig(crop="pad")))
+    first, copy0 = dataset[2][0], dataset[(2, 0)][0]
+    assert torch.equal(first, copy0)  # copy 0 keeps the draws of a run without repeats
+    assert not torch.equal(copy0, dataset[(2, 1)][0]) and not torch.equal(copy0, dataset[(2, 2)][0])
+    assert torch.equal(dataset[(2, 1)][0], dataset[(2, 1)][0])  # and each copy its own, again
+
+
+def test_train_py_repeats_in_the_per_image_loader_and_resumes_exactly(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch
+):
+    from conftest import stop_after_first_save
+    from safetensors.torch import load_file
+
+    flags = ("--aug-repeats", "3", "--workers", "1")
+    reference = tmp_path / "reference"
+    assert train_script.main(tiny_args(image_folder, reference, 2, *flags)) == 0
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        stop_after_first_save(patch)
+        assert train_script.main(tiny_args(image_folder, run, 2, *flags)) == 130
+    assert train_script.main(["--resume", str(run)]) == 0
+    ours, theirs = load_file(run / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
 # -- defaults --------------------------------------------------------------------------------------

@@ -144,14 +144,18 @@ class ImageDataset(Dataset):
             return self.images[index]
         return load_image(self.paths[index])
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index: int | tuple[int, int]):
+        """index: an image's position, or (position, copy) from `RepeatAugSampler`, whose copies
+        of one image each draw their own augmentation."""
+        index, copy = index if isinstance(index, tuple) else (index, 0)
         image = self.image(index)
         if self.transform is None:
             return image, int(self.labels[index])
         if isinstance(self.transform, A.BaseCompose):
             # One seed per (run seed, epoch, sample): the same augmentation whichever worker
             # or process draws the sample, and again after a resume.
-            sample_seed = hash((self.seed, self.epoch, index)) & 0x7FFF_FFFF_FFFF_FFFF
+            sample = (index,) if copy == 0 else (index, copy)  # copy 0: the draws of old
+            sample_seed = hash((self.seed, self.epoch, *sample)) & 0x7FFF_FFFF_FFFF_FFFF
             self.transform.set_random_state(
                 np.random.default_rng(sample_seed), random.Random(sample_seed)
             )

@@ -108,7 +108,7 @@ class TrainConfig:
     aa: str = setting("none", "augmentation", "RandAugment policy (the 200-epoch recipes use randaug)", choices=("none", "randaug"))
     aa_n: int = setting(2, "augmentation", "RandAugment ops per image")
     reprob: float = setting(0.0, "augmentation", "random erasing probability (the 200-epoch recipes use 0.25)")
-    aug_repeats: int = setting(0, "augmentation", "with --batch-augment: repeated augmentation, as timm's flag: each image of an epoch's shuffle taken N times in a row, each copy augmented on its own, an epoch still as many samples (DeiT uses 3; 0 or 1: off)", metavar="N")
+    aug_repeats: int = setting(0, "augmentation", "repeated augmentation, as timm's flag: each image of an epoch's shuffle taken N times in a row (dealt to the processes in turn), each copy augmented on its own, an epoch still as many samples (DeiT uses 3; 0 or 1: off)", metavar="N")
     mixup: float = setting(0.0, "augmentation", "MixUp alpha, 0 for off (the 200-epoch recipes use 0.8)")
     cutmix: float = setting(0.0, "augmentation", "CutMix alpha, 0 for off (the 200-epoch recipes use 1.0)")
     mixup_prob: float = setting(1.0, "augmentation", "probability of mixing a batch")

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from ..data.batch_pipeline import InMemoryBatches, InMemoryEvalBatches
 from ..data.datasets import ImageDataset
-from ..data.loaders import EpochDataLoader, eval_loader, init_worker
+from ..data.loaders import EpochDataLoader, RepeatAugSampler, eval_loader, init_worker
 from ..models.registry import Preprocess
 from ..utils.process_group import DistInfo
 from .settings import TrainConfig
@@ -34,11 +34,6 @@ def build_train_loader(
     or a DataLoader running `train_set`'s own transform per image in worker processes."""
     if cfg.hflip_alternate and not cfg.batch_augment:
         raise ValueError("--hflip-alternate needs --batch-augment (it flips whole batches)")
-    if cfg.aug_repeats > 1 and not cfg.batch_augment:
-        raise ValueError(
-            "--aug-repeats needs --batch-augment (the per-image loader seeds an image's "
-            "augmentation by its index, which would give every copy the same one)"
-        )
     if cfg.batch_augment:  # InMemoryBatches checks the batch size against the data itself
         return in_memory_batches(cfg, train_set, preprocess, info, device)
     if cfg.progressive_size is not None:
@@ -49,9 +44,18 @@ def build_train_loader(
             f"--batch-size {cfg.batch_size} is larger than the {per_process} training images "
             f"each of the {info.world_size} process(es) gets; use a batch size <= {per_process}"
         )
-    sampler = DistributedSampler(
-        train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed
-    )
+    if cfg.aug_repeats > 1:
+        sampler = RepeatAugSampler(
+            len(train_set),
+            repeats=cfg.aug_repeats,
+            num_replicas=info.world_size,
+            rank=info.rank,
+            seed=cfg.seed,
+        )
+    else:
+        sampler = DistributedSampler(
+            train_set, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=cfg.seed
+        )
     return EpochDataLoader(
         train_set,
         batch_size=cfg.batch_size,
