@@ -109,6 +109,24 @@ def stop_after_first_save(patch: pytest.MonkeyPatch) -> None:
     patch.setattr(checkpoint, "save_training_state", save_then_stop)
 
 
+def assert_resumes_exactly(train_script, monkeypatch, tmp_path: Path, data: Path, *flags) -> Path:
+    """A tiny two-epoch train.py run with `flags`, stopped once its first checkpoint is written
+    and then resumed, ends with the weights of an uninterrupted one. Returns the uninterrupted
+    run's folder."""
+    from safetensors.torch import load_file
+
+    reference = tmp_path / "reference"
+    assert train_script.main(tiny_train_args(data, reference, 2, *flags)) == 0
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        stop_after_first_save(patch)
+        assert train_script.main(tiny_train_args(data, run, 2, *flags)) == 130
+    assert train_script.main(["--resume", str(run)]) == 0
+    ours, theirs = load_file(run / "model.safetensors"), load_file(reference / "model.safetensors")
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    return reference
+
+
 @pytest.fixture(scope="session")
 def tiny_args():
     return tiny_train_args

@@ -131,19 +131,12 @@ def test_the_in_memory_pipeline_applies_it_after_crop_and_flip():
 def test_train_py_trains_with_it_and_resumes_exactly(
     image_folder, tmp_path, train_script, tiny_args, monkeypatch
 ):
-    from conftest import stop_after_first_save
+    from conftest import assert_resumes_exactly
     from safetensors.torch import load_file
 
     flags = ("--batch-augment", "--aa", "randaug", "--aa-n", "2")
-    reference = tmp_path / "reference"
-    assert train_script.main(tiny_args(image_folder, reference, 2, *flags)) == 0
-    run = tmp_path / "run"
-    with monkeypatch.context() as patch:
-        stop_after_first_save(patch)
-        assert train_script.main(tiny_args(image_folder, run, 2, *flags)) == 130
-    assert train_script.main(["--resume", str(run)]) == 0
-    ours, theirs = load_file(run / "model.safetensors"), load_file(reference / "model.safetensors")
-    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    reference = assert_resumes_exactly(train_script, monkeypatch, tmp_path, image_folder, *flags)
+    theirs = load_file(reference / "model.safetensors")
     plain = tmp_path / "plain"
     assert train_script.main(tiny_args(image_folder, plain, 2, "--batch-augment")) == 0
     other = load_file(plain / "model.safetensors")

@@ -506,21 +506,12 @@ def test_each_copy_of_an_image_draws_its_own_per_image_augmentation():
 
 
 def test_train_py_repeats_in_the_per_image_loader_and_resumes_exactly(
-    image_folder, tmp_path, train_script, tiny_args, monkeypatch
+    image_folder, tmp_path, train_script, monkeypatch
 ):
-    from conftest import stop_after_first_save
-    from safetensors.torch import load_file
+    from conftest import assert_resumes_exactly
 
-    flags = ("--aug-repeats", "3", "--workers", "1")
-    reference = tmp_path / "reference"
-    assert train_script.main(tiny_args(image_folder, reference, 2, *flags)) == 0
-    run = tmp_path / "run"
-    with monkeypatch.context() as patch:
-        stop_after_first_save(patch)
-        assert train_script.main(tiny_args(image_folder, run, 2, *flags)) == 130
-    assert train_script.main(["--resume", str(run)]) == 0
-    ours, theirs = load_file(run / "model.safetensors"), load_file(reference / "model.safetensors")
-    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    flags = ("--aug-repeats", "3", "--workers", "1")  # a worker: (index, copy) pairs cross to it
+    assert_resumes_exactly(train_script, monkeypatch, tmp_path, image_folder, *flags)
 
 
 # -- defaults --------------------------------------------------------------------------------------
