@@ -410,6 +410,28 @@ def test_batches_on_the_device_are_crops_and_flips_of_their_images(device):
     assert len(offsets) >= 20  # 25 offsets, 64 draws: missing 6 has probability < 1e-3
 
 
+def test_repeated_copies_on_the_device_are_each_their_own(device):
+    """--aug-repeats 2 over two processes on `device`: both take the epoch's same images, one
+    copy each; under alternating flips the copies are mirror images of each other, and with a
+    crop each process draws its own offsets."""
+    from vit.data.batch_pipeline import InMemoryBatches
+
+    def first_batch(rank: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+        batches = InMemoryBatches(
+            _source_images(), range(64), batch_size=16, mean=(0, 0, 0), std=(1, 1, 1),
+            pad=pad, hflip_alternate=True, aug_repeats=2, seed=5, rank=rank, world_size=2,
+            device=device,
+        )  # fmt: skip
+        batches.set_epoch(1)
+        return next(iter(batches))
+
+    (x0, y0), (x1, y1) = first_batch(0, pad=0), first_batch(1, pad=0)
+    assert x0.device.type == device.type and torch.equal(y0, y1)
+    assert torch.equal(x1, x0.flip(-1))
+    (x0, _), (x1, _) = first_batch(0, pad=2), first_batch(1, pad=2)
+    assert not torch.equal(x1, x0.flip(-1))  # other crops
+
+
 def test_randaugment_on_the_device_is_the_cpus(device):
     """RandAugment drawn on `device`: each image is what the CPU's ops make of it with the ops
     and magnitudes the device's generator drew (on CUDA every op runs on the whole batch;
