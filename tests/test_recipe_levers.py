@@ -13,8 +13,8 @@ import vit
 import vit.training.optimizers
 from vit.data.batch_pipeline import InMemoryBatches
 from vit.data.datasets import ImageDataset
-from vit.data.loaders import RepeatAugSampler
 from vit.data.mixup import MixupCutmix, one_hot
+from vit.data.repeated_augmentation import RepeatAugSampler
 from vit.data.transforms import AugmentConfig, train_transform
 from vit.models.initializers import mimetic_init_, sincos_2d, sincos_pos_embed_
 from vit.training.optimizers import (

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from .batch_randaugment import rand_augment
+from .repeated_augmentation import deal_repeats
 
 
 class InMemoryBatches:
@@ -44,11 +45,9 @@ class InMemoryBatches:
     (`vit.data.batch_randaugment`: the per-image pipeline's menu, on the whole batch).
     reprob: probability of random erasing (one box of 10-40% per side, filled with normal
     noise after normalisation, as timm's RandomErasing).
-    aug_repeats: repeated augmentation (Hoffer et al. 2020; DeiT; timm's RepeatAugSampler):
-    each image of the epoch's shuffle taken this many times in a row, each copy augmented on
-    its own (with hflip_alternate every other copy flipped the other way), the epoch still
-    len(images) samples, so of 1 / aug_repeats of the images. One process holds an image's
-    copies in one batch; with as many processes as copies, each takes one (0 or 1: off).
+    aug_repeats: repeated augmentation (`vit.data.repeated_augmentation`): each image of the
+    epoch's shuffle this many times in a row, each copy augmented on its own (with
+    hflip_alternate every other copy flipped the other way) (0 or 1: off).
     device: where the images are held, augmented and yielded (a GPU: see the module's notes).
     Call `set_epoch(epoch, size)` before iterating; `size` (default H) resizes the batch.
     """
@@ -119,17 +118,14 @@ class InMemoryBatches:
             # from the others' copies (without repeats the draws stay those of earlier releases).
             own_seed = hash((self.seed, self.epoch, self.rank)) & 0x7FFF_FFFF_FFFF_FFFF
             generator = self.generator(own_seed)
-        # (N * repeats,): each image `repeats` times in a row, and which copy each one is
-        order = order.repeat_interleave(self.repeats)
-        copy = torch.arange(len(order), device=self.device) % self.repeats
-        mine = order[self.rank :: self.world_size][: self.per_process]  # (N / world,)
-        my_copy = copy[self.rank :: self.world_size][: self.per_process]
+        mine, copy = deal_repeats(
+            order, self.repeats, rank=self.rank, world_size=self.world_size, count=self.per_process
+        )  # (N / world,) each
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             index = mine[start : start + self.batch_size]  # (B,)
-            batch = self.augment(
-                self.images[index], generator, index, my_copy[start : start + self.batch_size]
-            )
-            yield batch, self.labels[index]
+            # copy numbers only where there are copies: no work in a step without repeats
+            copies = copy[start : start + self.batch_size] if self.repeats > 1 else None
+            yield self.augment(self.images[index], generator, index, copies), self.labels[index]
 
     def augment(
         self,

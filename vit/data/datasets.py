@@ -145,8 +145,9 @@ class ImageDataset(Dataset):
         return load_image(self.paths[index])
 
     def __getitem__(self, index: int | tuple[int, int]):
-        """index: an image's position, or (position, copy) from `RepeatAugSampler`, whose copies
-        of one image each draw their own augmentation."""
+        """index: an image's position, or (position, copy) from
+        `vit.data.repeated_augmentation.RepeatAugSampler`, whose copies of one image each draw
+        their own augmentation."""
         index, copy = index if isinstance(index, tuple) else (index, 0)
         image = self.image(index)
         if self.transform is None:

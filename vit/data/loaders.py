@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import signal
 
-import torch
-from torch.utils.data import DataLoader, Sampler, Subset
+from torch.utils.data import DataLoader, Subset
 
 from ..utils.process_group import DistInfo
 from .datasets import ImageDataset
@@ -23,34 +22,6 @@ class EpochDataLoader(DataLoader):
     def set_epoch(self, epoch: int, size: int | None = None) -> None:
         self.sampler.set_epoch(epoch)  # the shuffle
         self.dataset.set_epoch(epoch)  # the per-sample augmentation seeds
-
-
-class RepeatAugSampler(Sampler):
-    """Repeated augmentation for the per-image loader, in the layout of timm's sampler of that
-    name: each epoch a shuffle of the `size` images (the same in every process, from (seed,
-    epoch)), each image `repeats` times in a row, dealt to the processes in turn; each process
-    takes size // num_replicas of them, so an epoch is as many samples as without repeats, of
-    size / repeats images. Yields (index, copy) pairs: `ImageDataset` draws each copy's own
-    augmentation (its per-sample seeds would otherwise give every copy the same one)."""
-
-    def __init__(self, size: int, *, repeats: int, num_replicas: int, rank: int, seed: int):
-        self.size, self.repeats, self.seed = size, repeats, seed
-        self.num_replicas, self.rank = num_replicas, rank
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.size // self.num_replicas
-
-    def __iter__(self):
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)  # as DistributedSampler
-        order = torch.randperm(self.size, generator=generator).repeat_interleave(self.repeats)
-        copy = torch.arange(len(order)) % self.repeats  # which copy of its image each one is
-        mine = order[self.rank :: self.num_replicas][: len(self)]
-        my_copy = copy[self.rank :: self.num_replicas][: len(self)]
-        return iter(zip(mine.tolist(), my_copy.tolist(), strict=True))
 
 
 def init_worker(worker_id: int) -> None:

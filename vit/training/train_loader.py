@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from ..data.batch_pipeline import InMemoryBatches, InMemoryEvalBatches
 from ..data.datasets import ImageDataset
-from ..data.loaders import EpochDataLoader, RepeatAugSampler, eval_loader, init_worker
+from ..data.loaders import EpochDataLoader, eval_loader, init_worker
+from ..data.repeated_augmentation import RepeatAugSampler
 from ..models.registry import Preprocess
 from ..utils.process_group import DistInfo
 from .settings import TrainConfig
