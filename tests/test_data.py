@@ -81,6 +81,27 @@ def test_corrupt_image_is_reported_by_path(tmp_path, make_images, cache):
             ds[4]
 
 
+def test_many_files_decode_in_processes_as_one_by_one(tmp_path, make_images, monkeypatch):
+    """From MANY_FILES files on (here 4) `load_images` decodes in processes, never in threads:
+    the arrays `load_image` gives, in order; a corrupt file raises the error naming it."""
+    from vit.data import images
+
+    def no_threads(*args, **kwargs):
+        raise AssertionError("decoded in threads")
+
+    monkeypatch.setattr(images, "MANY_FILES", 4)
+    monkeypatch.setattr(images, "ThreadPoolExecutor", no_threads)
+    make_images(tmp_path, train_per_class=5, test_per_class=1)
+    paths = sorted(p for p in (tmp_path / "train").rglob("*") if p.is_file())
+    decoded = images.load_images(paths, workers=2)
+    assert len(decoded) == len(paths) >= 10
+    for path, image in zip(paths, decoded, strict=True):
+        assert np.array_equal(image, images.load_image(path))
+    paths[7].write_bytes(b"\xff\xd8 definitely not a jpeg")
+    with pytest.raises(CorruptImageError, match=str(paths[7])):
+        images.load_images(paths, workers=2)
+
+
 @pytest.mark.parametrize(
     ("size", "crop"), [((32, 32), "auto"), ((48, 40), "pad"), ((48, 40), "rrc")]
 )

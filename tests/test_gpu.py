@@ -432,17 +432,20 @@ def test_repeated_copies_on_the_device_are_each_their_own(device):
     assert not torch.equal(x1, x0.flip(-1))  # other crops
 
 
-def test_randaugment_on_the_device_is_the_cpus(device):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_randaugment_on_the_device_is_the_cpus(device, compiled):
     """RandAugment drawn on `device`: each image is what the CPU's ops make of it with the ops
     and magnitudes the device's generator drew (on CUDA every op runs on the whole batch;
-    tests/test_batch_randaugment.py compares the CPU's with torchvision's). One round, so that
-    posterize and equalize read whole pixel values on both; 1e-2 of 255 covers bilinear
-    sampling's float32 rounding on either device."""
-    from vit.data.batch_randaugment import OPS, apply_ops, rand_augment
+    tests/test_batch_randaugment.py compares the CPU's with torchvision's), eager or compiled
+    (what --compile runs on a GPU; on the CPU, inductor's C++ in place of Triton's kernels).
+    One round, so that posterize and equalize read whole pixel values on both; 1e-2 of 255
+    covers bilinear sampling's float32 rounding on either device."""
+    from vit.data.batch_randaugment import OPS, apply_ops, compiled_apply_ops, rand_augment
 
     x = torch.randint(0, 256, (64, 3, 12, 16), generator=torch.Generator().manual_seed(1))
     x = x.float().to(device)
-    out = rand_augment(x, 1, torch.Generator(device=device).manual_seed(2))
+    apply = compiled_apply_ops() if compiled else None
+    out = rand_augment(x, 1, torch.Generator(device=device).manual_seed(2), apply=apply)
     replay = torch.Generator(device=device).manual_seed(2)
     op = torch.randint(len(OPS), (64,), generator=replay, device=device)
     u = torch.rand(64, generator=replay, device=device)
@@ -451,6 +454,28 @@ def test_randaugment_on_the_device_is_the_cpus(device):
     assert out.device.type == device.type
     torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=1e-2)
     assert len(set(op.tolist())) >= 10  # 64 draws of 13 ops: most ops are in the batch
+
+
+def test_compiled_randaugment_batches_are_the_eager_ones(device):
+    """--compile's RandAugment in the pipeline (two rounds, after crop and flip): on CUDA the
+    eager batches within float32 rounding (a value that rounding moves across a whole pixel
+    value changes posterize's or equalize's level: allowed for one value in 1,000); on the CPU
+    it stays eager, each op on its own images: the same batches exactly."""
+    from vit.data.batch_pipeline import InMemoryBatches
+
+    data = torch.randint(0, 256, (128, 3, 16, 16), generator=torch.Generator().manual_seed(3))
+    data = data.to(torch.uint8)
+    settings = dict(batch_size=64, mean=(0.5,) * 3, std=(0.25,) * 3, randaug_ops=2, seed=4)
+    eager = InMemoryBatches(data, range(128), device=device, **settings)
+    compiled = InMemoryBatches(data, range(128), device=device, compile_randaug=True, **settings)
+    assert (compiled.apply_randaug is None) == (device.type == "cpu")
+    for (x, y), (x_compiled, y_compiled) in zip(eager, compiled, strict=True):
+        assert torch.equal(y, y_compiled)
+        if device.type == "cpu":
+            assert torch.equal(x, x_compiled)
+        else:
+            off = (x - x_compiled).abs() > 1e-2  # in normalised units: 0.64 of a pixel value
+            assert off.float().mean() < 1e-3
 
 
 def test_erasing_on_the_device_fills_one_box_per_chosen_image(device):

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .batch_randaugment import rand_augment
+from .batch_randaugment import compiled_apply_ops, rand_augment
 from .repeated_augmentation import deal_repeats
 
 
@@ -49,6 +49,9 @@ class InMemoryBatches:
     epoch's shuffle this many times in a row, each copy augmented on its own (with
     hflip_alternate every other copy flipped the other way) (0 or 1: off).
     device: where the images are held, augmented and yielded (a GPU: see the module's notes).
+    compile_randaug: off the CPU, RandAugment compiled (`batch_randaugment.compiled_apply_ops`:
+    a few fused kernels a round where eager dispatches ~270); on the CPU it stays eager, each
+    op on the images that drew it.
     Call `set_epoch(epoch, size)` before iterating; `size` (default H) resizes the batch.
     """
 
@@ -70,6 +73,7 @@ class InMemoryBatches:
         rank: int = 0,
         world_size: int = 1,
         device: torch.device | str = "cpu",
+        compile_randaug: bool = False,
     ) -> None:
         self.device = torch.device(device)
         images, labels = labelled_images(images, labels, "InMemoryBatches")
@@ -79,6 +83,8 @@ class InMemoryBatches:
         self.std = pixel_scaled(std, self.device)
         self.pad, self.hflip, self.reprob = pad, hflip, reprob
         self.randaug_ops = randaug_ops
+        compiled = compile_randaug and randaug_ops > 0 and self.device.type != "cpu"
+        self.apply_randaug = compiled_apply_ops() if compiled else None  # None: eager
         self.repeats = max(aug_repeats, 1)
         # Which images start flipped under hflip_alternate: fixed by the seed, not the epoch.
         start = self.generator(seed * 1_000_003 - 1)
@@ -151,7 +157,7 @@ class InMemoryBatches:
             flip = torch.rand(B, generator=generator, device=x.device) < self.hflip  # (B,)
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         if self.randaug_ops > 0:
-            x = rand_augment(x, self.randaug_ops, generator)
+            x = rand_augment(x, self.randaug_ops, generator, apply=self.apply_randaug)
         if self.size != H or self.size != W:
             x = F.interpolate(
                 x, size=(self.size, self.size), mode="bilinear", antialias=True, align_corners=False

@@ -111,6 +111,7 @@ def in_memory_batches(
         rank=info.rank,
         world_size=info.world_size,
         device=device,
+        compile_randaug=cfg.compile,
     )
 
 

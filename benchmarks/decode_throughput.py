@@ -1,0 +1,62 @@
+"""Images/s of decoding an image folder into memory (what `--cache` does before the first
+step of a run, every time on a bare machine): in threads, as before, against processes
+(`vit.data.images.load_images`), on the same files, in alternating rounds, the arrays checked
+equal.
+
+    python benchmarks/decode_throughput.py --data ../shared/data/cifar10-jpg
+    python benchmarks/decode_throughput.py --data ../shared/data/cifar10-jpg --workers 16
+
+Decoding a 32x32 JPEG is mostly PIL's Python, which holds the GIL: threads add little beyond
+one core, processes scale with the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from vit.data.datasets import find_split_dir, scan_folder
+from vit.data.images import load_image, load_images
+from vit.data.workers import usable_cores
+
+
+def decode_in_threads(paths: list[Path], workers: int) -> list:
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(load_image, paths, chunksize=256))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--data", required=True, help="a folder with train/ and test/ class folders"
+    )
+    parser.add_argument("--workers", type=int, default=min(32, usable_cores()))
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    paths = []
+    for split in ("train", "test"):
+        paths += scan_folder(find_split_dir(Path(args.data), split))[0]
+    ways = {"threads": decode_in_threads, "processes": load_images}
+    seconds = {name: [] for name in ways}
+    for _ in range(args.rounds):
+        decoded = {}
+        for name, decode in ways.items():
+            start = time.perf_counter()
+            decoded[name] = decode(paths, args.workers)
+            seconds[name].append(time.perf_counter() - start)
+        if not all((a == b).all() for a, b in zip(*decoded.values(), strict=True)):
+            raise SystemExit("decode_throughput.py: threads and processes decoded different arrays")
+    print(
+        f"{len(paths)} files of {args.data}, {args.workers} workers, median of {args.rounds} rounds"
+    )
+    print("| decoded in | seconds | images/s |\n|---|---:|---:|")
+    for name, times in seconds.items():
+        median = statistics.median(times)
+        print(f"| {args.workers} {name} | {median:.1f} | {len(paths) / median:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
