@@ -98,7 +98,7 @@ class TrainConfig:
     model_ema_decay: float | None = setting(None, "optimisation", "EMA decay (default: averages over the last ~2% of the optimizer steps)")
     amp: bool = setting(False, "optimisation", "mixed precision")
     amp_dtype: str = setting("bfloat16", "optimisation", "autocast dtype", choices=("bfloat16", "float16"))
-    compile: bool = setting(False, "optimisation", "torch.compile the model and the loss into one graph")
+    compile: bool = setting(False, "optimisation", "torch.compile the model and the loss into one graph (and, off the CPU, --batch-augment's RandAugment)")
     compile_mode: str = setting("default", "optimisation", "torch.compile's mode with --compile: reduce-overhead replays each step's kernels as CUDA graphs on a GPU (the launches of a small model cost more than its arithmetic); max-autotune also searches the fastest kernels", choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
 
     crop: str = setting("auto", "augmentation", "pad+random crop, random resized crop, or auto (pad for <= 64 px)", choices=("auto", "pad", "rrc"))
