@@ -10,9 +10,10 @@ loop (`vit.training.engine.train_one_epoch`) on real images.
 
 Per row: training images/s and ms per step (the median of --epochs epochs of --images images,
 after one warm-up epoch that compiles and starts the loader), the share of the epoch the loop
-waited for batches, and on a GPU the share of the epoch the GPU was busy: the device time of
-every kernel and copy the profiler records over one more epoch, over that epoch's wall time
-(the profiler's own cost on the host makes it a lower bound). A row's configuration is the
+waited for batches, and on a GPU, from the profiler over one more epoch, the share of it the
+GPU ran at least one kernel or copy (the profiler's own cost on the host makes it a lower
+bound), the kernels that took most of the GPU's time and the host operations that took most of
+the host's (whether the GPU or the host sets the pace, and what for). A row's configuration is the
 YAML's, with `--amp` on a GPU (how scripts/train.sh runs configs/cifar10.yaml there), the
 data, the device and the image count given here, and its model's shape replaced per --shapes.
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from torch.autograd import DeviceType
 from training_throughput import parse_shape
 
 from vit.cli.flags import key_value
@@ -46,6 +48,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ["configs/cifar10.yaml", "configs/cifar10_gpu_speedrun.yaml"]
 # the speedrun's model and the 200-epoch recipe's (Lee et al. 2021's 2.7M ViT)
 SHAPES = ["config", "192d-9L-12h-r2"]
+
+
+TOP = 8  # the kernels and host operations a row names, by their time
 
 
 def row_config(path: str, shape: str, args: argparse.Namespace, device: torch.device):
@@ -98,10 +103,10 @@ def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
             stats = train_one_epoch(run, epoch=epoch)  # ends with a read of its sums: synced
             seconds.append(time.perf_counter() - started)
             waits.append(stats["data_seconds"] / seconds[-1])
-        busy, busy_error = None, None
+        shares, busy_error = {}, None
         if device.type == "cuda":
             try:  # the profiler over CUDA graph replays: its failure keeps the row's timings
-                busy = gpu_busy_share(run, 1 + epochs)
+                shares = gpu_time(run, 1 + epochs)
             except RuntimeError as error:
                 traceback.print_exc()
                 busy_error = described(error)
@@ -113,14 +118,16 @@ def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
         "images_per_s": steps * cfg.batch_size / epoch_seconds,
         "ms_per_step": 1000 * epoch_seconds / steps,
         "data_wait_share": statistics.median(waits),
-        "gpu_busy_share": busy,
+        "gpu_busy_share": shares.get("gpu_busy"),
+        "gpu_top_kernels": shares.get("top_kernels"),
+        "host_top_ops": shares.get("top_host"),
         **({"gpu_busy_error": busy_error} if busy_error else {}),
         "epoch_seconds": seconds,
     }
 
 
-def gpu_busy_share(run, epoch: int) -> float:
-    """The device time of every kernel and copy over one epoch, over its wall time."""
+def gpu_time(run, epoch: int) -> dict:
+    """One epoch under the profiler, its time shares (`time_shares`)."""
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     start_epoch(run, epoch)
     torch.cuda.synchronize()
@@ -129,8 +136,50 @@ def gpu_busy_share(run, epoch: int) -> float:
         train_one_epoch(run, epoch=epoch)
         torch.cuda.synchronize()
         wall = time.perf_counter() - started
-    busy_us = sum(event.self_device_time_total for event in profile.key_averages())
-    return busy_us / 1e6 / wall
+    return time_shares(profile.events(), wall)
+
+
+def time_shares(events, wall_seconds: float) -> dict:
+    """Profiler events (`profile.events()`) over `wall_seconds` -> the share of the time the
+    GPU ran at least one kernel or copy (`gpu_busy`), and the TOP kernels by device time and
+    host operations by their own CPU time, each with its calls and share of the wall time.
+
+    Whether the GPU or the host sets the pace: a GPU busy nearly all the time is the bound;
+    one idle between kernels waits for the host, whose top operations say for what. The busy
+    time is the union of the kernels' intervals, where summing each event's device time (as
+    this benchmark first did) counted an eager kernel twice, under its aten operation and as
+    itself, and overlapping kernels once each."""
+    wall_us = wall_seconds * 1e6
+    device = [
+        event
+        for event in events
+        if event.device_type != DeviceType.CPU and not event.is_user_annotation
+    ]
+    busy_us, last_end = 0.0, float("-inf")
+    for event in sorted(device, key=lambda event: event.time_range.start):
+        start, end = max(event.time_range.start, last_end), event.time_range.end
+        busy_us += max(0.0, end - start)
+        last_end = max(last_end, end)
+    host = [event for event in events if event.device_type == DeviceType.CPU]
+
+    def top(chosen, microseconds) -> list[dict]:  # events grouped by name, the largest first
+        totals: dict[str, list] = {}
+        for event in chosen:
+            total = totals.setdefault(event.name, [0, 0.0])
+            total[0] += 1
+            total[1] += microseconds(event)
+        ranked = sorted(totals.items(), key=lambda item: item[1][1], reverse=True)[:TOP]
+        return [
+            {"name": name, "calls": calls, "share": time_us / wall_us}
+            for name, (calls, time_us) in ranked
+            if time_us > 0
+        ]
+
+    return {
+        "gpu_busy": busy_us / wall_us,
+        "top_kernels": top(device, lambda event: event.time_range.elapsed_us()),
+        "top_host": top(host, lambda event: event.self_cpu_time_total),
+    }
 
 
 def described(error: Exception) -> str:

@@ -4,7 +4,8 @@
 # and one JSON + one log of what was measured (docs/gpu.md says how to read them).
 #
 #   bash scripts/gpu_check.sh OUTDIR [STAGE ...]    # on the GPU machine; STAGE: tests train bench
-#                                                   # speedrun finetune (default: the first three)
+#                                                   # speedrun pipeline finetune (default: the
+#                                                   # first three)
 #   bash scripts/gpu_check.sh --pack                # here, before: build/gpu (data and wheels)
 #   bash scripts/gpu_check.sh --restore FOLDER      # here, after: what came back -> build/gpu/resume
 #   bash scripts/gpu_check.sh --pack-backbone DIR   # here: a transformers folder in bfloat16 ->
@@ -47,8 +48,10 @@
 # added, its final weights evaluated with --tta flip beside; a run that fails (not one its time
 # box stops) is tried again with each of VIT_GPU_FALLBACKS (default "--compile-mode
 # default;--no-compile") added. Then benchmarks/training_pipeline.py (today's pipeline against
-# the speedrun's, model by model: images/s, ms per step, the GPU's busy share;
-# VIT_GPU_PIPELINE_ARGS adds flags, VIT_GPU_PIPELINE=0 skips it). All of it ends by
+# the speedrun's, model by model: images/s, ms per step, the GPU's busy share, the kernels and
+# host operations that take the epoch's time; VIT_GPU_PIPELINE_ARGS adds flags, e.g.
+# "--configs configs/cifar10_gpu_speedrun.yaml --shapes config" for the speedrun's row alone;
+# VIT_GPU_PIPELINE=0 skips it; the pipeline stage runs it alone). All of it ends by
 # VIT_GPU_DEADLINE seconds after the script began (default 560, for a 600 s call): a seed's time
 # box shrinks to what is left (one under a minute is not started), and the benchmark stops there
 # with the rows it has. gpu_check.json's "speedrun" (per attempt: seed, status, flags, time box,
@@ -175,8 +178,8 @@ STAGES=("$@")
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(tests train bench)
 for STAGE in "${STAGES[@]}"; do
     case "$STAGE" in
-        tests | train | bench | speedrun | finetune) ;;
-        *) say "unknown stage '$STAGE'; accepted: tests, train, bench, speedrun, finetune"; exit 2 ;;
+        tests | train | bench | speedrun | pipeline | finetune) ;;
+        *) say "unknown stage '$STAGE'; accepted: tests, train, bench, speedrun, pipeline, finetune"; exit 2 ;;
     esac
 done
 
@@ -424,20 +427,29 @@ run_speedrun() {
             copy_out  # what is measured comes back even if what follows runs past the call
         done
     fi
-    if [ "${VIT_GPU_PIPELINE:-1}" != 0 ]; then
-        left="$(seconds_left)"
-        if [ "$left" -lt 60 ]; then
-            echo "the pipeline benchmark: not started, ${left} s left before VIT_GPU_DEADLINE"
-        else
-            # its rows reach the JSON one by one: at the deadline, those done are kept
-            # shellcheck disable=SC2086  # flags, split on spaces
-            timeout -s INT -k 20 "$left" "$PYTHON" benchmarks/training_pipeline.py --data "$DATA" \
-                --device "$DEVICE" --images 10240 ${VIT_GPU_PIPELINE_ARGS:-} \
-                --json "$OUTDIR/pipeline.json" || status=$?
-            if [ -f "$OUTDIR/pipeline.json" ]; then record pipeline "$OUTDIR/pipeline.json"; fi
-        fi
-    fi
+    if [ "${VIT_GPU_PIPELINE:-1}" != 0 ]; then pipeline_benchmark || status=$?; fi
     [ "$status" -eq 0 ] || FAILED+=(speedrun)
+}
+
+run_pipeline() {  # the pipeline benchmark alone (VIT_GPU_PIPELINE_ARGS, e.g. one config's row)
+    unpack_data || { FAILED+=(pipeline); return 0; }
+    pipeline_benchmark || FAILED+=(pipeline)
+}
+
+pipeline_benchmark() {  # benchmarks/training_pipeline.py until VIT_GPU_DEADLINE
+    local status=0 left
+    left="$(seconds_left)"
+    if [ "$left" -lt 60 ]; then
+        echo "the pipeline benchmark: not started, ${left} s left before VIT_GPU_DEADLINE"
+        return 0
+    fi
+    # its rows reach the JSON one by one: at the deadline, those done are kept
+    # shellcheck disable=SC2086  # flags, split on spaces
+    timeout -s INT -k 20 "$left" "$PYTHON" benchmarks/training_pipeline.py --data "$DATA" \
+        --device "$DEVICE" --images 10240 ${VIT_GPU_PIPELINE_ARGS:-} \
+        --json "$OUTDIR/pipeline.json" || status=$?
+    if [ -f "$OUTDIR/pipeline.json" ]; then record pipeline "$OUTDIR/pipeline.json"; fi
+    return "$status"
 }
 
 speedrun_side_by_side() {  # every seed (x every variant) at once, side by side on the GPU

@@ -19,6 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
+NAME_CHARS = 60  # CUDA kernels' names run to hundreds of characters (templates)
+
 
 def percent(value: float | None) -> str:
     return "" if value is None else f"{100 * value:.2f}%"
@@ -83,6 +85,14 @@ def pipeline_table(pipeline: dict) -> list[str]:
             f"| {row['ms_per_step']:.2f} | {100 * row['data_wait_share']:.0f}% "
             f"| {'n/a' if busy is None else f'{100 * busy:.0f}%'} |"
         )
+    for row in pipeline.get("rows", []):  # where the time went (the profiled epoch)
+        for key, what in (("gpu_top_kernels", "GPU by kernel"), ("host_top_ops", "host by op")):
+            if row.get(key):
+                shares = "; ".join(
+                    f"{entry['name'][:NAME_CHARS]} {100 * entry['share']:.1f}%"
+                    for entry in row[key]
+                )
+                lines.append(f"- {row['config']}, {row['shape']}, the epoch's {what}: {shares}")
     return lines
 
 

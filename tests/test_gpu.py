@@ -916,15 +916,15 @@ def test_gpu_check_stages_time_box_and_resume_on_a_fresh_machine(image_folder, t
     assert again.returncode == 0 and "nothing to train" in again.stdout
 
 
-def speedrun_stage(image_folder: Path, tmp_path: Path, **env: str):
-    """gpu_check.sh's speedrun stage on the CPU, the images packed as --pack packs them: the
-    finished process and the records that came back in $OUT."""
+def speedrun_stage(image_folder: Path, tmp_path: Path, stage: str = "speedrun", **env: str):
+    """gpu_check.sh's speedrun (or pipeline) stage on the CPU, the images packed as --pack
+    packs them: the finished process and the records that came back in $OUT."""
     build, out = tmp_path / "build", tmp_path / "out"
     pack_images(image_folder, build)
     out.mkdir()
     done = gpu_check(
         str(tmp_path / "machine"),
-        "speedrun",
+        stage,
         OUT=str(out),
         VIT_GPU_CHECK_CPU="1",
         VIT_GPU_BUILD=str(build),
@@ -932,6 +932,57 @@ def speedrun_stage(image_folder: Path, tmp_path: Path, **env: str):
         **env,
     )
     return done, json.loads((out / "gpu_check.json").read_text())
+
+
+def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(monkeypatch):
+    """benchmarks/training_pipeline.py's time shares: the GPU is busy over the union of its
+    kernels' intervals (two overlapping kernels count once, an annotation spanning them not at
+    all: summing each event's device time had counted eager kernels twice), kernels ranked by
+    device time, host operations by their own CPU time (from a real CPU profile)."""
+    import importlib
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import Interval
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    pipeline = importlib.import_module("training_pipeline")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        a = torch.randn(256, 256)
+        (a @ a).sum()
+
+    def kernel(name: str, start: int, end: int, annotation: bool = False):
+        return SimpleNamespace(
+            name=name,
+            device_type=DeviceType.CUDA,
+            is_user_annotation=annotation,
+            time_range=Interval(start, end),
+            self_cpu_time_total=0,
+        )
+
+    device = [
+        kernel("gemm", 0, 400),
+        kernel("gemm", 300, 500),
+        kernel("add", 600, 700),
+        kernel("## step ##", 0, 1000, annotation=True),
+    ]
+    shares = pipeline.time_shares([*profile.events(), *device], wall_seconds=1e-3)  # 1,000 us
+    assert shares["gpu_busy"] == pytest.approx(0.6)  # 0-500 and 600-700
+    assert shares["top_kernels"] == [
+        {"name": "gemm", "calls": 2, "share": pytest.approx(0.6)},
+        {"name": "add", "calls": 1, "share": pytest.approx(0.1)},
+    ]
+    host = [op["name"] for op in shares["top_host"]]
+    assert "aten::mm" in host and "gemm" not in host and len(host) <= pipeline.TOP
+    # scripts/gpu_report.py lists them under the pipeline table
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    row = {"config": "c.yaml", "shape": "config", "images_per_s": 1.0, "ms_per_step": 1.0}
+    row |= {"data_wait_share": 0.05, "gpu_busy_share": shares["gpu_busy"]}
+    row |= {"gpu_top_kernels": shares["top_kernels"], "host_top_ops": shares["top_host"]}
+    lines = importlib.import_module("gpu_report").pipeline_table({"rows": [row]})
+    assert "| c.yaml | config | 1 | 1.00 | 5% | 60% |" in lines
+    assert "- c.yaml, config, the epoch's GPU by kernel: gemm 60.0%; add 10.0%" in lines
+    assert any(line.startswith("- c.yaml, config, the epoch's host by op: ") for line in lines)
 
 
 @pytest.mark.slow  # the pipeline benchmark's two rows and a tiny speedrun: ~1 minute on a CPU
@@ -1011,6 +1062,22 @@ def test_gpu_check_speedrun_runs_seeds_and_variants_side_by_side(image_folder, t
     assert len(shared) == 4  # the attempts table's last column: 4 runs at once
     means = [line for line in lines if line.startswith("Finished runs: 2; top-1 mean")]
     assert [line.rsplit(" ", 2)[-2:] for line in means] == [["--epochs", "1"], ["--epochs", "2"]]
+
+
+def test_gpu_check_pipeline_stage_runs_the_benchmark_alone(image_folder, tmp_path):
+    """The pipeline stage: the benchmark's rows (here the speedrun's alone) with no seed run."""
+    done, records = speedrun_stage(
+        image_folder,
+        tmp_path,
+        "pipeline",
+        VIT_GPU_PIPELINE_ARGS="--configs configs/cifar10_gpu_speedrun.yaml --images 24 --epochs 1 "
+        "--shapes 64d-2L-2h-r2 --cache-dir none --set compile=false threads=1 batch_size=8",
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "speedrun" not in records and not (tmp_path / "machine" / "speedrun-0").exists()
+    (row,) = records["pipeline"]["rows"]
+    assert row["config"] == "configs/cifar10_gpu_speedrun.yaml" and row["images_per_s"] > 0
+    assert row["gpu_busy_share"] is None and row["gpu_top_kernels"] is None  # no GPU here
 
 
 def test_gpu_check_speedrun_starts_nothing_it_has_no_time_for(image_folder, tmp_path):
