@@ -985,6 +985,28 @@ def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(mon
     assert any(line.startswith("- c.yaml, config, the epoch's host by op: ") for line in lines)
 
 
+def test_host_overhead_benchmark_times_each_eager_part_of_the_speedrun_step():
+    """benchmarks/host_overhead.py: a row per eager part, each a positive time."""
+    done = subprocess.run(
+        [sys.executable, "benchmarks/host_overhead.py", "--repeats", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|")[1:3] for line in done.stdout.splitlines() if line.startswith("| ")]
+    names = [name.strip() for name, _ in rows[1:]]  # after the header
+    assert names == [
+        "optimizer step (muon)",
+        "gradient clipping",
+        "EMA update",
+        "a batch, no RandAugment",
+        "a batch, RandAugment x2 eager",
+    ]
+    assert all(float(ms) > 0 for _, ms in rows[1:])
+
+
 @pytest.mark.slow  # the pipeline benchmark's two rows and a tiny speedrun: ~1 minute on a CPU
 def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(image_folder, tmp_path):
     """The speedrun stage's mechanics on the CPU (VIT_GPU_CHECK_CPU=1; tiny settings, no

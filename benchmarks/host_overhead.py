@@ -1,0 +1,104 @@
+"""Host time of each eager part of a GPU speedrun step, measured on this CPU at the recipe's
+tensor structure with tiny tensors: what a step costs the host in Python and dispatch before
+the GPU's arithmetic, where the arithmetic is negligible.
+
+    python benchmarks/host_overhead.py
+    python benchmarks/host_overhead.py --config configs/cifar10_gpu_speedrun.yaml --width 16
+
+The model is the config's with its width set to --width (the same 103 tensors, the same
+number of same-shaped matrix groups for Muon), one thread, each part's median over --repeats
+calls: the optimizer step (Muon and AdamW for the rest, as the recipe builds it, the
+Newton-Schulz iteration in float32 whatever the recipe's), gradient
+clipping, the EMA update, and one in-memory batch (the pipeline's own ops; RandAugment eager, on
+the whole batch as on a GPU, and compiled's single call is not counted here). On a GPU each
+dispatched operation is also a kernel launch (a few microseconds more), and a torch._foreach_*
+operation one launch for all its tensors where the CPU loops over them: the CPU's figure for
+those is an overestimate. A figure near a GPU step's time (13.9 ms in the fourth GPU run,
+docs/gpu.md) says that part can set the pace, which the GPU's profile (`benchmarks/
+training_pipeline.py`: its host_top_ops) then confirms or not. The RandAugment row predicted
+the ~8 ms a step it cost on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import yaml
+from torch import nn
+
+import vit
+from vit.data.batch_pipeline import InMemoryBatches
+from vit.data.batch_randaugment import apply_ops
+from vit.training.ema import ModelEma
+from vit.training.optimizers import build_optimizer
+
+
+def median_ms(call: Callable, repeats: int) -> float:
+    for _ in range(3):  # warm-up: first-call allocations, lazy initialisation
+        call()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/cifar10_gpu_speedrun.yaml")
+    parser.add_argument("--width", type=int, default=16, help="embed_dim (divisible by heads)")
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cfg = yaml.safe_load(open(args.config))
+    model = vit.create_model(
+        cfg["model"], **{**cfg.get("model_kwargs", {}), "embed_dim": args.width}
+    )
+    for param in model.parameters():
+        param.grad = torch.randn_like(param)
+    optimizer = build_optimizer(
+        model,
+        cfg.get("opt", "adamw"),
+        lr=cfg["lr"],
+        weight_decay=cfg["weight_decay"],
+        # float32: a CPU without bfloat16 products emulates them, arithmetic this does not time
+        muon_ns_dtype="float32",
+    )
+    ema = ModelEma(model, 0.999)
+    images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+    rows = {
+        f"optimizer step ({cfg.get('opt', 'adamw')})": optimizer.step,
+        "gradient clipping": lambda: nn.utils.clip_grad_norm_(model.parameters(), 1.0),
+        "EMA update": lambda: ema.update(model),
+    }
+    for randaug in (0, 2):
+        batches = InMemoryBatches(
+            images,
+            range(64),
+            batch_size=4,
+            mean=(0.5,) * 3,
+            std=(0.25,) * 3,
+            hflip_alternate=True,
+            randaug_ops=randaug,
+        )
+        # a GPU's eager RandAugment: every op on the whole batch
+        batches.apply_randaug = lambda x, op, u: apply_ops(x, op, u, whole_batch=True)
+        generator = torch.Generator().manual_seed(0)
+        name = f"a batch, RandAugment x{randaug} eager" if randaug else "a batch, no RandAugment"
+        rows[name] = lambda b=batches, g=generator: b.augment(images[:4], g, torch.arange(4))
+    params = sum(1 for _ in model.parameters())
+    print(
+        f"{args.config} at width {args.width}: {params} tensors, 1 thread, median of {args.repeats}"
+    )
+    print("| part of a step | host ms |\n|---|---:|")
+    for name, call in rows.items():
+        print(f"| {name} | {median_ms(call, args.repeats):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
