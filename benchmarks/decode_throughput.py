@@ -1,7 +1,7 @@
 """Images/s of decoding an image folder into memory (what `--cache` does before the first
-step of a run, every time on a bare machine): in threads, as before, against processes
-(`vit.data.images.load_images`), on the same files, in alternating rounds, the arrays checked
-equal.
+step of a run, every time on a bare machine): in threads, as before
+(`vit.data.images.load_images_in_threads`), against processes (`load_images`), on the same
+files, in alternating rounds, the arrays checked equal.
 
     python benchmarks/decode_throughput.py --data ../shared/data/cifar10-jpg
     python benchmarks/decode_throughput.py --data ../shared/data/cifar10-jpg --workers 16
@@ -15,17 +15,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from vit.data.datasets import find_split_dir, scan_folder
-from vit.data.images import load_image, load_images
+from vit.data.images import load_images, load_images_in_threads
 from vit.data.workers import usable_cores
-
-
-def decode_in_threads(paths: list[Path], workers: int) -> list:
-    with ThreadPoolExecutor(workers) as pool:
-        return list(pool.map(load_image, paths, chunksize=256))
 
 
 def main() -> None:
@@ -39,7 +33,7 @@ def main() -> None:
     paths = []
     for split in ("train", "test"):
         paths += scan_folder(find_split_dir(Path(args.data), split))[0]
-    ways = {"threads": decode_in_threads, "processes": load_images}
+    ways = {"threads": load_images_in_threads, "processes": load_images}
     seconds = {name: [] for name in ways}
     for _ in range(args.rounds):
         decoded = {}

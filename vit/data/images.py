@@ -76,14 +76,19 @@ def load_images(paths: Sequence[str | Path], workers: int) -> list[np.ndarray]:
         or len(paths) < MANY_FILES
         or "fork" not in multiprocessing.get_all_start_methods()
     ):
-        with ThreadPoolExecutor(max(workers, 1)) as pool:
-            return list(pool.map(load_image, paths, chunksize=256))
+        return load_images_in_threads(paths, max(workers, 1))
     # a few chunks per process: one pickled list back per chunk, and no process idles long
     # behind a slow one at the end
     size = -(-len(paths) // (4 * workers))  # ceil
     chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
         return [image for chunk in pool.map(load_chunk, chunks) for image in chunk]
+
+
+def load_images_in_threads(paths: Sequence[str | Path], workers: int) -> list[np.ndarray]:
+    """`load_image` of each file, in order, in `workers` threads (what a few files take)."""
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(load_image, paths, chunksize=256))
 
 
 def load_chunk(paths: Sequence[str | Path]) -> list[np.ndarray]:
