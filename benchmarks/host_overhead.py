@@ -9,7 +9,9 @@ The model is the config's with its width set to --width (the same 103 tensors, t
 number of same-shaped matrix groups for Muon), one thread, each part's median over --repeats
 calls: the optimizer step (Muon and AdamW for the rest, as the recipe builds it, the
 Newton-Schulz iteration in float32 whatever the recipe's), gradient
-clipping, the EMA update, and one in-memory batch (the pipeline's own ops; RandAugment eager, on
+clipping, the EMA update, the three as one call, eager and compiled (--compile-update; its
+compilation, about a minute on a CPU, happens in the warm-up; --no-compile leaves it out), and
+one in-memory batch (the pipeline's own ops; RandAugment eager, on
 the whole batch as on a GPU, and compiled's single call is not counted here). On a GPU each
 dispatched operation is also a kernel launch (a few microseconds more), and a torch._foreach_*
 operation one launch for all its tensors where the CPU loops over them: the CPU's figure for
@@ -35,6 +37,7 @@ from torch import nn
 import vit
 from vit.data.batch_pipeline import InMemoryBatches
 from vit.data.batch_randaugment import apply_ops
+from vit.training.compiled_update import CompiledUpdate
 from vit.training.ema import ModelEma
 from vit.training.optimizers import build_optimizer
 
@@ -55,6 +58,9 @@ def main() -> None:
     parser.add_argument("--config", default="configs/cifar10_gpu_speedrun.yaml")
     parser.add_argument("--width", type=int, default=16, help="embed_dim (divisible by heads)")
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument(
+        "--no-compile", action="store_true", help="leave out the compiled update's row"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     cfg = yaml.safe_load(Path(args.config).read_text())
@@ -72,12 +78,23 @@ def main() -> None:
         muon_ns_dtype="float32",
     )
     ema = ModelEma(model, 0.999)
+
+    def eager_update() -> None:
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        ema.update(model)
+
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
     rows = {
         f"optimizer step ({cfg.get('opt', 'adamw')})": optimizer.step,
         "gradient clipping": lambda: nn.utils.clip_grad_norm_(model.parameters(), 1.0),
         "EMA update": lambda: ema.update(model),
+        "the three, eager": eager_update,
     }
+    if not args.no_compile:
+        rows["the three compiled (--compile-update)"] = CompiledUpdate(
+            optimizer, model, ema, clip_grad=1.0
+        )
     for randaug in (0, 2):
         batches = InMemoryBatches(
             images,

@@ -45,7 +45,13 @@ from vit.utils.messages import one_line
 from vit.utils.process_group import DistInfo, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ["configs/cifar10.yaml", "configs/cifar10_gpu_speedrun.yaml"]
+# A row's pipeline: a YAML recipe, with settings of its own after a colon. The speedrun with
+# its update eager beside it as it is: what --compile-update changes.
+CONFIGS = [
+    "configs/cifar10.yaml",
+    "configs/cifar10_gpu_speedrun.yaml:compile_update=false",
+    "configs/cifar10_gpu_speedrun.yaml",
+]
 # the speedrun's model and the 200-epoch recipe's (Lee et al. 2021's 2.7M ViT)
 SHAPES = ["config", "192d-9L-12h-r2"]
 
@@ -53,11 +59,14 @@ SHAPES = ["config", "192d-9L-12h-r2"]
 TOP = 8  # the kernels and host operations a row names, by their time
 
 
-def row_config(path: str, shape: str, args: argparse.Namespace, device: torch.device):
-    """The TrainConfig of one row: the YAML's settings, the model's shape per `shape` ("config":
-    the YAML's own), the data, device, image count and loader processes of this benchmark, and
-    the --set settings."""
+def row_config(pipeline: str, shape: str, args: argparse.Namespace, device: torch.device):
+    """The TrainConfig of one row: the settings of `pipeline` (a YAML file, then any
+    ':KEY=VALUE,KEY=VALUE' after it), the model's shape per `shape` ("config": the YAML's own),
+    the data, device, image count and loader processes of this benchmark, and the --set
+    settings."""
+    path, _, own = pipeline.partition(":")
     settings = yaml.safe_load((ROOT / path).read_text())
+    settings.update(_setting(item) for item in own.split(",") if item)
     cfg = TrainConfig(**settings)
     model_kwargs = dict(cfg.model_kwargs)
     if shape != "config":
@@ -196,7 +205,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="an image folder (train/, test/)")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--configs", nargs="+", default=CONFIGS, help="YAML recipes, one row each")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=CONFIGS,
+        help="YAML recipes, one row each, with settings of the row's own after a colon: "
+        "configs/cifar10_gpu_speedrun.yaml:compile_update=false,batch_size=1024",
+    )
     parser.add_argument(
         "--shapes",
         nargs="+",

@@ -613,7 +613,11 @@ def test_a_run_saved_before_the_layout_resumes_exactly(
     image_folder, tmp_path, train_script, tiny_args, one_thread
 ):
     """A run folder written by the code before vit/ was split into floors (tests/fixtures/
-    README.md) resumes, and ends with the weights of an uninterrupted run of today's code."""
+    README.md) resumes, and ends with the weights of an uninterrupted run of today's code:
+    exactly on a CPU like the one that wrote it (AMD Zen 3, AVX2), within 2e-5 on others, whose
+    vector instructions round the reference's first epoch differently (2.3e-6 measured on an
+    Intel Xeon with AVX-512 and AMX), where the second epoch alone moves the weights by 9e-4
+    (median) and up to 1e-2."""
     run = tmp_path / "old"
     shutil.copytree(FIXTURE_RUN, run)
     config = (run / "config.yaml").read_text().replace("data: DATA", f"data: {image_folder}")
@@ -621,5 +625,5 @@ def test_a_run_saved_before_the_layout_resumes_exactly(
     assert train_script.main(["--resume", str(run)]) == 0
     reference = tmp_path / "reference"
     assert train_script.main(tiny_args(image_folder, reference, 2, *RECIPE)) == 0
-    assert_same_weights(run / "model.safetensors", reference / "model.safetensors")
+    assert_same_weights(run / "model.safetensors", reference / "model.safetensors", atol=2e-5)
     assert [r["epoch"] for r in read_rows(run / "metrics.csv")] == ["1", "2"]

@@ -46,6 +46,7 @@ from .checkpoint import (
     save_yaml,
     seed_everything,
 )
+from .compiled_update import CompiledUpdate
 from .ema import ModelEma
 from .errors import START_ERRORS
 from .finetune import describe_layer_decay, freeze_below, layer_lr_scales, probe_head
@@ -216,7 +217,7 @@ def build_training_state(
         # On a GPU one kernel updates every tensor, where the foreach update launches a few per
         # group of tensors: a small model's step is bound by launches. The CPU keeps foreach,
         # whose steps every run on a CPU so far took.
-        fused=device.type == "cuda",
+        fused=device.type == "cuda" and not cfg.compile_update,
         lr_scales=None if cfg.layer_decay is None else layer_lr_scales(model, cfg.layer_decay),
     )
     total_steps = cfg.epochs * steps_per_epoch
@@ -315,6 +316,8 @@ class Run:
     state: TrainingState
     mixup: MixupCutmix | None
     num_images: int  # in the training split
+    # --compile-update: clipping, the optimizer's step and the EMA as one compiled call
+    update: CompiledUpdate | None = None
 
 
 def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: CheckpointSaver) -> Run:
@@ -349,6 +352,16 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
         state=state,
         mixup=mixup,
         num_images=len(train_set),
+        update=build_update(cfg, state),  # after resume: it holds the loaded state's tensors
+    )
+
+
+def build_update(cfg: TrainConfig, state: TrainingState) -> CompiledUpdate | None:
+    """--compile-update's compiled clipping, optimizer step and EMA; None without it."""
+    if not cfg.compile_update:
+        return None
+    return CompiledUpdate(
+        state.optimizer, state.model, state.ema, clip_grad=cfg.clip_grad, mode=cfg.compile_mode
     )
 
 

@@ -13,6 +13,15 @@ def _tensors(module: nn.Module) -> list[torch.Tensor]:
     return [*module.parameters(), *module.buffers()]
 
 
+def paired_tensors(average: nn.Module, model: nn.Module) -> tuple[list, list]:
+    """The (average's, model's) pairs of tensors: the floating-point ones, which are averaged,
+    and the others (counters, indices), which are copied."""
+    floating, other = [], []
+    for pair in zip(_tensors(average), _tensors(model), strict=True):
+        (floating if pair[0].dtype.is_floating_point else other).append(pair)
+    return floating, other
+
+
 class ModelEma:
     """Exponential moving average of a model's weights (and a copy of its buffers).
 
@@ -25,20 +34,21 @@ class ModelEma:
         self.decay = decay
         self.updates = 0
 
+    def next_decay(self) -> float:
+        """Count one more update; its decay."""
+        self.updates += 1
+        return min(self.decay, (1 + self.updates) / (10 + self.updates))
+
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
-        self.updates += 1
-        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        averaged, current = [], []
-        for ema, now in zip(_tensors(self.module), _tensors(model), strict=True):
-            if ema.dtype.is_floating_point:
-                averaged.append(ema)
-                current.append(now)
-            else:
-                ema.copy_(now)
+        decay = self.next_decay()
+        floating, other = paired_tensors(self.module, model)
+        for ema, now in other:
+            ema.copy_(now)
         # all tensors in one call: a few kernels on a GPU instead of one launch per tensor
         # (the same per-tensor lerp on the CPU)
-        torch._foreach_lerp_(averaged, current, 1.0 - decay)
+        averaged, current = zip(*floating, strict=True)
+        torch._foreach_lerp_(list(averaged), list(current), 1.0 - decay)
 
     def state_dict(self) -> dict:
         return {"module": self.module.state_dict(), "updates": self.updates}

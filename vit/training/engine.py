@@ -33,6 +33,7 @@ from ..utils import locks, process_group
 from ..utils.process_group import DistInfo
 from .build import Run, default_run_dir, start, start_run_dir
 from .checkpoint import STATE_FILE, CheckpointSaver, TrainingState
+from .compiled_update import CompiledUpdate
 from .errors import START_ERRORS, NonFiniteLossError, TrainingError, TrainingInterrupted
 from .run_log import RunLog
 from .settings import (
@@ -264,7 +265,7 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
         last = step + 1 == len(loader)
         if (step + 1) % HOST_SYNC_EVERY == 0 or last:
             stop_if_diverged(run, first_bad, epoch=epoch, step=step)
-        lr = optimizer_step(state, loss, cfg.clip_grad)
+        lr = optimizer_step(state, loss, cfg.clip_grad, update=run.update)
         images += labels.shape[0]
         correct = (logits.argmax(dim=1) == labels).sum()
         sums += torch.stack([loss_now * labels.shape[0], correct.double()])
@@ -324,19 +325,28 @@ def forward_loss(
     return run.forward_loss(images, targets)
 
 
-def optimizer_step(state: TrainingState, loss: torch.Tensor, clip_grad: float | None) -> float:
-    """Backward, clip, step, schedule, EMA; returns the learning rate the step used."""
+def optimizer_step(
+    state: TrainingState,
+    loss: torch.Tensor,
+    clip_grad: float | None,
+    update: CompiledUpdate | None = None,
+) -> float:
+    """Backward, clip, step, EMA (in one compiled call with `update`, --compile-update),
+    schedule; returns the learning rate the step used."""
     optimizer, scaler = state.optimizer, state.scaler
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
-    if clip_grad:  # 0 or None: no clipping
-        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-        nn.utils.clip_grad_norm_(state.model.parameters(), clip_grad)
-    scaler.step(optimizer)
-    scaler.update()
     group = optimizer.param_groups[0]
     lr = group["lr"] / group.get("lr_scale", 1.0)  # under --layer-decay, the rate at the top
+    if update is not None:  # the same clipping to clip_grad, step and EMA
+        update()
+    else:
+        if clip_grad:  # 0 or None: no clipping
+            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+            nn.utils.clip_grad_norm_(state.model.parameters(), clip_grad)
+        scaler.step(optimizer)
+        scaler.update()
+        if state.ema is not None:
+            state.ema.update(state.model)
     state.scheduler.step()
-    if state.ema is not None:
-        state.ema.update(state.model)
     return lr

@@ -1,0 +1,229 @@
+"""The update half of a training step as one compiled graph (`--compile-update`): gradient
+clipping, the optimizer's step (AdamW, or Muon and AdamW) and the EMA.
+
+Eager, that half of the GPU speedrun's step dispatches hundreds of operations, each a kernel
+launch on a GPU: their host time alone was ~6 ms a step on a Zen 3 core (Muon's step 3.7 ms,
+clipping 1, the EMA 1: benchmarks/host_overhead.py), as long as an H200 took for the whole
+step of the recipe's 4M-parameter model. Compiled, they are a few fused kernels and
+Newton-Schulz's batched matrix products, and under --compile-mode reduce-overhead one CUDA graph,
+replayed.
+
+The arithmetic is the eager update's, on the optimizer's and the EMA's own tensors (momentum
+buffers, AdamW's moments and step counts, the EMA's weights): a checkpoint written by one
+resumes under the other, and the two agree to float rounding (tests/test_compiled_update.py).
+What changes from step to step (learning rates, Adam's bias corrections, the EMA's decay) is
+computed on the host in float64, as the eager optimizers compute it, and enters the graph as one
+tensor of scalars: the graph compiles once. Not supported: float16's gradient scaler (train in
+bfloat16), a parameter left without a gradient, and, under DistributedDataParallel, Muon's
+sharing of Newton-Schulz between the processes (each process orthogonalises every matrix: the
+same updates, more work).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .ema import ModelEma, paired_tensors
+from .optimizers import Muon, orthogonalize_all
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What the compiled function knows of one optimizer group: what stays fixed for a run."""
+
+    muon: bool  # Muon's orthogonalised momentum; else AdamW
+    size: int  # the group's tensors
+    splits: int  # Muon: blocks of rows orthogonalised each alone (3 for a fused qkv weight)
+    momentum: float  # Muon's
+    betas: tuple[float, float]  # AdamW's
+    eps: float  # AdamW's
+    scales: tuple[float, ...]  # Muon: each tensor's update scale, 0.2 sqrt(max(m, n)) of a block
+
+
+class CompiledUpdate:
+    """Call it after `loss.backward()`: clips the gradients to `clip_grad` (None: no
+    clipping), steps `optimizer` (Muon, or torch's AdamW), updates `ema` (None: no EMA), all
+    in one function compiled in torch.compile's `mode`. Each call reads the groups' learning
+    rates, so the scheduler drives it as it drives the eager step. Build it after any
+    `optimizer.load_state_dict`: it holds the state's tensors (and creates missing ones)."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        ema: ModelEma | None,
+        clip_grad: float | None,
+        mode: str = "default",
+    ) -> None:
+        if not isinstance(optimizer, Muon | torch.optim.AdamW):
+            raise TypeError(f"--compile-update: {type(optimizer).__name__} is not Muon or AdamW")
+        self.optimizer, self.model, self.ema = optimizer, model, ema
+        self.max_norm = clip_grad or None
+        self.groups = [group for group in optimizer.param_groups if group["params"]]
+        self.plans = [plan_group(optimizer, group) for group in self.groups]
+        self.state = [group_state(optimizer, group) for group in self.groups]
+        self.params = [param for group in self.groups for param in group["params"]]
+        # the EMA's (average, model) tensors: floating ones averaged in the graph, others copied
+        self.ema_pairs, self.ema_copies = paired_tensors(ema.module, model) if ema else ([], [])
+        updated = [*self.params, *(average for average, _ in self.ema_pairs)]
+        updated += [t for state in self.state for key in TENSOR_LISTS for t in state.get(key, [])]
+        for tensor in updated:  # updated in place: a CUDA graph reads them where they are
+            torch._dynamo.mark_static_address(tensor)
+        self.compiled = torch.compile(self.apply, mode=mode, dynamic=False, fullgraph=True)
+
+    def __call__(self) -> None:
+        grads = [param.grad for param in self.params]
+        if any(grad is None for grad in grads):
+            names = [
+                n for n, p in self.model.named_parameters() if p.requires_grad and p.grad is None
+            ]
+            raise RuntimeError(
+                f"--compile-update: {', '.join(names[:3])} got no gradient this step, and the "
+                f"compiled update steps every trained parameter; train without --compile-update"
+            )
+        scalars = torch.tensor(self.scalars(), dtype=torch.float32)  # (S,)
+        if self.params[0].is_cuda:  # pinned: the copy goes on while the host queues more work
+            scalars = scalars.pin_memory().to(self.params[0].device, non_blocking=True)
+        self.compiled(grads, scalars)
+        # what torch's learning-rate schedulers check (their wrapper of optimizer.step sets it)
+        # before warning that the schedule stepped before the optimizer did
+        self.optimizer._opt_called = True
+        for average, now in self.ema_copies:
+            average.copy_(now)
+
+    def scalars(self) -> list[float]:
+        """This step's numbers, in float64 as the eager optimizers compute them: per group
+        1 - lr * weight decay, then Muon's -lr * scale per tensor, or AdamW's
+        -lr / (1 - beta1^t) and 1 - beta2^t; last, the EMA's 1 - decay."""
+        values = []
+        for group, plan, state in zip(self.groups, self.plans, self.state, strict=True):
+            lr = group["lr"]
+            values.append(1 - lr * group["weight_decay"])
+            if plan.muon:
+                values += [-lr * scale for scale in plan.scales]
+            else:
+                torch._foreach_add_(state["steps"], 1)  # the saved counts (on the CPU)
+                state["step"] += 1
+                beta1, beta2 = plan.betas
+                values += [-lr / (1 - beta1 ** state["step"]), 1 - beta2 ** state["step"]]
+        if self.ema is not None:
+            values.append(1 - self.ema.next_decay())
+        return values
+
+    @torch.no_grad()
+    def apply(self, grads: list[torch.Tensor], scalars: torch.Tensor) -> None:
+        """What is compiled: the gradients and `scalars` in, the parameters, the optimizer's
+        state and the EMA updated in place."""
+        if self.max_norm is not None:
+            grads = clip_by_total_norm(grads, self.max_norm)
+        first, at = 0, 0  # the group's first tensor, its first scalar
+        blocks, targets = [], []  # Muon's blocks to orthogonalise; (param, -lr * scale, splits)
+        for plan, state in zip(self.plans, self.state, strict=True):
+            params = self.params[first : first + plan.size]
+            group_grads = grads[first : first + plan.size]
+            first += plan.size
+            torch._foreach_mul_(params, scalars[at])  # decoupled weight decay
+            if plan.muon:
+                torch._foreach_lerp_(state["buffers"], group_grads, 1 - plan.momentum)
+                nesterov = torch._foreach_lerp(group_grads, state["buffers"], plan.momentum)
+                for i, (param, update) in enumerate(zip(params, nesterov, strict=True)):
+                    blocks += update.reshape(plan.splits, -1, update.shape[-1]).unbind(0)
+                    targets.append((param, scalars[at + 1 + i], plan.splits))
+                at += 1 + plan.size
+            else:
+                adamw_(params, group_grads, state, plan, scalars[at + 1], scalars[at + 2])
+                at += 3
+        orthogonal = iter(
+            orthogonalize_all(blocks, self.optimizer.ns_steps, self.optimizer.ns_dtype)
+            if blocks
+            else []
+        )
+        for param, step, splits in targets:
+            update = torch.stack([next(orthogonal) for _ in range(splits)])  # (splits, m, n)
+            param.add_(update.reshape(param.shape) * step)
+        if self.ema is not None:  # average += (1 - decay) (model - average), as lerp
+            averaged = [average for average, _ in self.ema_pairs]
+            moves = torch._foreach_sub([now for _, now in self.ema_pairs], averaged)
+            torch._foreach_mul_(moves, scalars[at])
+            torch._foreach_add_(averaged, moves)
+
+
+TENSOR_LISTS = ("buffers", "exp_avgs", "exp_avg_sqs")
+
+
+def plan_group(optimizer: torch.optim.Optimizer, group: dict) -> GroupPlan:
+    muon = group.get("use_muon", False)
+    if group.get("amsgrad") or group.get("maximize"):
+        raise ValueError("--compile-update: AdamW's amsgrad and maximize are not supported")
+    scales = []
+    for param in group["params"] if muon else []:
+        m, n = param.shape[0] // group["splits"], param.shape[1]
+        scales.append(0.2 * math.sqrt(max(m, n)))  # as Muon._muon_update
+    return GroupPlan(
+        muon=muon,
+        size=len(group["params"]),
+        splits=group.get("splits", 1),
+        momentum=group.get("momentum", 0.0),
+        betas=tuple(group["betas"]),
+        eps=group["eps"],
+        scales=tuple(scales),
+    )
+
+
+def group_state(optimizer: torch.optim.Optimizer, group: dict) -> dict:
+    """The group's state tensors as lists (made as the eager step makes them on its first
+    call where missing), and an AdamW group's step count."""
+    params = group["params"]
+    if group.get("use_muon", False):
+        for param in params:
+            if "momentum_buffer" not in optimizer.state[param]:
+                optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
+        return {"buffers": [optimizer.state[param]["momentum_buffer"] for param in params]}
+    # Muon keeps AdamW's counts in float64, torch's AdamW in float32 (both on the CPU)
+    count_dtype = torch.float64 if isinstance(optimizer, Muon) else torch.float32
+    for param in params:
+        state = optimizer.state[param]
+        if "step" not in state:
+            state["step"] = torch.zeros((), dtype=count_dtype)
+            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    states = [optimizer.state[param] for param in params]
+    counts = {int(state["step"].item()) for state in states}
+    if len(counts) > 1:
+        raise ValueError(
+            f"--compile-update: one AdamW group's tensors took different numbers of steps "
+            f"({sorted(counts)}), which its bias correction cannot follow; resume without it"
+        )
+    return {
+        "exp_avgs": [state["exp_avg"] for state in states],
+        "exp_avg_sqs": [state["exp_avg_sq"] for state in states],
+        "steps": [state["step"] for state in states],
+        "step": counts.pop(),
+    }
+
+
+def clip_by_total_norm(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
+    """`grads` scaled as nn.utils.clip_grad_norm_ scales them: by max_norm / their total
+    norm, where that is below 1."""
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    coefficient = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    return torch._foreach_mul(grads, coefficient)
+
+
+def adamw_(params, grads, state: dict, plan: GroupPlan, step_size, bias_correction2) -> None:
+    """AdamW's moments and step (Loshchilov & Hutter) in place, as Muon's eager AdamW; the
+    weight decay is applied before. `step_size`: -lr / (1 - beta1^t)."""
+    beta1, beta2 = plan.betas
+    torch._foreach_lerp_(state["exp_avgs"], grads, 1 - beta1)
+    torch._foreach_mul_(state["exp_avg_sqs"], beta2)
+    torch._foreach_addcmul_(state["exp_avg_sqs"], grads, grads, value=1 - beta2)
+    denoms = torch._foreach_div(state["exp_avg_sqs"], bias_correction2)
+    torch._foreach_sqrt_(denoms)
+    torch._foreach_add_(denoms, plan.eps)
+    steps = torch._foreach_div(state["exp_avgs"], denoms)
+    torch._foreach_mul_(steps, step_size)
+    torch._foreach_add_(params, steps)
