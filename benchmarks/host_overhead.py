@@ -8,11 +8,10 @@ the GPU's arithmetic, where the arithmetic is negligible.
 The model is the config's with its width set to --width (the same 103 tensors, the same
 number of same-shaped matrix groups for Muon), one thread, each part's median over --repeats
 calls: the optimizer step (Muon and AdamW for the rest, as the recipe builds it, the
-Newton-Schulz iteration in float32 whatever the recipe's), gradient
-clipping, the EMA update, the three as one call, eager and compiled (--compile-update; its
-compilation, about a minute on a CPU, happens in the warm-up; --no-compile leaves it out), and
-one in-memory batch (the pipeline's own ops; RandAugment eager, on
-the whole batch as on a GPU, and compiled's single call is not counted here). On a GPU each
+Newton-Schulz iteration in float32 whatever the recipe's), gradient clipping, the EMA update,
+the three one after the other (what --graph-update replays as one CUDA graph on a GPU), and one
+in-memory batch (the pipeline's own ops; RandAugment eager, on the whole batch as on a GPU, and
+compiled's single call is not counted here). On a GPU each
 dispatched operation is also a kernel launch (a few microseconds more), and a torch._foreach_*
 operation one launch for all its tensors where the CPU loops over them: the CPU's figure for
 those is an overestimate. A figure near a GPU step's time (13.9 ms in the fourth GPU run,
@@ -25,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,9 +38,9 @@ from torch import nn
 import vit
 from vit.data.batch_pipeline import InMemoryBatches
 from vit.data.batch_randaugment import apply_ops
-from vit.training.compiled_update import CompiledUpdate
 from vit.training.ema import ModelEma
 from vit.training.optimizers import build_optimizer
+from vit.training.update_graph import UpdateGraph
 
 
 def median_ms(call: Callable, repeats: int) -> float:
@@ -59,7 +60,10 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=16, help="embed_dim (divisible by heads)")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument(
-        "--no-compile", action="store_true", help="leave out the compiled update's row"
+        "--compile-seconds",
+        action="store_true",
+        help="also time torch.compile of the three as one function (UpdateGraph.apply) from a "
+        "cold cache: what a bare machine would pay, and why --graph-update captures instead",
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -89,12 +93,8 @@ def main() -> None:
         f"optimizer step ({cfg.get('opt', 'adamw')})": optimizer.step,
         "gradient clipping": lambda: nn.utils.clip_grad_norm_(model.parameters(), 1.0),
         "EMA update": lambda: ema.update(model),
-        "the three, eager": eager_update,
+        "the three, one after the other": eager_update,
     }
-    if not args.no_compile:
-        rows["the three compiled (--compile-update)"] = CompiledUpdate(
-            optimizer, model, ema, clip_grad=1.0
-        )
     for randaug in (0, 2):
         batches = InMemoryBatches(
             images,
@@ -117,6 +117,22 @@ def main() -> None:
     print("| part of a step | host ms |\n|---|---:|")
     for name, call in rows.items():
         print(f"| {name} | {median_ms(call, args.repeats):.2f} |")
+    if args.compile_seconds:
+        seconds = compile_seconds(model, optimizer)
+        print(f"torch.compile of the three as one function, cold cache: {seconds:.1f} s")
+
+
+def compile_seconds(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
+    """Seconds to the end of the first call of the update compiled with torch.compile
+    (fullgraph), inductor's caches empty (a fresh folder)."""
+    update = UpdateGraph(optimizer, model, ModelEma(model, 0.999), clip_grad=1.0)
+    grads = [param.grad for param in update.params]
+    scalars = torch.tensor(update.scalars(), dtype=torch.float32)
+    with tempfile.TemporaryDirectory() as cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+        started = time.perf_counter()
+        torch.compile(update.apply, fullgraph=True)(grads, scalars)
+        return time.perf_counter() - started
 
 
 if __name__ == "__main__":

@@ -46,10 +46,10 @@ from vit.utils.process_group import DistInfo, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 # A row's pipeline: a YAML recipe, with settings of its own after a colon. The speedrun with
-# its update eager beside it as it is: what --compile-update changes.
+# its update eager beside it as it is: what --graph-update changes.
 CONFIGS = [
     "configs/cifar10.yaml",
-    "configs/cifar10_gpu_speedrun.yaml:compile_update=false",
+    "configs/cifar10_gpu_speedrun.yaml:graph_update=false",
     "configs/cifar10_gpu_speedrun.yaml",
 ]
 # the speedrun's model and the 200-epoch recipe's (Lee et al. 2021's 2.7M ViT)
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
         nargs="+",
         default=CONFIGS,
         help="YAML recipes, one row each, with settings of the row's own after a colon: "
-        "configs/cifar10_gpu_speedrun.yaml:compile_update=false,batch_size=1024",
+        "configs/cifar10_gpu_speedrun.yaml:graph_update=false,batch_size=1024",
     )
     parser.add_argument(
         "--shapes",

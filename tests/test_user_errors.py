@@ -191,9 +191,9 @@ def test_settings_at_odds_with_each_other_are_refused(
     assert "--min-lr 0.01 is above --lr 0.003" in err
     err = refused(train_script, args + ["--warmup-epochs", "2"], capsys)
     assert "--warmup-epochs 2.0 is not shorter than --epochs 2" in err
-    float16 = ["--compile-update", "--amp", "--amp-dtype", "float16"]
+    float16 = ["--graph-update", "--amp", "--amp-dtype", "float16"]
     err = refused(train_script, args + float16, capsys)
-    assert "--compile-update with --amp-dtype float16" in err and "bfloat16" in err
+    assert "--graph-update with --amp-dtype float16" in err and "bfloat16" in err
     assert not (tmp_path / "run").exists()
 
 

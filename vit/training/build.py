@@ -46,7 +46,6 @@ from .checkpoint import (
     save_yaml,
     seed_everything,
 )
-from .compiled_update import CompiledUpdate
 from .ema import ModelEma
 from .errors import START_ERRORS
 from .finetune import describe_layer_decay, freeze_below, layer_lr_scales, probe_head
@@ -60,6 +59,7 @@ from .settings import (
     resolve_warmup_epochs,
 )
 from .train_loader import build_test_loader, build_train_loader
+from .update_graph import UpdateGraph
 
 logger = logging.getLogger("vit")
 
@@ -216,8 +216,8 @@ def build_training_state(
         muon_ns_dtype=cfg.muon_ns_dtype,
         # On a GPU one kernel updates every tensor, where the foreach update launches a few per
         # group of tensors: a small model's step is bound by launches. The CPU keeps foreach,
-        # whose steps every run on a CPU so far took.
-        fused=device.type == "cuda" and not cfg.compile_update,
+        # whose steps every run on a CPU so far took. --graph-update replays its own update.
+        fused=device.type == "cuda" and not cfg.graph_update,
         lr_scales=None if cfg.layer_decay is None else layer_lr_scales(model, cfg.layer_decay),
     )
     total_steps = cfg.epochs * steps_per_epoch
@@ -316,8 +316,8 @@ class Run:
     state: TrainingState
     mixup: MixupCutmix | None
     num_images: int  # in the training split
-    # --compile-update: clipping, the optimizer's step and the EMA as one compiled call
-    update: CompiledUpdate | None = None
+    # --graph-update: clipping, the optimizer's step and the EMA as one graph
+    update: UpdateGraph | None = None
 
 
 def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: CheckpointSaver) -> Run:
@@ -356,13 +356,11 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
     )
 
 
-def build_update(cfg: TrainConfig, state: TrainingState) -> CompiledUpdate | None:
-    """--compile-update's compiled clipping, optimizer step and EMA; None without it."""
-    if not cfg.compile_update:
+def build_update(cfg: TrainConfig, state: TrainingState) -> UpdateGraph | None:
+    """--graph-update's clipping, optimizer step and EMA in one graph; None without it."""
+    if not cfg.graph_update:
         return None
-    return CompiledUpdate(
-        state.optimizer, state.model, state.ema, clip_grad=cfg.clip_grad, mode=cfg.compile_mode
-    )
+    return UpdateGraph(state.optimizer, state.model, state.ema, clip_grad=cfg.clip_grad)
 
 
 def init_head_by_probe(

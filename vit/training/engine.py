@@ -33,7 +33,6 @@ from ..utils import locks, process_group
 from ..utils.process_group import DistInfo
 from .build import Run, default_run_dir, start, start_run_dir
 from .checkpoint import STATE_FILE, CheckpointSaver, TrainingState
-from .compiled_update import CompiledUpdate
 from .errors import START_ERRORS, NonFiniteLossError, TrainingError, TrainingInterrupted
 from .run_log import RunLog
 from .settings import (
@@ -43,6 +42,7 @@ from .settings import (
     mixup_on_for_epoch,
     patch_drop_for_epoch,
 )
+from .update_graph import UpdateGraph
 
 logger = logging.getLogger("vit")
 
@@ -329,9 +329,9 @@ def optimizer_step(
     state: TrainingState,
     loss: torch.Tensor,
     clip_grad: float | None,
-    update: CompiledUpdate | None = None,
+    update: UpdateGraph | None = None,
 ) -> float:
-    """Backward, clip, step, EMA (in one compiled call with `update`, --compile-update),
+    """Backward, clip, step, EMA (one CUDA graph's replay with `update`, --graph-update),
     schedule; returns the learning rate the step used."""
     optimizer, scaler = state.optimizer, state.scaler
     optimizer.zero_grad(set_to_none=True)

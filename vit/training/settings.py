@@ -100,7 +100,7 @@ class TrainConfig:
     amp_dtype: str = setting("bfloat16", "optimisation", "autocast dtype", choices=("bfloat16", "float16"))
     compile: bool = setting(False, "optimisation", "torch.compile the model and the loss into one graph (and, off the CPU, --batch-augment's RandAugment)")
     compile_mode: str = setting("default", "optimisation", "torch.compile's mode with --compile: reduce-overhead replays each step's kernels as CUDA graphs on a GPU (the launches of a small model cost more than its arithmetic); max-autotune also searches the fastest kernels", choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
-    compile_update: bool = setting(False, "optimisation", "torch.compile gradient clipping, the optimizer's step and the EMA into one graph (in --compile-mode): on a GPU a few kernels, or one CUDA graph, instead of hundreds of launches a step; the eager update's arithmetic (to float rounding) and its checkpoints (not with --amp-dtype float16)")
+    graph_update: bool = setting(False, "optimisation", "gradient clipping, the optimizer's step and the EMA as one graph: on a GPU captured once as a CUDA graph and replayed every step (one launch where eager they are hundreds; no compilation); on a CPU the same arithmetic runs as it is. The eager update's arithmetic (to float rounding) and checkpoints; not with --amp-dtype float16")
 
     crop: str = setting("auto", "augmentation", "pad+random crop, random resized crop, or auto (pad for <= 64 px)", choices=("auto", "pad", "rrc"))
     rrc_scale: float = setting(0.08, "augmentation", "smallest random-resized-crop area")
@@ -230,11 +230,11 @@ def check_settings(cfg: TrainConfig) -> None:
             f"--lr down to --min-lr; give a --min-lr <= --lr"
         )
     resolve_warmup_epochs(cfg)  # warmup must end before the run does
-    if cfg.compile_update and cfg.amp and cfg.amp_dtype == "float16":
+    if cfg.graph_update and cfg.amp and cfg.amp_dtype == "float16":
         raise ValueError(
-            "--compile-update with --amp-dtype float16: float16's gradient scaler skips steps "
-            "on the host, which the compiled update does not; use --amp-dtype bfloat16, or "
-            "leave out --compile-update"
+            "--graph-update with --amp-dtype float16: float16's gradient scaler skips steps "
+            "on the host, which the graph cannot; use --amp-dtype bfloat16, or "
+            "leave out --graph-update"
         )
     fine_tuning = {"--trainable-blocks": cfg.trainable_blocks is not None}
     fine_tuning["--head-init probe"] = cfg.head_init == "probe"

@@ -1,22 +1,25 @@
-"""The update half of a training step as one compiled graph (`--compile-update`): gradient
-clipping, the optimizer's step (AdamW, or Muon and AdamW) and the EMA.
+"""The update half of a training step as one CUDA graph (`--graph-update`): gradient clipping,
+the optimizer's step (AdamW, or Muon and AdamW) and the EMA, captured once and replayed.
 
-Eager, that half of the GPU speedrun's step dispatches hundreds of operations, each a kernel
-launch on a GPU: their host time alone was ~6 ms a step on a Zen 3 core (Muon's step 3.7 ms,
-clipping 1, the EMA 1: benchmarks/host_overhead.py), as long as an H200 took for the whole
-step of the recipe's 4M-parameter model. Compiled, they are a few fused kernels and
-Newton-Schulz's batched matrix products, and under --compile-mode reduce-overhead one CUDA graph,
-replayed.
+Eager, that half of the GPU speedrun's step launches hundreds of kernels, and their host time
+alone was ~4.5-5 ms a step on a Xeon core (benchmarks/host_overhead.py: Muon's step ~3 ms,
+clipping and the EMA ~0.6 each), a third of the whole step of the recipe's 4M-parameter model
+on an H200 (13.9 ms). Replayed as a CUDA graph, it is one launch. Captured, not compiled:
+torch.compile of the same function took 83 s to compile on that CPU from a cold cache, mostly
+in inductor's search for fusions over ~100 tensors' operations (`host_overhead.py
+--compile-seconds`), time a five-minute run would pay on every bare machine; a capture
+compiles nothing.
 
 The arithmetic is the eager update's, on the optimizer's and the EMA's own tensors (momentum
 buffers, AdamW's moments and step counts, the EMA's weights): a checkpoint written by one
-resumes under the other, and the two agree to float rounding (tests/test_compiled_update.py).
-What changes from step to step (learning rates, Adam's bias corrections, the EMA's decay) is
-computed on the host in float64, as the eager optimizers compute it, and enters the graph as one
-tensor of scalars: the graph compiles once. Not supported: float16's gradient scaler (train in
-bfloat16), a parameter left without a gradient, and, under DistributedDataParallel, Muon's
-sharing of Newton-Schulz between the processes (each process orthogonalises every matrix: the
-same updates, more work).
+resumes under the other, and the two agree to float rounding (tests/test_gpu.py). What changes
+from step to step (learning rates, Adam's bias corrections, the EMA's decay) is computed on the
+host in float64, as the eager optimizers compute it, and copied into the graph's tensor of
+scalars; the gradients are copied into the graph's own (one multi-tensor copy). On a CPU, which
+has no launches to save, the same arithmetic runs as it is. Not supported: float16's gradient
+scaler (train in bfloat16), a parameter left without a gradient, and, under
+DistributedDataParallel, Muon's sharing of Newton-Schulz between the processes (each process
+orthogonalises every matrix: the same updates, more work).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from .optimizers import Muon, orthogonalize_all
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """What the compiled function knows of one optimizer group: what stays fixed for a run."""
+    """One optimizer group, as the update sees it: what stays fixed for a run."""
 
     muon: bool  # Muon's orthogonalised momentum; else AdamW
     size: int  # the group's tensors
@@ -44,12 +47,13 @@ class GroupPlan:
     scales: tuple[float, ...]  # Muon: each tensor's update scale, 0.2 sqrt(max(m, n)) of a block
 
 
-class CompiledUpdate:
+class UpdateGraph:
     """Call it after `loss.backward()`: clips the gradients to `clip_grad` (None: no
-    clipping), steps `optimizer` (Muon, or torch's AdamW), updates `ema` (None: no EMA), all
-    in one function compiled in torch.compile's `mode`. Each call reads the groups' learning
-    rates, so the scheduler drives it as it drives the eager step. Build it after any
-    `optimizer.load_state_dict`: it holds the state's tensors (and creates missing ones)."""
+    clipping), steps `optimizer` (Muon, or torch's AdamW), updates `ema` (None: no EMA). On a
+    GPU the first call captures the three as one CUDA graph, and every call replays it. Each
+    call reads the groups' learning rates, so the scheduler drives it as it drives the eager
+    step. Build it after any `optimizer.load_state_dict`: it holds the state's tensors (and
+    creates the missing ones, as the eager step's first call would)."""
 
     def __init__(
         self,
@@ -57,43 +61,66 @@ class CompiledUpdate:
         model: nn.Module,
         ema: ModelEma | None,
         clip_grad: float | None,
-        mode: str = "default",
     ) -> None:
         if not isinstance(optimizer, Muon | torch.optim.AdamW):
-            raise TypeError(f"--compile-update: {type(optimizer).__name__} is not Muon or AdamW")
+            raise TypeError(f"--graph-update: {type(optimizer).__name__} is not Muon or AdamW")
         self.optimizer, self.model, self.ema = optimizer, model, ema
         self.max_norm = clip_grad or None
         self.groups = [group for group in optimizer.param_groups if group["params"]]
-        self.plans = [plan_group(optimizer, group) for group in self.groups]
+        self.plans = [plan_group(group) for group in self.groups]
         self.state = [group_state(optimizer, group) for group in self.groups]
         self.params = [param for group in self.groups for param in group["params"]]
-        # the EMA's (average, model) tensors: floating ones averaged in the graph, others copied
+        # the EMA's (average, model) tensors: the floating ones averaged, the others copied
         self.ema_pairs, self.ema_copies = paired_tensors(ema.module, model) if ema else ([], [])
-        updated = [*self.params, *(average for average, _ in self.ema_pairs)]
-        updated += [t for state in self.state for key in TENSOR_LISTS for t in state.get(key, [])]
-        for tensor in updated:  # updated in place: a CUDA graph reads them where they are
-            torch._dynamo.mark_static_address(tensor)
-        self.compiled = torch.compile(self.apply, mode=mode, dynamic=False, fullgraph=True)
+        self.graph: torch.cuda.CUDAGraph | None = None  # captured by the first call on a GPU
+        self.static_grads: list[torch.Tensor] = []  # what the graph reads its inputs from
+        self.static_scalars: torch.Tensor | None = None
 
     def __call__(self) -> None:
         grads = [param.grad for param in self.params]
         if any(grad is None for grad in grads):
-            names = [
-                n for n, p in self.model.named_parameters() if p.requires_grad and p.grad is None
-            ]
+            named = self.model.named_parameters()
+            names = [name for name, p in named if p.requires_grad and p.grad is None]
             raise RuntimeError(
-                f"--compile-update: {', '.join(names[:3])} got no gradient this step, and the "
-                f"compiled update steps every trained parameter; train without --compile-update"
+                f"--graph-update: {', '.join(names[:3])} got no gradient this step, and the "
+                f"update steps every trained parameter; train without --graph-update"
             )
         scalars = torch.tensor(self.scalars(), dtype=torch.float32)  # (S,)
-        if self.params[0].is_cuda:  # pinned: the copy goes on while the host queues more work
-            scalars = scalars.pin_memory().to(self.params[0].device, non_blocking=True)
-        self.compiled(grads, scalars)
+        if not self.params[0].is_cuda:
+            self.apply(grads, scalars)
+        else:
+            if self.graph is None:
+                self.capture(grads, scalars)
+            torch._foreach_copy_(self.static_grads, grads)
+            # from pinned memory: the copy is queued, and the host goes on
+            self.static_scalars.copy_(scalars.pin_memory(), non_blocking=True)
+            self.graph.replay()
         # what torch's learning-rate schedulers check (their wrapper of optimizer.step sets it)
         # before warning that the schedule stepped before the optimizer did
         self.optimizer._opt_called = True
         for average, now in self.ema_copies:
             average.copy_(now)
+
+    def capture(self, grads: list[torch.Tensor], scalars: torch.Tensor) -> None:
+        """Record `apply` on the graph's own input tensors (made here: copies of `grads` and
+        of `scalars`, (S,) on the CPU) as one CUDA graph. One warm-up run first, on a side
+        stream as CUDA graphs require (libraries initialise lazily, outside a capture), its
+        update then undone; the capture itself updates nothing."""
+        self.static_grads = [grad.clone() for grad in grads]
+        self.static_scalars = scalars.to(grads[0].device)
+        updated = [*self.params, *(average for average, _ in self.ema_pairs)]
+        updated += [t for state in self.state for key in TENSOR_LISTS for t in state.get(key, [])]
+        saved = [tensor.clone() for tensor in updated]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.apply(self.static_grads, self.static_scalars)
+        torch.cuda.current_stream().wait_stream(side)
+        torch._foreach_copy_(updated, saved)
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: another thread's CUDA calls (a loader's, say) do not break the capture
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            self.apply(self.static_grads, self.static_scalars)
 
     def scalars(self) -> list[float]:
         """This step's numbers, in float64 as the eager optimizers compute them: per group
@@ -106,7 +133,7 @@ class CompiledUpdate:
             if plan.muon:
                 values += [-lr * scale for scale in plan.scales]
             else:
-                torch._foreach_add_(state["steps"], 1)  # the saved counts (on the CPU)
+                torch._foreach_add_(state["steps"], 1)  # the saved counts, as the eager step
                 state["step"] += 1
                 beta1, beta2 = plan.betas
                 values += [-lr / (1 - beta1 ** state["step"]), 1 - beta2 ** state["step"]]
@@ -116,8 +143,9 @@ class CompiledUpdate:
 
     @torch.no_grad()
     def apply(self, grads: list[torch.Tensor], scalars: torch.Tensor) -> None:
-        """What is compiled: the gradients and `scalars` in, the parameters, the optimizer's
-        state and the EMA updated in place."""
+        """The update, from the gradients and `scalars` (on the parameters' device); the
+        parameters, the optimizer's state and the EMA updated in place. No host reads: it can
+        be captured."""
         if self.max_norm is not None:
             grads = clip_by_total_norm(grads, self.max_norm)
         first, at = 0, 0  # the group's first tensor, its first scalar
@@ -137,11 +165,9 @@ class CompiledUpdate:
             else:
                 adamw_(params, group_grads, state, plan, scalars[at + 1], scalars[at + 2])
                 at += 3
-        orthogonal = iter(
-            orthogonalize_all(blocks, self.optimizer.ns_steps, self.optimizer.ns_dtype)
-            if blocks
-            else []
-        )
+        if blocks:  # Muon's groups
+            steps, dtype = self.optimizer.ns_steps, self.optimizer.ns_dtype
+            orthogonal = iter(orthogonalize_all(blocks, steps, dtype))
         for param, step, splits in targets:
             update = torch.stack([next(orthogonal) for _ in range(splits)])  # (splits, m, n)
             param.add_(update.reshape(param.shape) * step)
@@ -155,10 +181,10 @@ class CompiledUpdate:
 TENSOR_LISTS = ("buffers", "exp_avgs", "exp_avg_sqs")
 
 
-def plan_group(optimizer: torch.optim.Optimizer, group: dict) -> GroupPlan:
+def plan_group(group: dict) -> GroupPlan:
     muon = group.get("use_muon", False)
     if group.get("amsgrad") or group.get("maximize"):
-        raise ValueError("--compile-update: AdamW's amsgrad and maximize are not supported")
+        raise ValueError("--graph-update: AdamW's amsgrad and maximize are not supported")
     scales = []
     for param in group["params"] if muon else []:
         m, n = param.shape[0] // group["splits"], param.shape[1]
@@ -195,7 +221,7 @@ def group_state(optimizer: torch.optim.Optimizer, group: dict) -> dict:
     counts = {int(state["step"].item()) for state in states}
     if len(counts) > 1:
         raise ValueError(
-            f"--compile-update: one AdamW group's tensors took different numbers of steps "
+            f"--graph-update: one AdamW group's tensors took different numbers of steps "
             f"({sorted(counts)}), which its bias correction cannot follow; resume without it"
         )
     return {
