@@ -388,6 +388,46 @@ def test_cuda_graph_steps_match_eager_steps(device):
     assert train_steps(graphed, 5) == pytest.approx(train_steps(eager, 5), rel=1e-4)
 
 
+@pytest.mark.slow  # torch.compile: a minute of compilation and CUDA graph capture
+def test_update_graph_beside_the_compiled_steps_cuda_graphs(device):
+    """The speedrun's combination: the forward and backward replayed as CUDA graphs
+    (reduce-overhead) and the update captured as one more, which train as the same compiled
+    steps with the eager update do (the same bound as reduce-overhead's own)."""
+    if device.type != "cuda":
+        pytest.skip("CUDA graphs need a GPU (on a CPU reduce-overhead compiles as default)")
+    settings = dict(compile=True, compile_mode="reduce-overhead", opt="muon", model_ema=True)
+    eager_update = engine_run(device, **settings)
+    graphed = engine_run(device, **settings, graph_update=True)
+    assert train_steps(graphed, 5) == pytest.approx(train_steps(eager_update, 5), rel=1e-4)
+    assert graphed.update.graph is not None
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_update_graph_runs_uncaptured_where_cuda_refuses_the_capture(monkeypatch, caplog):
+    """A capture CUDA refuses: one warning, the warm-up's update undone, and the same steps
+    taken uncaptured (the eager update's, within the bound of the captured ones)."""
+    from vit.training import update_graph
+
+    def refused():
+        raise RuntimeError("operation not permitted when stream is capturing (a test's)")
+
+    monkeypatch.setattr(update_graph.torch.cuda, "CUDAGraph", refused)
+    device = torch.device("cuda")
+    settings = dict(opt="muon", model_ema=True, model_ema_decay=0.9, clip_grad=0.05)
+    eager, uncaptured = (
+        engine_run(device, **settings),
+        engine_run(device, **settings, graph_update=True),
+    )
+    with caplog.at_level("WARNING", logger="vit"):
+        train_steps(eager, 3)
+        train_steps(uncaptured, 3)
+    assert uncaptured.update.graph is None and not uncaptured.update.capturable
+    assert [r.message for r in caplog.records if "could not be captured" in r.message] != []
+    ours, theirs = uncaptured.model.state_dict(), eager.model.state_dict()
+    for key, value in theirs.items():
+        torch.testing.assert_close(ours[key], value, rtol=1e-4, atol=2e-5, msg=key)
+
+
 def test_adamw_is_one_fused_kernel_on_a_gpu_only(device):
     """On a GPU torch's fused AdamW (one launch for every tensor); on the CPU the foreach
     update every CPU run so far took."""

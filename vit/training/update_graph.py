@@ -24,14 +24,18 @@ orthogonalises every matrix: the same updates, more work).
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ..utils.messages import one_line
 from .ema import ModelEma, paired_tensors
 from .optimizers import Muon, orthogonalize_all
+
+logger = logging.getLogger("vit")
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,8 @@ class GroupPlan:
 class UpdateGraph:
     """Call it after `loss.backward()`: clips the gradients to `clip_grad` (None: no
     clipping), steps `optimizer` (Muon, or torch's AdamW), updates `ema` (None: no EMA). On a
-    GPU the first call captures the three as one CUDA graph, and every call replays it. Each
+    GPU the first call captures the three as one CUDA graph, and every call replays it (where
+    CUDA refuses the capture: one warning, and the same function runs uncaptured). Each
     call reads the groups' learning rates, so the scheduler drives it as it drives the eager
     step. Build it after any `optimizer.load_state_dict`: it holds the state's tensors (and
     creates the missing ones, as the eager step's first call would)."""
@@ -73,6 +78,7 @@ class UpdateGraph:
         # the EMA's (average, model) tensors: the floating ones averaged, the others copied
         self.ema_pairs, self.ema_copies = paired_tensors(ema.module, model) if ema else ([], [])
         self.graph: torch.cuda.CUDAGraph | None = None  # captured by the first call on a GPU
+        self.capturable = True  # until a capture fails
         self.static_grads: list[torch.Tensor] = []  # what the graph reads its inputs from
         self.static_scalars: torch.Tensor | None = None
 
@@ -86,11 +92,11 @@ class UpdateGraph:
                 f"update steps every trained parameter; train without --graph-update"
             )
         scalars = torch.tensor(self.scalars(), dtype=torch.float32)  # (S,)
-        if not self.params[0].is_cuda:
-            self.apply(grads, scalars)
+        if self.params[0].is_cuda and self.graph is None and self.capturable:
+            self.capture_or_warn(grads, scalars)
+        if self.graph is None:  # a CPU, or a GPU where the capture failed: the same arithmetic
+            self.apply(grads, scalars.to(self.params[0].device))
         else:
-            if self.graph is None:
-                self.capture(grads, scalars)
             torch._foreach_copy_(self.static_grads, grads)
             # from pinned memory: the copy is queued, and the host goes on
             self.static_scalars.copy_(scalars.pin_memory(), non_blocking=True)
@@ -100,6 +106,19 @@ class UpdateGraph:
         self.optimizer._opt_called = True
         for average, now in self.ema_copies:
             average.copy_(now)
+
+    def capture_or_warn(self, grads: list[torch.Tensor], scalars: torch.Tensor) -> None:
+        """`capture`; where CUDA refuses it, one warning, and the update runs as it is from then
+        on (the same steps, launched one by one): a run is not lost to it."""
+        try:
+            self.capture(grads, scalars)
+        except RuntimeError as error:
+            self.graph, self.capturable = None, False
+            logger.warning(
+                "--graph-update: the update could not be captured as a CUDA graph (%s); it "
+                "runs as it is, kernel by kernel",
+                one_line(error),
+            )
 
     def capture(self, grads: list[torch.Tensor], scalars: torch.Tensor) -> None:
         """Record `apply` on the graph's own input tensors (made here: copies of `grads` and
@@ -113,14 +132,17 @@ class UpdateGraph:
         saved = [tensor.clone() for tensor in updated]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.apply(self.static_grads, self.static_scalars)
-        torch.cuda.current_stream().wait_stream(side)
-        torch._foreach_copy_(updated, saved)
-        self.graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.stream(side):
+                self.apply(self.static_grads, self.static_scalars)
+        finally:  # undone, whether or not it ran to its end
+            torch.cuda.current_stream().wait_stream(side)
+            torch._foreach_copy_(updated, saved)
+        graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA calls (a loader's, say) do not break the capture
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.apply(self.static_grads, self.static_scalars)
+        self.graph = graph
 
     def scalars(self) -> list[float]:
         """This step's numbers, in float64 as the eager optimizers compute them: per group
