@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -110,8 +111,11 @@ class UpdateGraph:
     def capture_or_warn(self, grads: list[torch.Tensor], scalars: torch.Tensor) -> None:
         """`capture`; where CUDA refuses it, one warning, and the update runs as it is from then
         on (the same steps, launched one by one): a run is not lost to it."""
+        started = time.perf_counter()
         try:
             self.capture(grads, scalars)
+            seconds = time.perf_counter() - started
+            logger.info("--graph-update: the update captured as one CUDA graph in %.2f s", seconds)
         except RuntimeError as error:
             self.graph, self.capturable = None, False
             logger.warning(
