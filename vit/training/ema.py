@@ -47,8 +47,8 @@ class ModelEma:
             ema.copy_(now)
         # all tensors in one call: a few kernels on a GPU instead of one launch per tensor
         # (the same per-tensor lerp on the CPU)
-        averaged, current = zip(*floating, strict=True)
-        torch._foreach_lerp_(list(averaged), list(current), 1.0 - decay)
+        averaged, current = [ema for ema, _ in floating], [now for _, now in floating]
+        torch._foreach_lerp_(averaged, current, 1.0 - decay)
 
     def state_dict(self) -> dict:
         return {"module": self.module.state_dict(), "updates": self.updates}

@@ -149,7 +149,7 @@ class Muon(torch.optim.Optimizer):
         by_scale: dict[float, list[int]] = {}
         for index, param in enumerate(params):
             _, m, n = orthogonal[param].shape
-            by_scale.setdefault(0.2 * math.sqrt(max(m, n)), []).append(index)
+            by_scale.setdefault(update_scale(m, n), []).append(index)
         for scale, indices in by_scale.items():
             updates = [orthogonal[params[i]].reshape(params[i].shape) for i in indices]
             torch._foreach_add_([params[i] for i in indices], updates, alpha=-lr * scale)
@@ -162,13 +162,9 @@ class Muon(torch.optim.Optimizer):
         for group, params in zip(self.param_groups, trained, strict=True):
             if not group["use_muon"]:
                 continue
-            for param in params:
-                if "momentum_buffer" not in self.state[param]:
-                    self.state[param]["momentum_buffer"] = torch.zeros_like(param)
             grads = [param.grad for param in params]
-            bufs = [self.state[param]["momentum_buffer"] for param in params]
-            torch._foreach_lerp_(bufs, grads, 1 - group["momentum"])
-            nesterov = torch._foreach_lerp(grads, bufs, group["momentum"])
+            bufs = momentum_buffers(self.state, params)
+            nesterov = nesterov_momentum(grads, bufs, group["momentum"])
             for param, update in zip(params, nesterov, strict=True):
                 # (splits * m, n) -> splits blocks of (m, n), each orthogonalised on its own
                 updates[param] = update.reshape(group["splits"], -1, update.shape[-1])
@@ -197,26 +193,60 @@ class Muon(torch.optim.Optimizer):
 
     def _adamw_update(self, params: list, group: dict) -> None:
         """AdamW's update (Loshchilov & Hutter) of every tensor in `params`."""
-        states = [self.state[param] for param in params]
-        for param, state in zip(params, states, strict=True):
-            if "step" not in state:
-                state["step"] = torch.zeros((), dtype=torch.float64)
-                state["exp_avg"] = torch.zeros_like(param)
-                state["exp_avg_sq"] = torch.zeros_like(param)
+        states = adamw_states(self.state, params, count_dtype=torch.float64)
         grads = [param.grad for param in params]
         exp_avgs = [state["exp_avg"] for state in states]
         exp_avg_sqs = [state["exp_avg_sq"] for state in states]
         torch._foreach_add_([state["step"] for state in states], 1)
         steps = [state["step"].item() for state in states]
         beta1, beta2 = group["betas"]
-        torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sqs, beta2)
-        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        adamw_moments_(exp_avgs, exp_avg_sqs, grads, group["betas"])
         denoms = torch._foreach_div(exp_avg_sqs, [1 - beta2**step for step in steps])
         torch._foreach_sqrt_(denoms)
         torch._foreach_add_(denoms, group["eps"])
         step_sizes = [-group["lr"] / (1 - beta1**step) for step in steps]
         torch._foreach_addcdiv_(params, exp_avgs, denoms, step_sizes)
+
+
+def update_scale(rows: int, cols: int) -> float:
+    """The factor on an orthogonalised (rows, cols) update: 0.2 sqrt(max(rows, cols)) gives it
+    AdamW's typical RMS of ~0.2 (Moonlight's matching)."""
+    return 0.2 * math.sqrt(max(rows, cols))
+
+
+def momentum_buffers(state: dict, params: list) -> list[torch.Tensor]:
+    """Each parameter's Muon momentum buffer in the optimizer's `state`, made (zeros) where
+    missing."""
+    for param in params:
+        if "momentum_buffer" not in state[param]:
+            state[param]["momentum_buffer"] = torch.zeros_like(param)
+    return [state[param]["momentum_buffer"] for param in params]
+
+
+def nesterov_momentum(grads: list, buffers: list, momentum: float) -> list[torch.Tensor]:
+    """The buffers moved toward the gradients in place (SGD momentum as an EMA); returns the
+    Nesterov updates, the gradients moved toward the new buffers."""
+    torch._foreach_lerp_(buffers, grads, 1 - momentum)
+    return torch._foreach_lerp(grads, buffers, momentum)
+
+
+def adamw_states(state: dict, params: list, count_dtype: torch.dtype) -> list[dict]:
+    """Each parameter's AdamW state in the optimizer's `state` (step count in `count_dtype`,
+    on the CPU; the two moments), made (zeros) where missing."""
+    for param in params:
+        if "step" not in state[param]:
+            state[param]["step"] = torch.zeros((), dtype=count_dtype)
+            state[param]["exp_avg"] = torch.zeros_like(param)
+            state[param]["exp_avg_sq"] = torch.zeros_like(param)
+    return [state[param] for param in params]
+
+
+def adamw_moments_(exp_avgs: list, exp_avg_sqs: list, grads: list, betas) -> None:
+    """AdamW's first and second moments, updated in place with this step's gradients."""
+    beta1, beta2 = betas
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
 
 
 def share_work(shapes: list[torch.Size], world: int) -> list[int]:

@@ -25,7 +25,6 @@ orthogonalises every matrix: the same updates, more work).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 
@@ -34,7 +33,15 @@ from torch import nn
 
 from ..utils.messages import one_line
 from .ema import ModelEma, paired_tensors
-from .optimizers import Muon, orthogonalize_all
+from .optimizers import (
+    Muon,
+    adamw_moments_,
+    adamw_states,
+    momentum_buffers,
+    nesterov_momentum,
+    orthogonalize_all,
+    update_scale,
+)
 
 logger = logging.getLogger("vit")
 
@@ -117,7 +124,7 @@ class UpdateGraph:
             seconds = time.perf_counter() - started
             logger.info("--graph-update: the update captured as one CUDA graph in %.2f s", seconds)
         except RuntimeError as error:
-            self.graph, self.capturable = None, False
+            self.capturable = False
             logger.warning(
                 "--graph-update: the update could not be captured as a CUDA graph (%s); it "
                 "runs as it is, kernel by kernel",
@@ -182,8 +189,7 @@ class UpdateGraph:
             first += plan.size
             torch._foreach_mul_(params, scalars[at])  # decoupled weight decay
             if plan.muon:
-                torch._foreach_lerp_(state["buffers"], group_grads, 1 - plan.momentum)
-                nesterov = torch._foreach_lerp(group_grads, state["buffers"], plan.momentum)
+                nesterov = nesterov_momentum(group_grads, state["buffers"], plan.momentum)
                 for i, (param, update) in enumerate(zip(params, nesterov, strict=True)):
                     blocks += update.reshape(plan.splits, -1, update.shape[-1]).unbind(0)
                     targets.append((param, scalars[at + 1 + i], plan.splits))
@@ -211,14 +217,13 @@ def plan_group(group: dict) -> GroupPlan:
     muon = group.get("use_muon", False)
     if group.get("amsgrad") or group.get("maximize"):
         raise ValueError("--graph-update: AdamW's amsgrad and maximize are not supported")
-    scales = []
-    for param in group["params"] if muon else []:
-        m, n = param.shape[0] // group["splits"], param.shape[1]
-        scales.append(0.2 * math.sqrt(max(m, n)))  # as Muon._muon_update
+    splits = group.get("splits", 1)
+    # each tensor's (splits * m, n) weight is updated as splits blocks of (m, n)
+    scales = [update_scale(p.shape[0] // splits, p.shape[1]) for p in group["params"] if muon]
     return GroupPlan(
         muon=muon,
         size=len(group["params"]),
-        splits=group.get("splits", 1),
+        splits=splits,
         momentum=group.get("momentum", 0.0),
         betas=tuple(group["betas"]),
         eps=group["eps"],
@@ -231,19 +236,10 @@ def group_state(optimizer: torch.optim.Optimizer, group: dict) -> dict:
     call where missing), and an AdamW group's step count."""
     params = group["params"]
     if group.get("use_muon", False):
-        for param in params:
-            if "momentum_buffer" not in optimizer.state[param]:
-                optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
-        return {"buffers": [optimizer.state[param]["momentum_buffer"] for param in params]}
+        return {"buffers": momentum_buffers(optimizer.state, params)}
     # Muon keeps AdamW's counts in float64, torch's AdamW in float32 (both on the CPU)
     count_dtype = torch.float64 if isinstance(optimizer, Muon) else torch.float32
-    for param in params:
-        state = optimizer.state[param]
-        if "step" not in state:
-            state["step"] = torch.zeros((), dtype=count_dtype)
-            state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-    states = [optimizer.state[param] for param in params]
+    states = adamw_states(optimizer.state, params, count_dtype)
     counts = {int(state["step"].item()) for state in states}
     if len(counts) > 1:
         raise ValueError(
@@ -269,10 +265,7 @@ def clip_by_total_norm(grads: list[torch.Tensor], max_norm: float) -> list[torch
 def adamw_(params, grads, state: dict, plan: GroupPlan, step_size, bias_correction2) -> None:
     """AdamW's moments and step (Loshchilov & Hutter) in place, as Muon's eager AdamW; the
     weight decay is applied before. `step_size`: -lr / (1 - beta1^t)."""
-    beta1, beta2 = plan.betas
-    torch._foreach_lerp_(state["exp_avgs"], grads, 1 - beta1)
-    torch._foreach_mul_(state["exp_avg_sqs"], beta2)
-    torch._foreach_addcmul_(state["exp_avg_sqs"], grads, grads, value=1 - beta2)
+    adamw_moments_(state["exp_avgs"], state["exp_avg_sqs"], grads, plan.betas)
     denoms = torch._foreach_div(state["exp_avg_sqs"], bias_correction2)
     torch._foreach_sqrt_(denoms)
     torch._foreach_add_(denoms, plan.eps)
