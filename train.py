@@ -3,6 +3,7 @@
     python train.py --data cifar10                              # the CIFAR recipe
     python train.py --data path/to/folder --epochs 30 --batch-size 64
     python train.py --config configs/cifar10.yaml --lr 5e-4      # flags override the YAML
+    python train.py --data cifar10 --time-budget 1500            # as many epochs as fit in 25 min
     python train.py --resume runs/RUN                            # continue a run as started
     torchrun --nproc_per_node 4 train.py --data cifar10          # DistributedDataParallel
     python -m vit.distributed --standalone --nproc_per_node 2 train.py --data cifar10

@@ -44,7 +44,8 @@
 # side by side on the one GPU, under CUDA MPS where the machine has it; VIT_GPU_VARIANTS, flag
 # sets with ';' between them: each seed once per variant, all at once), each the whole train.py
 # command timed as a first run on a bare machine (caches of its own for decoded images and
-# compiled kernels), time-boxed to VIT_GPU_SPEEDRUN_SECONDS (default 330), VIT_GPU_SPEEDRUN_ARGS
+# compiled kernels), time-boxed to VIT_GPU_SPEEDRUN_SECONDS (default 330; a box too short for
+# the recipe's time_budget gives the run --time-budget 20 s short of it), VIT_GPU_SPEEDRUN_ARGS
 # added, its final weights evaluated with --tta flip beside; a run that fails (not one its time
 # box stops) is tried again with each of VIT_GPU_FALLBACKS (default "--no-graph-update;
 # --compile-mode default --no-graph-update;--no-compile --no-graph-update") added. Then benchmarks/training_pipeline.py (today's pipeline against
@@ -512,6 +513,12 @@ speedrun_seed() {  # speedrun_seed SEED [NAME]: the recipe's whole command, time
     return 1
 }
 
+recipe_time_budget() {  # the speedrun recipe's time_budget in whole seconds (none: a large number)
+    "$PYTHON" -c 'import sys, yaml
+budget = yaml.safe_load(open(sys.argv[1])).get("time_budget")
+print(int(budget) if budget else 10**9)' configs/cifar10_gpu_speedrun.yaml
+}
+
 speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS NAME: one timed train.py command
     local seed="$1" extra="$2" name="$3"
     local run="$OUTDIR/speedrun-$name" caches="$OUTDIR/caches-$name"
@@ -525,6 +532,11 @@ speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS NAME: one timed train.
         echo "seed $seed: not started, ${left} s left before VIT_GPU_DEADLINE"
         status=75
     else
+        # A box too short for the recipe's --time-budget: the run sets its epochs to end
+        # inside the box (20 s short of it, for the final files and the forecast's misses).
+        if [ "$((box - 20))" -lt "$(recipe_time_budget)" ]; then
+            extra="$extra --time-budget $((box - 20))"
+        fi
         echo "seed $seed: train.py ... ${VIT_GPU_SPEEDRUN_ARGS:-} $extra   (time box ${box} s)"
         # shellcheck disable=SC2086  # flags, split on spaces
         TORCHINDUCTOR_CACHE_DIR="$caches/inductor" TRITON_CACHE_DIR="$caches/triton" \

@@ -221,11 +221,7 @@ def build_training_state(
         lr_scales=None if cfg.layer_decay is None else layer_lr_scales(model, cfg.layer_decay),
     )
     total_steps = cfg.epochs * steps_per_epoch
-    schedule = warmup_cosine(
-        total_steps=total_steps,
-        warmup_steps=round(resolve_warmup_epochs(cfg) * steps_per_epoch),
-        min_ratio=cfg.min_lr / cfg.lr,
-    )
+    schedule = build_schedule(cfg, steps_per_epoch)
     # A gradient scaler only for float16: bfloat16 has float32's range and needs none.
     scaler = torch.amp.GradScaler(device.type, enabled=cfg.amp and cfg.amp_dtype == "float16")
     ema = ModelEma(model, resolve_ema_decay(cfg, total_steps)) if cfg.model_ema else None
@@ -237,6 +233,15 @@ def build_training_state(
         ema=ema,
         info=info,
         config=cfg.to_dict(),
+    )
+
+
+def build_schedule(cfg: TrainConfig, steps_per_epoch: int) -> Callable[[int], float]:
+    """The learning rate's factor per optimizer step: warmup, then cosine to --min-lr."""
+    return warmup_cosine(
+        total_steps=cfg.epochs * steps_per_epoch,
+        warmup_steps=round(resolve_warmup_epochs(cfg) * steps_per_epoch),
+        min_ratio=cfg.min_lr / cfg.lr,
     )
 
 

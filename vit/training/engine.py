@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
 import time
 from pathlib import Path
 
@@ -31,16 +32,25 @@ from tqdm import tqdm
 from ..inference.evaluation import evaluate
 from ..utils import locks, process_group
 from ..utils.process_group import DistInfo
-from .build import Run, default_run_dir, start, start_run_dir
-from .checkpoint import STATE_FILE, CheckpointSaver, TrainingState
+from .build import Run, build_schedule, default_run_dir, start, start_run_dir
+from .checkpoint import CONFIG_FILE, STATE_FILE, CheckpointSaver, TrainingState, save_yaml
 from .errors import START_ERRORS, NonFiniteLossError, TrainingError, TrainingInterrupted
 from .run_log import RunLog
 from .settings import (
+    PLAN_AFTER_EPOCHS,
     TrainConfig,
     evaluation_split,
     image_size_for_epoch,
     mixup_on_for_epoch,
     patch_drop_for_epoch,
+    resolve_ema_decay,
+)
+from .time_budget import (
+    Timings,
+    describe_plan,
+    epochs_in_budget,
+    planned_settings,
+    seconds_since_start,
 )
 from .update_graph import UpdateGraph
 
@@ -134,16 +144,25 @@ def interrupted(error: BaseException, info: DistInfo) -> bool:
 
 
 def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
-    """The epoch loop, from the state's epoch to cfg.epochs; returns the last metrics row."""
+    """The epoch loop, from the state's epoch to cfg.epochs (which --time-budget sets once, at
+    the end of epoch PLAN_AFTER_EPOCHS); returns the last metrics row."""
     cfg, state = run.cfg, run.state
     row: dict = state.history[-1] if state.history else {}
-    for epoch in range(state.epoch, cfg.epochs):
+    paces: list[float] = []  # each epoch of this start, in seconds, evaluation and save aside
+    while state.epoch < cfg.epochs:
+        epoch = state.epoch
+        began = time.perf_counter()
         size = start_epoch(run, epoch)
-        started = time.perf_counter()
+        training = time.perf_counter()
         stats = train_one_epoch(run, epoch=epoch)
-        seconds = time.perf_counter() - started
-        due = ends_period(epoch, cfg.eval_interval, cfg.epochs)
+        seconds = time.perf_counter() - training
+        # The plan's epoch also evaluates and saves, to time them. A start resumed after it
+        # (killed between its checkpoint and its config.yaml) plans at its first epoch's end.
+        plans = cfg.time_budget is not None and epoch + 1 >= PLAN_AFTER_EPOCHS
+        due = plans or ends_period(epoch, cfg.eval_interval, cfg.epochs)
+        evaluating = time.perf_counter()
         test, ema_test = evaluate_epoch(run) if due else (None, None)
+        evaluation_seconds = time.perf_counter() - evaluating
         row = metrics_row(
             epoch=epoch,
             stats=stats,
@@ -156,10 +175,46 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
         kept_metrics = ema_test if state.ema is not None else test  # see TrainingState.kept
         improved = state.end_epoch(row, kept_metrics)
         log.epoch(row, state.history)
-        if improved or ends_period(epoch, cfg.checkpoint_interval, cfg.epochs):
+        saving = time.perf_counter()
+        if plans or improved or ends_period(epoch, cfg.checkpoint_interval, cfg.epochs):
             saver.save(state, kept_metrics, improved)
+        checkpoint_seconds = time.perf_counter() - saving
+        paces.append(time.perf_counter() - began - evaluation_seconds - checkpoint_seconds)
+        if plans:
+            timings = Timings(
+                elapsed=seconds_since_start(),
+                # the first epoch of a start compiles: the pace is the others', where it has any
+                epoch=statistics.mean(paces[1:] or paces),
+                evaluation=evaluation_seconds,
+                checkpoint=checkpoint_seconds,
+            )
+            plan_epochs(run, saver, log, timings)
         process_group.barrier()
     return row
+
+
+def plan_epochs(run: Run, saver: CheckpointSaver, log: RunLog, timings: Timings) -> None:
+    """--time-budget: set the run's epochs to as many as fit, and what follows from them (the
+    schedule, the EMA's horizon, config.yaml), in every process as rank 0 decides."""
+    cfg, state, done = run.cfg, run.state, run.state.epoch
+    epochs = [epochs_in_budget(cfg, done, timings)]
+    if run.info.enabled:  # each process timed its own epochs: all take rank 0's plan
+        torch.distributed.broadcast_object_list(epochs, src=0)
+    if run.info.is_main:
+        logger.info(describe_plan(cfg, epochs[0], done, timings))
+    for key, value in planned_settings(cfg, epochs[0], done).items():
+        setattr(cfg, key, value)
+    steps_per_epoch = len(run.train_loader)
+    # The step the last scheduler.step() set up keeps its rate, as it would after --resume
+    # (the optimizer's saved state holds it); the schedule's new shape starts from the next.
+    schedule = build_schedule(cfg, steps_per_epoch)
+    state.scheduler.lr_lambdas = [schedule] * len(state.optimizer.param_groups)
+    if state.ema is not None:
+        state.ema.decay = resolve_ema_decay(cfg, cfg.epochs * steps_per_epoch)
+    state.config = saver.config = cfg.to_dict()
+    log.epochs = cfg.epochs
+    if run.info.is_main:  # what --resume and a start again from it read
+        save_yaml(cfg.to_dict(), Path(cfg.output_dir) / CONFIG_FILE)
 
 
 def ends_period(epoch: int, interval: int, epochs: int) -> bool:

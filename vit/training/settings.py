@@ -82,6 +82,7 @@ class TrainConfig:
     head_init: str = setting("default", "fine-tuning", "with --pretrained: probe fits the new head on the frozen features with evaluate.py --linear-probe's protocol before the first step (probe, then fine-tune)", choices=("default", "probe"))
 
     epochs: int = setting(200, "optimisation", "training epochs")
+    time_budget: float | None = setting(None, "optimisation", "seconds of wall time the whole command may take, from its start: at the end of the fifth epoch (the epochs timed, and an evaluation and a checkpoint) --epochs becomes as many as fit, its given value the first guess (the warmup and the final epochs without MixUp/CutMix keep their length); config.yaml records the count, which --resume keeps (none: train --epochs)", metavar="SECONDS")
     batch_size: int = setting(64, "optimisation", "images per step, per process (the 200-epoch recipes use 128)")
     opt: str | None = setting(None, "optimisation", "adamw, or muon: Muon for the blocks' weight matrices, AdamW for the rest (default: muon from scratch, adamw when fine-tuning --pretrained weights)", choices=("adamw", "muon"))
     lr: float = setting(1e-3, "optimisation", "peak learning rate (AdamW's)")
@@ -168,6 +169,7 @@ LIMITS: dict[str, Range] = {
     "patch_drop": DROP_RATE,
     "patch_drop_anneal": NON_NEGATIVE,
     "epochs": AT_LEAST_1,
+    "time_budget": POSITIVE,
     "batch_size": AT_LEAST_1,
     "lr": POSITIVE,
     "muon_lr": POSITIVE,
@@ -230,6 +232,12 @@ def check_settings(cfg: TrainConfig) -> None:
             f"--lr down to --min-lr; give a --min-lr <= --lr"
         )
     resolve_warmup_epochs(cfg)  # warmup must end before the run does
+    if cfg.time_budget is not None and cfg.epochs < PLAN_AFTER_EPOCHS:
+        raise ValueError(
+            f"--time-budget times the first {PLAN_AFTER_EPOCHS} epochs before it sets "
+            f"--epochs, and --epochs {cfg.epochs} would end the run first: give --epochs "
+            f"{PLAN_AFTER_EPOCHS} or more as the first guess (the warmup follows it)"
+        )
     if cfg.graph_update and cfg.amp and cfg.amp_dtype == "float16":
         raise ValueError(
             "--graph-update with --amp-dtype float16: float16's gradient scaler skips steps "
@@ -255,6 +263,15 @@ def evaluation_split(cfg: TrainConfig) -> str:
 
 def flag_name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
+
+
+# --time-budget (vit.training.time_budget) sets --epochs at the end of this epoch: the first
+# compiles the step (tens of seconds on a bare GPU machine), so the epochs after it give the
+# pace, and four of them average out an epoch's ups and downs (a run on a shared CPU host saw
+# its epochs take 13.0-14.2 s, then 20-24 s). The plan still comes inside the default warmup
+# of a first guess of 100 epochs or more (5%: 5 of 100; the speedrun's), where the rates the
+# timed epochs took are the same whatever the plan decides.
+PLAN_AFTER_EPOCHS = 5
 
 
 # -- settings that follow the length of the run ------------------------------------------------

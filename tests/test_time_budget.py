@@ -1,0 +1,108 @@
+"""--time-budget: a run's epochs set by the wall time it may take (vit/training/time_budget.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import yaml
+from conftest import stop_after_first_save
+from safetensors.torch import load_file
+
+from vit.training import engine
+from vit.training.settings import TrainConfig, check_settings
+from vit.training.time_budget import (
+    MARGIN,
+    Timings,
+    epochs_in_budget,
+    planned_settings,
+    seconds_since_start,
+)
+
+
+def test_the_plan_takes_as_many_epochs_as_fit_after_what_was_spent():
+    cfg = TrainConfig(time_budget=100, eval_interval=5, checkpoint_interval=5)
+    timings = Timings(elapsed=40.0, epoch=1.0, evaluation=0.5, checkpoint=0.2)
+    epochs = epochs_in_budget(cfg, epochs_done=5, timings=timings)
+    more = epochs - 5
+    per_epoch = 1.0 + 0.5 / 5 + 0.2 / 5
+    spent = 40.0 + more * per_epoch + 0.5 + 0.2  # the last epoch evaluates and saves
+    assert spent <= 100 * (1 - MARGIN) < spent + per_epoch  # it fits, and one more would not
+    assert epochs == 54
+    late = Timings(elapsed=120.0, epoch=1.0, evaluation=0.5, checkpoint=0.2)
+    assert epochs_in_budget(cfg, epochs_done=5, timings=late) == 5  # over already: no more
+
+
+def test_the_plan_keeps_the_warmup_under_way_and_the_unmixed_end():
+    cfg = TrainConfig(epochs=100, time_budget=300, mixup_off_epoch=90)  # warmup: 5% of 100
+    longer = planned_settings(cfg, epochs=150, epochs_done=5)
+    assert longer == {
+        "epochs": 150,
+        "time_budget": None,
+        "warmup_epochs": 5.0,
+        "mixup_off_epoch": 140,
+    }
+    shorter = planned_settings(cfg, epochs=5, epochs_done=5)  # no time for more
+    assert shorter["warmup_epochs"] == 2.5  # it must still end before the run does
+    assert shorter["mixup_off_epoch"] == 5  # no epoch left to mix in
+    check_settings(TrainConfig(**{**cfg.to_dict(), **longer}))
+    check_settings(TrainConfig(**{**cfg.to_dict(), **shorter}))
+
+
+def test_a_first_guess_shorter_than_the_timed_epochs_is_refused():
+    with pytest.raises(ValueError, match=r"--time-budget times the first 5 epochs.*--epochs 5"):
+        check_settings(TrainConfig(epochs=4, time_budget=60))
+
+
+def test_the_clock_starts_with_the_process():
+    assert 0 < seconds_since_start() < time.monotonic()  # not the machine's uptime or a date
+
+
+def test_a_budgeted_run_ends_inside_its_budget_with_the_epochs_it_planned(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch
+):
+    """The plan subtracts what was spent before it (20 s here, as if decoding and compiling
+    had taken that long) and fills the rest: more epochs than the first guess, the whole run
+    inside its budget, the count and the kept warmup in config.yaml for --resume."""
+    spent_before, left = 20.0, 12.0  # the plan keeps 3% of the 32 s back: ~1 s
+    started = time.monotonic()
+    monkeypatch.setattr(
+        engine, "seconds_since_start", lambda: spent_before + time.monotonic() - started
+    )
+    run = tmp_path / "run"
+    args = tiny_args(image_folder, run, 5, "--time-budget", str(spent_before + left))
+    assert train_script.main(args) == 0
+    took = time.monotonic() - started
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    rows = (run / "metrics.csv").read_text().strip().splitlines()[1:]
+    assert saved["time_budget"] is None and saved["warmup_epochs"] == 1
+    assert len(rows) == saved["epochs"] > 5
+    # the last epochs' time is a forecast: allow a tenth of the budget on a busy machine
+    assert took <= left * 1.1, f"{took:.1f} s for a budget of {left} s"
+    assert took >= left * 0.5, f"{took:.1f} s of {left} s: most of the budget left unused"
+
+
+def test_a_budgeted_run_resumes_exactly(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch
+):
+    """Stopped before its plan and resumed, a budgeted run plans at the same epoch and ends
+    with the uninterrupted run's weights, model and EMA (the count is fixed here: it depends
+    on the machine's speed)."""
+    monkeypatch.setattr(engine, "epochs_in_budget", lambda cfg, epochs_done, timings: 7)
+    flags = ("--time-budget", "1000", "--model-ema")
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, reference, 5, *flags)) == 0
+    with monkeypatch.context() as patch:
+        stop_after_first_save(patch)  # after epoch 1
+        assert train_script.main(tiny_args(image_folder, run, 5, *flags)) == 130
+    assert train_script.main(["--resume", str(run)]) == 0
+    for name in ("model.safetensors", "best.safetensors"):
+        ours, theirs = load_file(run / name), load_file(reference / name)
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs), name
+    states = [torch.load(r / "training_state.pt", weights_only=False) for r in (run, reference)]
+    assert states[0]["epoch"] == states[1]["epoch"] == 7
+    for part in ("model", "ema"):  # the EMA's decay followed the plan's count in both
+        ours, theirs = states[0][part], states[1][part]
+        assert all(torch.equal(ours[k], theirs[k]) for k in theirs if torch.is_tensor(theirs[k]))
+    assert yaml.safe_load((run / "config.yaml").read_text())["epochs"] == 7

@@ -1,0 +1,103 @@
+"""--time-budget: a run's length set by the wall time it may take, rather than guessed in epochs.
+
+The GPU speedrun must end within five minutes for the whole command (issue 38), on whichever
+GPU runs it: an H200 trained the recipe's epoch in ~1.35 s, an H100 or a busier host is slower,
+a better pipeline faster, and a fixed --epochs either ends early, leaving time unused, or runs
+past the limit before its learning rate has annealed. With --time-budget the run times its
+epochs up to the end of epoch PLAN_AFTER_EPOCHS (settings.py; the first epoch of a start
+compiles the step), with one evaluation and one checkpoint, and then, once, sets --epochs to
+as many as fit in what is left:
+
+    budget (1 - MARGIN) >= elapsed + n (epoch + evaluation / eval-interval
+                                        + checkpoint / checkpoint-interval)
+                           + evaluation + checkpoint           (the last epoch's, always due)
+
+where elapsed counts from the process's start (imports, decoding, compilation included) and an
+epoch's time is all of it but its evaluation and checkpoint (the log's lines included). --epochs
+as given is the first guess, and what was derived from it while the run was timed stays: the
+warmup under way, and --mixup-off-epoch as many epochs before the end as it was. The decided
+settings replace the run's config.yaml (time_budget null there), so that --resume, and a run
+started again from that file, take the same epochs and the same schedule at any speed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .settings import TrainConfig, resolve_warmup_epochs
+
+# What the plan leaves unspent: epochs vary by a few percent in time (evaluations, the
+# host's other work), and a run that ends a little early loses little, one that ends late
+# misses its limit.
+MARGIN = 0.03
+
+_IMPORTED = time.monotonic()
+
+
+def seconds_since_start() -> float:
+    """Wall seconds since this process started (Linux's /proc), else since this module was
+    imported (a second or two after the start: torch's import)."""
+    try:
+        after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started_ticks = int(after_name[19])  # field 22, starttime, in clock ticks after boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - started_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+@dataclass(frozen=True)
+class Timings:
+    """What the plan is made from, in seconds: since the process started, per training epoch
+    (after the compiling one), one evaluation (of the model and its EMA), one checkpoint."""
+
+    elapsed: float
+    epoch: float
+    evaluation: float
+    checkpoint: float
+
+
+def epochs_in_budget(cfg: TrainConfig, epochs_done: int, timings: Timings) -> int:
+    """The run's number of epochs in all (at least `epochs_done`) that fits cfg.time_budget."""
+    per_epoch = (
+        timings.epoch
+        + timings.evaluation / cfg.eval_interval
+        + timings.checkpoint / cfg.checkpoint_interval
+    )
+    left = cfg.time_budget * (1 - MARGIN) - timings.elapsed
+    last_epoch_extra = timings.evaluation + timings.checkpoint  # always due after the last
+    more = math.floor((left - last_epoch_extra) / per_epoch) if per_epoch > 0 else 0
+    return epochs_done + max(0, more)
+
+
+def planned_settings(cfg: TrainConfig, epochs: int, epochs_done: int) -> dict:
+    """The settings that change when the run's length becomes `epochs` (of which `epochs_done`
+    are done): what followed --epochs while the run was timed stays as it was then."""
+    warmup = resolve_warmup_epochs(cfg)
+    # The warmup under way goes on at the same slope; a budget too short for it still ends it
+    # before the run does (at half the run).
+    changed = {"epochs": epochs, "time_budget": None}
+    changed["warmup_epochs"] = warmup if warmup < epochs else epochs / 2
+    if cfg.mixup_off_epoch > 0:  # the same number of final epochs without mixing
+        final_unmixed = max(0, cfg.epochs - cfg.mixup_off_epoch)
+        changed["mixup_off_epoch"] = max(epochs_done, epochs - final_unmixed)
+    if cfg.progressive_size is not None and cfg.progressive_epochs is None:
+        changed["progressive_epochs"] = cfg.epochs / 2  # the growth under way goes on
+    return changed
+
+
+def describe_plan(cfg: TrainConfig, epochs: int, epochs_done: int, timings: Timings) -> str:
+    """The log's line for the plan."""
+    line = (
+        f"--time-budget {cfg.time_budget:g} s: {epochs} epochs in all (--epochs {cfg.epochs} "
+        f"was the first guess), {timings.elapsed:.1f} s after the start, at "
+        f"{timings.epoch:.2f} s an epoch, {timings.evaluation:.2f} s an evaluation and "
+        f"{timings.checkpoint:.2f} s a checkpoint"
+    )
+    if epochs == epochs_done:
+        line += f"; the budget has no time for more than the {epochs_done} epochs done"
+    return line
