@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -34,20 +35,17 @@ def test_the_plan_takes_as_many_epochs_as_fit_after_what_was_spent():
     assert epochs_in_budget(cfg, epochs_done=5, timings=late) == 5  # over already: no more
 
 
-def test_the_plan_keeps_the_warmup_under_way_and_the_unmixed_end():
-    cfg = TrainConfig(epochs=100, time_budget=300, mixup_off_epoch=90)  # warmup: 5% of 100
+def test_the_plan_keeps_a_given_warmup_and_the_unmixed_end():
+    cfg = TrainConfig(epochs=100, time_budget=300, warmup_epochs=5, mixup_off_epoch=90)
     longer = planned_settings(cfg, epochs=150, epochs_done=5)
-    assert longer == {
-        "epochs": 150,
-        "time_budget": None,
-        "warmup_epochs": 5.0,
-        "mixup_off_epoch": 140,
-    }
+    assert longer == {"epochs": 150, "time_budget": None, "mixup_off_epoch": 140}
     shorter = planned_settings(cfg, epochs=5, epochs_done=5)  # no time for more
     assert shorter["warmup_epochs"] == 2.5  # it must still end before the run does
     assert shorter["mixup_off_epoch"] == 5  # no epoch left to mix in
-    check_settings(TrainConfig(**{**cfg.to_dict(), **longer}))
-    check_settings(TrainConfig(**{**cfg.to_dict(), **shorter}))
+    default = planned_settings(replace(cfg, warmup_epochs=None), epochs=150, epochs_done=5)
+    assert "warmup_epochs" not in default  # 5% of the decided 150
+    for planned in (longer, shorter, default):
+        check_settings(TrainConfig(**{**cfg.to_dict(), **planned}))
 
 
 def test_a_first_guess_shorter_than_the_timed_epochs_is_refused():
@@ -76,7 +74,7 @@ def test_a_budgeted_run_ends_inside_its_budget_with_the_epochs_it_planned(
     took = time.monotonic() - started
     saved = yaml.safe_load((run / "config.yaml").read_text())
     rows = (run / "metrics.csv").read_text().strip().splitlines()[1:]
-    assert saved["time_budget"] is None and saved["warmup_epochs"] == 1
+    assert saved["time_budget"] is None and saved["warmup_epochs"] == 1  # as given
     assert len(rows) == saved["epochs"] > 5
     # the last epochs' time is a forecast: allow a tenth of the budget on a busy machine
     assert took <= left * 1.1, f"{took:.1f} s for a budget of {left} s"

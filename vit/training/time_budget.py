@@ -14,10 +14,10 @@ as many as fit in what is left:
 
 where elapsed counts from the process's start (imports, decoding, compilation included) and an
 epoch's time is all of it but its evaluation and checkpoint (the log's lines included). --epochs
-as given is the first guess, and what was derived from it while the run was timed stays: the
-warmup under way, and --mixup-off-epoch as many epochs before the end as it was. The decided
-settings replace the run's config.yaml (time_budget null there), so that --resume, and a run
-started again from that file, take the same epochs and the same schedule at any speed.
+as given is the first guess: a warmup given keeps its length (the default one is 5% of the
+decided epochs), and --mixup-off-epoch stays as many epochs before the end as it was. The
+decided settings replace the run's config.yaml (time_budget null there), so that --resume, and
+a run started again from that file, take the same epochs and the same schedule at any speed.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import TrainConfig, resolve_warmup_epochs
+from .settings import TrainConfig
 
 # What the plan leaves unspent: epochs vary by a few percent in time (evaluations, the
 # host's other work), and a run that ends a little early loses little, one that ends late
@@ -76,17 +76,16 @@ def epochs_in_budget(cfg: TrainConfig, epochs_done: int, timings: Timings) -> in
 
 def planned_settings(cfg: TrainConfig, epochs: int, epochs_done: int) -> dict:
     """The settings that change when the run's length becomes `epochs` (of which `epochs_done`
-    are done): what followed --epochs while the run was timed stays as it was then."""
-    warmup = resolve_warmup_epochs(cfg)
-    # The warmup under way goes on at the same slope; a budget too short for it still ends it
-    # before the run does (at half the run).
+    are done)."""
     changed = {"epochs": epochs, "time_budget": None}
-    changed["warmup_epochs"] = warmup if warmup < epochs else epochs / 2
+    # A warmup given keeps its slope (a budget too short for it still ends it before the run
+    # does, at half the run); the default one, like the default growth of progressive
+    # resizing, follows the decided epochs.
+    if cfg.warmup_epochs is not None and cfg.warmup_epochs >= epochs:
+        changed["warmup_epochs"] = epochs / 2
     if cfg.mixup_off_epoch > 0:  # the same number of final epochs without mixing
         final_unmixed = max(0, cfg.epochs - cfg.mixup_off_epoch)
         changed["mixup_off_epoch"] = max(epochs_done, epochs - final_unmixed)
-    if cfg.progressive_size is not None and cfg.progressive_epochs is None:
-        changed["progressive_epochs"] = cfg.epochs / 2  # the growth under way goes on
     return changed
 
 
