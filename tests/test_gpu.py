@@ -1213,6 +1213,29 @@ def test_gpu_check_pipeline_stage_runs_the_benchmark_alone(image_folder, tmp_pat
     assert row["gpu_busy_share"] is None and row["gpu_top_kernels"] is None  # no GPU here
 
 
+@pytest.mark.slow  # a tiny speedrun that fills a 40 s budget: ~50 s on a CPU
+def test_gpu_check_gives_a_box_shorter_than_the_recipes_budget_a_budget_inside_it(
+    image_folder, tmp_path
+):
+    """A time box too short for the recipe's time_budget (290 s; here VIT_GPU_SPEEDRUN_SECONDS
+    is 60, the shortest it starts): the run gets --time-budget 20 s short of the box, plans its epochs to end inside it
+    and ends (status 0) rather than being stopped by the box before its schedule's end."""
+    tiny = "--batch-size 8 --threads 1 --no-compile --no-graph-update --epochs 6"
+    done, records = speedrun_stage(
+        image_folder,
+        tmp_path,
+        VIT_GPU_SPEEDRUN_SECONDS="60",
+        VIT_GPU_PIPELINE="0",
+        VIT_GPU_FALLBACKS="",
+        VIT_GPU_SPEEDRUN_ARGS=f"{tiny} {' '.join(TINY_KWARGS)}",
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    (seed,) = records["speedrun"]
+    assert seed["flags"][-2:] == ["--time-budget", "40"] and seed["time_box_s"] == 60
+    assert seed["status"] == 0 and seed["wall_seconds"] < 60
+    assert len(seed["epochs"]) > 6  # more than the first guess: the budget filled
+
+
 def test_gpu_check_speedrun_starts_nothing_it_has_no_time_for(image_folder, tmp_path):
     """VIT_GPU_DEADLINE: a seed whose time box would be under a minute is not started (status
     75, recorded), nor is the benchmark, and the stage says it failed."""
