@@ -1218,8 +1218,9 @@ def test_gpu_check_gives_a_box_shorter_than_the_recipes_budget_a_budget_inside_i
     image_folder, tmp_path
 ):
     """A time box too short for the recipe's time_budget (290 s; here VIT_GPU_SPEEDRUN_SECONDS
-    is 60, the shortest it starts): the run gets --time-budget 20 s short of the box, plans its epochs to end inside it
-    and ends (status 0) rather than being stopped by the box before its schedule's end."""
+    is 60, the shortest it starts): the run gets --time-budget 20 s short of the box, plans its
+    epochs to end inside it and ends (status 0) rather than being stopped by the box before its
+    schedule's end."""
     tiny = "--batch-size 8 --threads 1 --no-compile --no-graph-update --epochs 6"
     done, records = speedrun_stage(
         image_folder,
