@@ -236,7 +236,7 @@ def check_settings(cfg: TrainConfig) -> None:
         raise ValueError(
             f"--time-budget times the first {PLAN_AFTER_EPOCHS} epochs before it sets "
             f"--epochs, and --epochs {cfg.epochs} would end the run first: give --epochs "
-            f"{PLAN_AFTER_EPOCHS} or more as the first guess (the warmup follows it)"
+            f"{PLAN_AFTER_EPOCHS} or more as the first guess"
         )
     if cfg.graph_update and cfg.amp and cfg.amp_dtype == "float16":
         raise ValueError(
