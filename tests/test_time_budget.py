@@ -35,16 +35,19 @@ def test_the_plan_takes_as_many_epochs_as_fit_after_what_was_spent():
     assert epochs_in_budget(cfg, epochs_done=5, timings=late) == 5  # over already: no more
 
 
-def test_the_plan_keeps_a_given_warmup_and_the_unmixed_end():
+def test_the_plan_keeps_a_given_or_ended_warmup_and_the_unmixed_end():
     cfg = TrainConfig(epochs=100, time_budget=300, warmup_epochs=5, mixup_off_epoch=90)
     longer = planned_settings(cfg, epochs=150, epochs_done=5)
     assert longer == {"epochs": 150, "time_budget": None, "mixup_off_epoch": 140}
     shorter = planned_settings(cfg, epochs=5, epochs_done=5)  # no time for more
     assert shorter["warmup_epochs"] == 2.5  # it must still end before the run does
     assert shorter["mixup_off_epoch"] == 5  # no epoch left to mix in
-    default = planned_settings(replace(cfg, warmup_epochs=None), epochs=150, epochs_done=5)
-    assert "warmup_epochs" not in default  # 5% of the decided 150
-    for planned in (longer, shorter, default):
+    unset = replace(cfg, warmup_epochs=None)  # the default: 5% of the first guess, 5 epochs
+    ended = planned_settings(unset, epochs=150, epochs_done=5)
+    assert ended["warmup_epochs"] == 5.0  # over by the plan: it stays as it ran
+    under_way = planned_settings(replace(unset, epochs=200), epochs=150, epochs_done=5)
+    assert "warmup_epochs" not in under_way  # 10 of 200 under way: 5% of the decided 150
+    for planned in (longer, shorter, ended, under_way):
         check_settings(TrainConfig(**{**cfg.to_dict(), **planned}))
 
 

@@ -82,7 +82,7 @@ class TrainConfig:
     head_init: str = setting("default", "fine-tuning", "with --pretrained: probe fits the new head on the frozen features with evaluate.py --linear-probe's protocol before the first step (probe, then fine-tune)", choices=("default", "probe"))
 
     epochs: int = setting(200, "optimisation", "training epochs")
-    time_budget: float | None = setting(None, "optimisation", "seconds of wall time the whole command may take, from its start: at the end of the fifth epoch (the epochs timed, and an evaluation and a checkpoint) --epochs becomes as many as fit, its given value the first guess (a warmup given and the final epochs without MixUp/CutMix keep their length; the default warmup follows the decided epochs); config.yaml records the count, which --resume keeps (none: train --epochs)", metavar="SECONDS")
+    time_budget: float | None = setting(None, "optimisation", "seconds of wall time the whole command may take, from its start: at the end of the fifth epoch (the epochs timed, and an evaluation and a checkpoint) --epochs becomes as many as fit, its given value the first guess (a warmup given or ended by then and the final epochs without MixUp/CutMix keep their length); config.yaml records the count, which --resume keeps (none: train --epochs)", metavar="SECONDS")
     batch_size: int = setting(64, "optimisation", "images per step, per process (the 200-epoch recipes use 128)")
     opt: str | None = setting(None, "optimisation", "adamw, or muon: Muon for the blocks' weight matrices, AdamW for the rest (default: muon from scratch, adamw when fine-tuning --pretrained weights)", choices=("adamw", "muon"))
     lr: float = setting(1e-3, "optimisation", "peak learning rate (AdamW's)")

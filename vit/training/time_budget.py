@@ -14,8 +14,9 @@ as many as fit in what is left:
 
 where elapsed counts from the process's start (imports, decoding, compilation included) and an
 epoch's time is all of it but its evaluation and checkpoint (the log's lines included). --epochs
-as given is the first guess: a warmup given keeps its length (the default one is 5% of the
-decided epochs), and --mixup-off-epoch stays as many epochs before the end as it was. The
+as given is the first guess: a warmup given keeps its length, the default one too where it has
+ended by the plan (else it is 5% of the decided epochs), and --mixup-off-epoch stays as many
+epochs before the end as it was. The
 decided settings replace the run's config.yaml (time_budget null there), so that --resume, and
 a run started again from that file, take the same epochs and the same schedule at any speed.
 """
@@ -28,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import TrainConfig
+from .settings import TrainConfig, resolve_warmup_epochs
 
 # What the plan leaves unspent: epochs vary by a few percent in time (evaluations, the
 # host's other work), and a run that ends a little early loses little, one that ends late
@@ -79,10 +80,14 @@ def planned_settings(cfg: TrainConfig, epochs: int, epochs_done: int) -> dict:
     are done)."""
     changed = {"epochs": epochs, "time_budget": None}
     # A warmup given keeps its slope (a budget too short for it still ends it before the run
-    # does, at half the run); the default one, like the default growth of progressive
-    # resizing, follows the decided epochs.
-    if cfg.warmup_epochs is not None and cfg.warmup_epochs >= epochs:
-        changed["warmup_epochs"] = epochs / 2
+    # does, at half the run). The default one (5% of the first guess) stays as it ran where it
+    # has ended by the plan; one still under way follows the decided epochs, as the default
+    # growth of progressive resizing does.
+    if cfg.warmup_epochs is not None:
+        if cfg.warmup_epochs >= epochs:
+            changed["warmup_epochs"] = epochs / 2
+    elif epochs_done >= resolve_warmup_epochs(cfg) and resolve_warmup_epochs(cfg) < epochs:
+        changed["warmup_epochs"] = resolve_warmup_epochs(cfg)
     if cfg.mixup_off_epoch > 0:  # the same number of final epochs without mixing
         final_unmixed = max(0, cfg.epochs - cfg.mixup_off_epoch)
         changed["mixup_off_epoch"] = max(epochs_done, epochs - final_unmixed)
