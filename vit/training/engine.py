@@ -214,7 +214,7 @@ def plan_epochs(run: Run, saver: CheckpointSaver, log: RunLog, timings: Timings)
     state.config = saver.config = cfg.to_dict()
     log.epochs = cfg.epochs
     if run.info.is_main:  # what --resume and a start again from it read
-        save_yaml(cfg.to_dict(), Path(cfg.output_dir) / CONFIG_FILE)
+        save_yaml(state.config, Path(cfg.output_dir) / CONFIG_FILE)
 
 
 def ends_period(epoch: int, interval: int, epochs: int) -> bool:

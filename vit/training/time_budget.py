@@ -83,11 +83,12 @@ def planned_settings(cfg: TrainConfig, epochs: int, epochs_done: int) -> dict:
     # does, at half the run). The default one (5% of the first guess) stays as it ran where it
     # has ended by the plan; one still under way follows the decided epochs, as the default
     # growth of progressive resizing does.
+    warmup = resolve_warmup_epochs(cfg)  # as given, or 5% of the first guess
     if cfg.warmup_epochs is not None:
-        if cfg.warmup_epochs >= epochs:
+        if warmup >= epochs:
             changed["warmup_epochs"] = epochs / 2
-    elif epochs_done >= resolve_warmup_epochs(cfg) and resolve_warmup_epochs(cfg) < epochs:
-        changed["warmup_epochs"] = resolve_warmup_epochs(cfg)
+    elif epochs_done >= warmup and warmup < epochs:
+        changed["warmup_epochs"] = warmup
     if cfg.mixup_off_epoch > 0:  # the same number of final epochs without mixing
         final_unmixed = max(0, cfg.epochs - cfg.mixup_off_epoch)
         changed["mixup_off_epoch"] = max(epochs_done, epochs - final_unmixed)
