@@ -1,0 +1,143 @@
+"""The GPU speedrun's regularisation levers, screened on a CPU at a fifth of the scale: a lead
+for which of them a GPU run should measure first, not a GPU result.
+
+    python benchmarks/speedrun_proxy.py --data ../shared/data/cifar10-jpg
+    python benchmarks/speedrun_proxy.py --data ... --rows recipe reprob --parallel 2
+
+The speedrun recipe (configs/cifar10_gpu_speedrun.yaml: 4.25M parameters, 50,000 images,
+100-134 epochs of 98 steps) fits its training images by the second half of its run (the fourth
+GPU run's training loss reached label smoothing's floor), and a CPU trains its model at ~240
+images/s, so the whole recipe takes ~8 hours here. The proxy keeps what sets that regime, the
+parameters per training image (~80) and the passes over them (100), at a fifth of the work:
+the CPU recipes' 0.81M model (128 wide, 6 blocks) on 10,000 training images (stratified), 100
+epochs of 78 steps of 128 images, every other setting the recipe's (bfloat16 autocast, Muon,
+RandAugment on whole batches, CutMix on half the batches until the last 10 epochs, label
+smoothing, stochastic depth, EMA), evaluated on all 10,000 test images. The first two rows
+calibrate it: on an H200, RandAugment was behind until epoch ~35 of 100 and ahead from epoch 40
+on (docs/gpu.md); a proxy that does not show that says nothing about the other rows.
+
+Each row is a whole `train.py` command (printed, so it can be run alone), one thread each,
+--parallel of them at a time (one per core). Accuracy does not depend on the machine's load
+(a seed's CPU run is deterministic); wall time does. Prints the EMA's test top-1 every 10 epochs
+and the final one, per row, as a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = [
+    "--config",
+    "configs/cifar10_gpu_speedrun.yaml",
+    "--device",
+    "cpu",
+    "--no-compile",  # inductor's CPU code trains this model no faster than eager (508 vs 542/s)
+    "--no-graph-update",
+    "--time-budget",
+    "none",
+    "--threads",
+    "1",
+    "--train-subset",
+    "10000",
+    "--epochs",
+    "100",
+    "--batch-size",
+    "128",
+]
+# --model-kwargs takes every item after it, so it comes last
+PROXY_MODEL = ["--model-kwargs", "embed_dim=128", "depth=6", "num_heads=4"]
+PROXY_MODEL += ["global_pool=avg", "class_token=false"]
+
+# name -> (flags added to BASE, what the row is)
+ROWS = {
+    "no-randaug": (["--aa", "none"], "the fourth GPU run's recipe: no RandAugment"),
+    "recipe": ([], "configs/cifar10_gpu_speedrun.yaml as it is (RandAugment, 2 ops)"),
+    "reprob": (["--reprob", "0.25"], "+ random erasing on a quarter of the images"),
+    "mixup": (["--mixup", "0.8"], "+ MixUp (alpha 0.8): mixed batches take MixUp or CutMix"),
+    "repeats3": (["--aug-repeats", "3"], "+ repeated augmentation, 3 copies (DeiT)"),
+    "drop-path0.2": (["--drop-path", "0.2"], "stochastic depth 0.2 instead of 0.1"),
+}
+REPORT_EPOCHS = range(10, 101, 10)
+
+
+def command(name: str, data: str, out: Path, seed: int) -> list[str]:
+    flags, _ = ROWS[name]
+    run_dir = out / f"{name}-seed{seed}"
+    return [
+        sys.executable,
+        "train.py",
+        *BASE,
+        "--data",
+        data,
+        "--seed",
+        str(seed),
+        "--output-dir",
+        str(run_dir),
+        *flags,
+        *PROXY_MODEL,
+    ]
+
+
+def read_metrics(run_dir: Path) -> tuple[dict[int, float], float]:
+    """The EMA's test top-1 (%) at each evaluated epoch of a run's metrics.csv, and the last
+    epoch's training loss (near label smoothing's floor, 0.50, the run has memorised its images)."""
+    with open(run_dir / "metrics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    ema = {int(row["epoch"]): 100 * float(row["ema_top1"]) for row in rows if row["ema_top1"]}
+    return ema, float(rows[-1]["train_loss"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", help="CIFAR-10 image folder (cifar10-jpg)")
+    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parallel", type=int, default=2, help="rows at once, a thread each")
+    parser.add_argument("--output", type=Path, default=ROOT / "runs" / "speedrun_proxy")
+    parser.add_argument(
+        "--table-only", action="store_true", help="print the table of the runs in --output"
+    )
+    args = parser.parse_args()
+    if args.data is None and not args.table_only:
+        parser.error("--data is required to run the rows (the CIFAR-10 image folder)")
+    args.output.mkdir(parents=True, exist_ok=True)
+    if not args.table_only:
+        run_rows(args)
+    print_table(args)
+
+
+def run_rows(args: argparse.Namespace) -> None:
+    for start in range(0, len(args.rows), args.parallel):
+        names = args.rows[start : start + args.parallel]
+        running = []
+        for name in names:
+            cmd = command(name, args.data, args.output, args.seed)
+            print("$", " ".join(cmd[1:]), flush=True)
+            log = open(args.output / f"{name}-seed{args.seed}.log", "w")  # noqa: SIM115
+            running.append((name, subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log), log))
+        for name, process, log in running:
+            if process.wait() != 0:
+                print(f"{name}: train.py exited with {process.returncode}; see {log.name}")
+            log.close()
+
+
+def print_table(args: argparse.Namespace) -> None:
+    header = " | ".join(str(epoch) for epoch in REPORT_EPOCHS)
+    print(f"\nEMA test top-1 (%), seed {args.seed}, at epoch:")
+    print(f"| row | {header} | last train loss |\n|---|" + "---:|" * (len(REPORT_EPOCHS) + 1))
+    for name in args.rows:
+        run_dir = args.output / f"{name}-seed{args.seed}"
+        if not (run_dir / "metrics.csv").is_file():
+            continue
+        ema, train_loss = read_metrics(run_dir)
+        cells = " | ".join(f"{ema[e]:.2f}" if e in ema else "" for e in REPORT_EPOCHS)
+        print(f"| {name} | {cells} | {train_loss:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
