@@ -61,6 +61,7 @@ ROWS = {
     "mixup": (["--mixup", "0.8"], "+ MixUp (alpha 0.8): mixed batches take MixUp or CutMix"),
     "repeats3": (["--aug-repeats", "3"], "+ repeated augmentation, 3 copies (DeiT)"),
     "drop-path0.2": (["--drop-path", "0.2"], "stochastic depth 0.2 instead of 0.1"),
+    "randaug3": (["--aa-n", "3"], "RandAugment with 3 ops an image instead of 2"),
 }
 REPORT_EPOCHS = range(10, 101, 10)
 
