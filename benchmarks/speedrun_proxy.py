@@ -2,7 +2,7 @@
 for which of them a GPU run should measure first, not a GPU result.
 
     python benchmarks/speedrun_proxy.py --data ../shared/data/cifar10-jpg
-    python benchmarks/speedrun_proxy.py --data ... --rows recipe reprob --parallel 2
+    python benchmarks/speedrun_proxy.py --data ... --rows recipe reprob --seeds 0 1
 
 The speedrun recipe (configs/cifar10_gpu_speedrun.yaml: 4.25M parameters, 50,000 images,
 100-134 epochs of 98 steps) fits its training images by the second half of its run (the fourth
@@ -19,7 +19,7 @@ on (docs/gpu.md); a proxy that does not show that says nothing about the other r
 Each row is a whole `train.py` command (printed, so it can be run alone), one thread each,
 --parallel of them at a time (one per core). Accuracy does not depend on the machine's load
 (a seed's CPU run is deterministic); wall time does. Prints the EMA's test top-1 every 10 epochs
-and the final one, per row, as a table.
+per row and seed, as a table, with each row's mean over the seeds where it ran more than one.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ ROWS = {
     "repeats3": (["--aug-repeats", "3"], "+ repeated augmentation, 3 copies (DeiT)"),
     "drop-path0.2": (["--drop-path", "0.2"], "stochastic depth 0.2 instead of 0.1"),
     "randaug3": (["--aa-n", "3"], "RandAugment with 3 ops an image instead of 2"),
+    "randaug3-reprob": (["--aa-n", "3", "--reprob", "0.25"], "the two leads of seed 0 together"),
 }
 REPORT_EPOCHS = range(10, 101, 10)
 
@@ -97,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="CIFAR-10 image folder (cifar10-jpg)")
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--parallel", type=int, default=2, help="rows at once, a thread each")
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "speedrun_proxy")
     parser.add_argument(
@@ -113,13 +114,13 @@ def main() -> None:
 
 
 def run_rows(args: argparse.Namespace) -> None:
-    for start in range(0, len(args.rows), args.parallel):
-        names = args.rows[start : start + args.parallel]
+    runs = [(name, seed) for seed in args.seeds for name in args.rows]
+    for start in range(0, len(runs), args.parallel):
         running = []
-        for name in names:
-            cmd = command(name, args.data, args.output, args.seed)
+        for name, seed in runs[start : start + args.parallel]:
+            cmd = command(name, args.data, args.output, seed)
             print("$", " ".join(cmd[1:]), flush=True)
-            log = open(args.output / f"{name}-seed{args.seed}.log", "w")  # noqa: SIM115
+            log = open(args.output / f"{name}-seed{seed}.log", "w")  # noqa: SIM115
             running.append((name, subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log), log))
         for name, process, log in running:
             if process.wait() != 0:
@@ -129,15 +130,27 @@ def run_rows(args: argparse.Namespace) -> None:
 
 def print_table(args: argparse.Namespace) -> None:
     header = " | ".join(str(epoch) for epoch in REPORT_EPOCHS)
-    print(f"\nEMA test top-1 (%), seed {args.seed}, at epoch:")
-    print(f"| row | {header} | last train loss |\n|---|" + "---:|" * (len(REPORT_EPOCHS) + 1))
+    print("\nEMA test top-1 (%) at epoch:")
+    print(f"| row | seed | {header} | last train loss |")
+    print("|---|---:|" + "---:|" * (len(REPORT_EPOCHS) + 1))
     for name in args.rows:
-        run_dir = args.output / f"{name}-seed{args.seed}"
-        if not (run_dir / "metrics.csv").is_file():
-            continue
-        ema, train_loss = read_metrics(run_dir)
-        cells = " | ".join(f"{ema[e]:.2f}" if e in ema else "" for e in REPORT_EPOCHS)
-        print(f"| {name} | {cells} | {train_loss:.3f} |")
+        finished = []  # (top-1 by epoch, last training loss) of each seed that has run
+        for seed in args.seeds:
+            run_dir = args.output / f"{name}-seed{seed}"
+            if (run_dir / "metrics.csv").is_file():
+                finished.append(read_metrics(run_dir))
+                print_line(name, str(seed), *finished[-1])
+        if len(finished) > 1:
+            # only the epochs every seed reached, so a run still going is not averaged in
+            epochs = set.intersection(*(set(ema) for ema, _ in finished))
+            mean = {e: sum(ema[e] for ema, _ in finished) / len(finished) for e in epochs}
+            loss = sum(train_loss for _, train_loss in finished) / len(finished)
+            print_line(name, "mean", mean, loss)
+
+
+def print_line(name: str, seed: str, ema: dict[int, float], train_loss: float) -> None:
+    cells = " | ".join(f"{ema[e]:.2f}" if e in ema else "" for e in REPORT_EPOCHS)
+    print(f"| {name} | {seed} | {cells} | {train_loss:.3f} |")
 
 
 if __name__ == "__main__":
