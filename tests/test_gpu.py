@@ -1056,6 +1056,57 @@ def test_a_pipeline_row_takes_settings_of_its_own_after_a_colon(monkeypatch, tmp
         pipeline.row_config(f"{row},learning_rate=1", "config", args, torch.device("cpu"))
 
 
+def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_ran(
+    monkeypatch, tmp_path, capsys, train_script
+):
+    """benchmarks/speedrun_proxy.py: every row is a train.py command of the speedrun's recipe at
+    the proxy's scale, with its own flags; the table gives each seed and, over several seeds, a
+    mean of only the epochs every seed reached (a run still going is not averaged in)."""
+    import argparse
+    import importlib
+
+    from vit.training.checkpoint import write_metrics_csv
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.chdir(ROOT)
+    proxy = importlib.import_module("speedrun_proxy")
+    settings = {}
+    for name in proxy.ROWS:
+        argv = proxy.command(name, "data", tmp_path, seed=1)[2:]  # past python and train.py
+        settings[name] = train_script.parse_config(argv)
+    recipe = settings["recipe"]
+    assert (recipe.opt, recipe.aa, recipe.epochs, recipe.batch_size) == (
+        "muon",
+        "randaug",
+        100,
+        128,
+    )
+    assert (recipe.train_subset, recipe.seed, recipe.device, recipe.compile) == (
+        10000,
+        1,
+        "cpu",
+        False,
+    )
+    assert recipe.model_kwargs["embed_dim"] == 128 and recipe.model_kwargs["depth"] == 6
+    both = settings["randaug3-reprob"]
+    assert (both.aa_n, both.reprob) == (3, 0.25) and both.model_kwargs == recipe.model_kwargs
+    assert settings["no-randaug"].aa in (None, "none")
+
+    def finished(name, seed, top1_by_epoch, loss):
+        history = [dict(epoch=e, ema_top1=t / 100, train_loss=loss) for e, t in top1_by_epoch]
+        (tmp_path / f"{name}-seed{seed}").mkdir()
+        write_metrics_csv(history, tmp_path / f"{name}-seed{seed}" / "metrics.csv")
+
+    finished("recipe", 0, [(10, 50.0), (20, 60.0)], 0.9)
+    finished("recipe", 1, [(10, 52.0)], 1.1)  # still going: epoch 20 not reached
+    args = argparse.Namespace(rows=["recipe", "reprob"], seeds=[0, 1], output=tmp_path)
+    proxy.print_table(args)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| recipe")]
+    assert [line.split(" | ")[1] for line in lines] == ["0", "1", "mean"]
+    mean = [cell.strip(" |") for cell in lines[2].split(" | ")]
+    assert mean[2:4] == ["51.00", ""] and mean[-1] == "1.000"
+
+
 def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(monkeypatch):
     """benchmarks/training_pipeline.py's time shares: the GPU is busy over the union of its
     kernels' intervals (two overlapping kernels count once, an annotation spanning them not at
