@@ -71,9 +71,13 @@ ROWS = {
 REPORT_EPOCHS = range(10, 101, 10)
 
 
+def run_dir(out: Path, name: str, seed: int) -> Path:
+    """A row's run folder for one seed (its log beside it: the same name and .log)."""
+    return out / f"{name}-seed{seed}"
+
+
 def command(name: str, data: str, out: Path, seed: int) -> list[str]:
     flags, _ = ROWS[name]
-    run_dir = out / f"{name}-seed{seed}"
     return [
         sys.executable,
         "train.py",
@@ -83,16 +87,16 @@ def command(name: str, data: str, out: Path, seed: int) -> list[str]:
         "--seed",
         str(seed),
         "--output-dir",
-        str(run_dir),
+        str(run_dir(out, name, seed)),
         *flags,
         *PROXY_MODEL,
     ]
 
 
-def read_metrics(run_dir: Path) -> tuple[dict[int, float], float]:
+def read_metrics(folder: Path) -> tuple[dict[int, float], float]:
     """The EMA's test top-1 (%) at each evaluated epoch of a run's metrics.csv, and the last
     epoch's training loss (near label smoothing's floor, 0.50, the run has memorised its images)."""
-    with open(run_dir / "metrics.csv", newline="") as handle:
+    with open(folder / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     ema = {int(row["epoch"]): 100 * float(row["ema_top1"]) for row in rows if row["ema_top1"]}
     return ema, float(rows[-1]["train_loss"])
@@ -124,7 +128,8 @@ def run_rows(args: argparse.Namespace) -> None:
         for name, seed in runs[start : start + args.parallel]:
             cmd = command(name, args.data, args.output, seed)
             print("$", " ".join(cmd[1:]), flush=True)
-            log = open(args.output / f"{name}-seed{seed}.log", "w")  # noqa: SIM115
+            # not with_suffix: "drop-path0.2-seed0" would lose ".2-seed0"
+            log = open(f"{run_dir(args.output, name, seed)}.log", "w")  # noqa: SIM115
             running.append((name, subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log), log))
         for name, process, log in running:
             if process.wait() != 0:
@@ -140,9 +145,9 @@ def print_table(args: argparse.Namespace) -> None:
     for name in args.rows:
         finished = []  # (top-1 by epoch, last training loss) of each seed that has run
         for seed in args.seeds:
-            run_dir = args.output / f"{name}-seed{seed}"
-            if (run_dir / "metrics.csv").is_file():
-                finished.append(read_metrics(run_dir))
+            folder = run_dir(args.output, name, seed)
+            if (folder / "metrics.csv").is_file():
+                finished.append(read_metrics(folder))
                 print_line(name, str(seed), *finished[-1])
         if len(finished) > 1:
             # only the epochs every seed reached, so a run still going is not averaged in

@@ -1075,18 +1075,9 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         argv = proxy.command(name, "data", tmp_path, seed=1)[2:]  # past python and train.py
         settings[name] = train_script.parse_config(argv)
     recipe = settings["recipe"]
-    assert (recipe.opt, recipe.aa, recipe.epochs, recipe.batch_size) == (
-        "muon",
-        "randaug",
-        100,
-        128,
-    )
-    assert (recipe.train_subset, recipe.seed, recipe.device, recipe.compile) == (
-        10000,
-        1,
-        "cpu",
-        False,
-    )
+    expected = dict(opt="muon", aa="randaug", epochs=100, batch_size=128, train_subset=10000)
+    expected.update(seed=1, device="cpu", compile=False)
+    assert {key: getattr(recipe, key) for key in expected} == expected
     assert recipe.model_kwargs["embed_dim"] == 128 and recipe.model_kwargs["depth"] == 6
     both = settings["randaug3-reprob"]
     assert (both.aa_n, both.reprob) == (3, 0.25) and both.model_kwargs == recipe.model_kwargs
