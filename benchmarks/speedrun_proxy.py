@@ -93,13 +93,13 @@ def command(name: str, data: str, out: Path, seed: int) -> list[str]:
     ]
 
 
-def read_metrics(folder: Path) -> tuple[dict[int, float], float]:
-    """The EMA's test top-1 (%) at each evaluated epoch of a run's metrics.csv, and the last
-    epoch's training loss (near label smoothing's floor, 0.50, the run has memorised its images)."""
+def read_metrics(folder: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """The EMA's test top-1 (%) at each evaluated epoch of a run's metrics.csv, and the training
+    loss at each epoch (near label smoothing's floor, 0.50, the run has memorised its images)."""
     with open(folder / "metrics.csv", newline="") as handle:
         rows = list(csv.DictReader(handle))
     ema = {int(row["epoch"]): 100 * float(row["ema_top1"]) for row in rows if row["ema_top1"]}
-    return ema, float(rows[-1]["train_loss"])
+    return ema, {int(row["epoch"]): float(row["train_loss"]) for row in rows}
 
 
 def main() -> None:
@@ -143,7 +143,7 @@ def print_table(args: argparse.Namespace) -> None:
     print(f"| row | seed | {header} | last train loss |")
     print("|---|---:|" + "---:|" * (len(REPORT_EPOCHS) + 1))
     for name in args.rows:
-        finished = []  # (top-1 by epoch, last training loss) of each seed that has run
+        finished = []  # (top-1 by epoch, training loss by epoch) of each seed that has run
         for seed in args.seeds:
             folder = run_dir(args.output, name, seed)
             if (folder / "metrics.csv").is_file():
@@ -153,13 +153,14 @@ def print_table(args: argparse.Namespace) -> None:
             # only the epochs every seed reached, so a run still going is not averaged in
             epochs = set.intersection(*(set(ema) for ema, _ in finished))
             mean = {e: sum(ema[e] for ema, _ in finished) / len(finished) for e in epochs}
-            loss = sum(train_loss for _, train_loss in finished) / len(finished)
-            print_line(name, "mean", mean, loss)
+            last = min(max(losses) for _, losses in finished)
+            loss = sum(losses[last] for _, losses in finished) / len(finished)
+            print_line(name, "mean", mean, {last: loss})
 
 
-def print_line(name: str, seed: str, ema: dict[int, float], train_loss: float) -> None:
+def print_line(name: str, seed: str, ema: dict[int, float], losses: dict[int, float]) -> None:
     cells = " | ".join(f"{ema[e]:.2f}" if e in ema else "" for e in REPORT_EPOCHS)
-    print(f"| {name} | {seed} | {cells} | {train_loss:.3f} |")
+    print(f"| {name} | {seed} | {cells} | {losses[max(losses)]:.3f} |")
 
 
 if __name__ == "__main__":

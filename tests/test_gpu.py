@@ -1083,19 +1083,20 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert (both.aa_n, both.reprob) == (3, 0.25) and both.model_kwargs == recipe.model_kwargs
     assert settings["no-randaug"].aa in (None, "none")
 
-    def finished(name, seed, top1_by_epoch, loss):
-        history = [dict(epoch=e, ema_top1=t / 100, train_loss=loss) for e, t in top1_by_epoch]
+    def finished(name, seed, epochs):  # epochs: (epoch, top-1 %, training loss)
+        history = [dict(epoch=e, ema_top1=t / 100, train_loss=loss) for e, t, loss in epochs]
         (tmp_path / f"{name}-seed{seed}").mkdir()
         write_metrics_csv(history, tmp_path / f"{name}-seed{seed}" / "metrics.csv")
 
-    finished("recipe", 0, [(10, 50.0), (20, 60.0)], 0.9)
-    finished("recipe", 1, [(10, 52.0)], 1.1)  # still going: epoch 20 not reached
+    finished("recipe", 0, [(10, 50.0, 1.3), (20, 60.0, 0.9)])
+    finished("recipe", 1, [(10, 52.0, 1.1)])  # still going: epoch 20 not reached
     args = argparse.Namespace(rows=["recipe", "reprob"], seeds=[0, 1], output=tmp_path)
     proxy.print_table(args)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| recipe")]
     assert [line.split(" | ")[1] for line in lines] == ["0", "1", "mean"]
+    assert lines[0].endswith(" | 0.900 |")  # a seed's own row: its last epoch's loss
     mean = [cell.strip(" |") for cell in lines[2].split(" | ")]
-    assert mean[2:4] == ["51.00", ""] and mean[-1] == "1.000"
+    assert mean[2:4] == ["51.00", ""] and mean[-1] == "1.200"  # the loss at epoch 10 too
 
 
 def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(monkeypatch):
