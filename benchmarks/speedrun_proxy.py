@@ -1,5 +1,6 @@
-"""The GPU speedrun's regularisation levers, screened on a CPU at a fifth of the scale: a lead
-for which of them a GPU run should measure first, not a GPU result.
+"""The GPU speedrun's levers (regularisation, batch size, passes, capacity), screened on a CPU
+at a fifth of the scale: a lead for which of them a GPU run should measure first, not a GPU
+result.
 
     python benchmarks/speedrun_proxy.py --data ../shared/data/cifar10-jpg
     python benchmarks/speedrun_proxy.py --data ... --rows recipe reprob --seeds 0 1
@@ -49,9 +50,8 @@ BASE = [
     "--batch-size",
     "128",
 ]
-# --model-kwargs takes every item after it, so it comes last
-PROXY_MODEL = ["--model-kwargs", "embed_dim=128", "depth=6", "num_heads=4"]
-PROXY_MODEL += ["global_pool=avg", "class_token=false"]
+# the CPU recipes' 0.81M model: 128 wide, 6 blocks of 4 heads of 32, 64 patch tokens averaged
+PROXY_MODEL = dict(embed_dim=128, depth=6, num_heads=4, global_pool="avg", class_token="false")
 
 # name -> (flags added to BASE, what the row is)
 ROWS = {
@@ -67,8 +67,19 @@ ROWS = {
     # a host-bound step of twice the images takes less than twice the time
     "batch256": (["--batch-size", "256"], "batches of 256, the learning rate as it is"),
     "batch256-lr": (["--batch-size", "256", "--lr", "2.8e-3"], "batches of 256, lr x sqrt(2)"),
+    # more passes, as --time-budget plans them: the first guess's 5 warmup epochs kept, the last
+    # 10 epochs unmixed (a faster GPU step gives the five minutes more epochs, not more images)
+    "epochs200": (
+        ["--epochs", "200", "--warmup-epochs", "5", "--mixup-off-epoch", "190"],
+        "200 epochs instead of 100, planned as the time budget plans them",
+    ),
+    # more capacity at the same passes: 2.25x the parameters, as the recipe's 256 wide with 4
+    # heads of 64 would become 384 wide with 6 (on a host-bound GPU step a wider model costs
+    # less than its arithmetic; the pipeline benchmark prices it there)
+    "width192": ([], "192 wide with 6 heads of 32 (1.8M parameters) instead of 128 with 4"),
 }
-REPORT_EPOCHS = range(10, 101, 10)
+MODEL_CHANGES = {"width192": dict(embed_dim=192, num_heads=6)}  # row -> PROXY_MODEL's changes
+REPORT_EPOCHS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 150, 200)
 
 
 def run_dir(out: Path, name: str, seed: int) -> Path:
@@ -78,6 +89,7 @@ def run_dir(out: Path, name: str, seed: int) -> Path:
 
 def command(name: str, data: str, out: Path, seed: int) -> list[str]:
     flags, _ = ROWS[name]
+    model = PROXY_MODEL | MODEL_CHANGES.get(name, {})
     return [
         sys.executable,
         "train.py",
@@ -89,7 +101,9 @@ def command(name: str, data: str, out: Path, seed: int) -> list[str]:
         "--output-dir",
         str(run_dir(out, name, seed)),
         *flags,
-        *PROXY_MODEL,
+        # --model-kwargs takes every item after it, so it comes last
+        "--model-kwargs",
+        *(f"{key}={value}" for key, value in model.items()),
     ]
 
 
@@ -138,29 +152,30 @@ def run_rows(args: argparse.Namespace) -> None:
 
 
 def print_table(args: argparse.Namespace) -> None:
-    header = " | ".join(str(epoch) for epoch in REPORT_EPOCHS)
-    print("\nEMA test top-1 (%) at epoch:")
-    print(f"| row | seed | {header} | last train loss |")
-    print("|---|---:|" + "---:|" * (len(REPORT_EPOCHS) + 1))
+    lines = []  # (row, seed or "mean", top-1 by epoch, training loss by epoch)
     for name in args.rows:
         finished = []  # (top-1 by epoch, training loss by epoch) of each seed that has run
         for seed in args.seeds:
             folder = run_dir(args.output, name, seed)
             if (folder / "metrics.csv").is_file():
                 finished.append(read_metrics(folder))
-                print_line(name, str(seed), *finished[-1])
+                lines.append((name, str(seed), *finished[-1]))
         if len(finished) > 1:
             # only the epochs every seed reached, so a run still going is not averaged in
             epochs = set.intersection(*(set(ema) for ema, _ in finished))
             mean = {e: sum(ema[e] for ema, _ in finished) / len(finished) for e in epochs}
             last = min(max(losses) for _, losses in finished)
             loss = sum(losses[last] for _, losses in finished) / len(finished)
-            print_line(name, "mean", mean, {last: loss})
-
-
-def print_line(name: str, seed: str, ema: dict[int, float], losses: dict[int, float]) -> None:
-    cells = " | ".join(f"{ema[e]:.2f}" if e in ema else "" for e in REPORT_EPOCHS)
-    print(f"| {name} | {seed} | {cells} | {losses[max(losses)]:.3f} |")
+            lines.append((name, "mean", mean, {last: loss}))
+    # the columns up to the longest run's (a 100-epoch table has no empty 150 and 200)
+    longest = max((epoch for *_, losses in lines for epoch in losses), default=0)
+    columns = [e for e in REPORT_EPOCHS if e <= longest] or list(REPORT_EPOCHS[:1])
+    print("\nEMA test top-1 (%) at epoch:")
+    print(f"| row | seed | {' | '.join(map(str, columns))} | last train loss |")
+    print("|---|---:|" + "---:|" * (len(columns) + 1))
+    for name, seed, ema, losses in lines:
+        cells = " | ".join(f"{ema[e]:.2f}" if e in ema else "" for e in columns)
+        print(f"| {name} | {seed} | {cells} | {losses[max(losses)]:.3f} |")
 
 
 if __name__ == "__main__":

@@ -1082,6 +1082,10 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     both = settings["randaug3-reprob"]
     assert (both.aa_n, both.reprob) == (3, 0.25) and both.model_kwargs == recipe.model_kwargs
     assert settings["no-randaug"].aa in (None, "none")
+    longer = settings["epochs200"]  # as --time-budget would plan 200 epochs from the recipe's 100
+    assert (longer.epochs, longer.warmup_epochs, longer.mixup_off_epoch) == (200, 5, 190)
+    wider = settings["width192"].model_kwargs
+    assert wider == recipe.model_kwargs | dict(embed_dim=192, num_heads=6)
 
     def finished(name, seed, epochs):  # epochs: (epoch, top-1 %, training loss)
         history = [dict(epoch=e, ema_top1=t / 100, train_loss=loss) for e, t, loss in epochs]
@@ -1097,6 +1101,13 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert lines[0].endswith(" | 0.900 |")  # a seed's own row: its last epoch's loss
     mean = [cell.strip(" |") for cell in lines[2].split(" | ")]
     assert mean[2:4] == ["51.00", ""] and mean[-1] == "1.200"  # the loss at epoch 10 too
+    assert len(mean) == 2 + 2 + 1  # columns to epoch 20, the longest run's, and the loss
+
+    finished("epochs200", 0, [(150, 70.0, 0.8), (200, 71.0, 0.7)])
+    proxy.print_table(argparse.Namespace(rows=["epochs200"], seeds=[0], output=tmp_path))
+    header, _, line = capsys.readouterr().out.strip().splitlines()[-3:]
+    assert header.split(" | ")[-3:] == ["150", "200", "last train loss |"]
+    assert line.endswith(" | 70.00 | 71.00 | 0.700 |")
 
 
 def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(monkeypatch):
