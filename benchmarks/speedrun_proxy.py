@@ -1,6 +1,6 @@
-"""The GPU speedrun's levers (regularisation, batch size, passes, capacity), screened on a CPU
-at a fifth of the scale: a lead for which of them a GPU run should measure first, not a GPU
-result.
+"""The GPU speedrun's levers (regularisation, batch size, passes, capacity, learning rate),
+screened on a CPU at a fifth of the scale: a lead for which of them a GPU run should measure
+first, not a GPU result.
 
     python benchmarks/speedrun_proxy.py --data ../shared/data/cifar10-jpg
     python benchmarks/speedrun_proxy.py --data ... --rows recipe reprob --seeds 0 1
@@ -77,6 +77,10 @@ ROWS = {
     # heads of 64 would become 384 wide with 6 (on a host-bound GPU step a wider model costs
     # less than its arithmetic; the pipeline benchmark prices it there)
     "width192": ([], "192 wide with 6 heads of 32 (1.8M parameters) instead of 128 with 4"),
+    # the one learning rate (Muon's and AdamW's) halved and doubled: free on a GPU, and tuned only
+    # at the CPU recipe's 20 epochs of light augmentation (4e-3 was behind there), never at 100
+    "lr1e-3": (["--lr", "1e-3"], "the learning rate halved (1e-3)"),
+    "lr4e-3": (["--lr", "4e-3"], "the learning rate doubled (4e-3)"),
 }
 MODEL_CHANGES = {"width192": dict(embed_dim=192, num_heads=6)}  # row -> PROXY_MODEL's changes
 REPORT_EPOCHS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 150, 200)
