@@ -61,6 +61,7 @@ ROWS = {
     "mixup": (["--mixup", "0.8"], "+ MixUp (alpha 0.8): mixed batches take MixUp or CutMix"),
     "repeats3": (["--aug-repeats", "3"], "+ repeated augmentation, 3 copies (DeiT)"),
     "drop-path0.2": (["--drop-path", "0.2"], "stochastic depth 0.2 instead of 0.1"),
+    "drop-path0": (["--drop-path", "0"], "no stochastic depth (RandAugment may regularise enough)"),
     "randaug3": (["--aa-n", "3"], "RandAugment with 3 ops an image instead of 2"),
     "randaug3-reprob": (["--aa-n", "3", "--reprob", "0.25"], "the two leads of seed 0 together"),
     # half the steps at the same epochs: what a GPU's larger batch (1,024) costs per epoch, where
@@ -77,10 +78,12 @@ ROWS = {
     # heads of 64 would become 384 wide with 6 (on a host-bound GPU step a wider model costs
     # less than its arithmetic; the pipeline benchmark prices it there)
     "width192": ([], "192 wide with 6 heads of 32 (1.8M parameters) instead of 128 with 4"),
-    # the one learning rate (Muon's and AdamW's) halved and doubled: free on a GPU, and tuned only
-    # at the CPU recipe's 20 epochs of light augmentation (4e-3 was behind there), never at 100
+    # the one learning rate (Muon's and AdamW's) halved and doubled, and the weight decay halved:
+    # free on a GPU, and tuned only at the CPU recipe's 20 epochs of light augmentation, never at
+    # 100 (lr 4e-3 was behind there)
     "lr1e-3": (["--lr", "1e-3"], "the learning rate halved (1e-3)"),
     "lr4e-3": (["--lr", "4e-3"], "the learning rate doubled (4e-3)"),
+    "wd0.05": (["--weight-decay", "0.05"], "weight decay 0.05 (DeiT's) instead of 0.1"),
 }
 MODEL_CHANGES = {"width192": dict(embed_dim=192, num_heads=6)}  # row -> PROXY_MODEL's changes
 REPORT_EPOCHS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 150, 200)

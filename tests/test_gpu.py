@@ -1087,6 +1087,8 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     wider = settings["width192"].model_kwargs
     assert wider == recipe.model_kwargs | dict(embed_dim=192, num_heads=6)
     assert (settings["lr1e-3"].lr, settings["lr4e-3"].lr, recipe.lr) == (1e-3, 4e-3, 2e-3)
+    assert (settings["wd0.05"].weight_decay, recipe.weight_decay) == (0.05, 0.1)
+    assert (settings["drop-path0"].drop_path, recipe.drop_path) == (0.0, 0.1)
 
     def finished(name, seed, epochs):  # epochs: (epoch, top-1 %, training loss)
         history = [dict(epoch=e, ema_top1=t / 100, train_loss=loss) for e, t, loss in epochs]
