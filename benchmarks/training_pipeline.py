@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         nargs="+",
         default=SHAPES,
         help="'config' (the YAML's model) or e.g. '192d-9L-12h-r2' (width, depth, heads, MLP "
-        "ratio); rows with each",
+        "ratio; '-p2' after it for patches of 2 pixels); rows with each",
     )
     parser.add_argument("--images", type=int, default=20480, help="training images per epoch")
     parser.add_argument("--epochs", type=int, default=2, help="timed epochs per row")

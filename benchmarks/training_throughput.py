@@ -51,21 +51,25 @@ SHAPES = {
 
 def parse_shape(label: str) -> tuple[str, dict]:
     """(label, ViTConfig overrides) for a shape label: one of SHAPES, or any
-    "<width>d-<depth>L-<heads>h-r<MLP ratio>" such as "192d-4L-6h-r2" (a scan's other shapes)."""
+    "<width>d-<depth>L-<heads>h-r<MLP ratio>" such as "192d-4L-6h-r2" (a scan's other shapes),
+    with "-p<patch size>" after it for patches other than 4 pixels ("256d-8L-4h-r2-p2": 256
+    tokens of a 32x32 image instead of 64)."""
     if label in SHAPES:
         return label, SHAPES[label]
-    match = re.fullmatch(r"(\d+)d-(\d+)L-(\d+)h-r([\d.]+)", label)
+    match = re.fullmatch(r"(\d+)d-(\d+)L-(\d+)h-r([\d.]+)(?:-p(\d+))?", label)
     if match is None:
         raise argparse.ArgumentTypeError(
-            f"shape {label!r}: expected one of {list(SHAPES)} or e.g. '192d-4L-6h-r2'"
+            f"shape {label!r}: expected one of {list(SHAPES)} or e.g. '192d-4L-6h-r2' "
+            "('192d-4L-6h-r2-p2' for patches of 2 pixels)"
         )
-    width, depth, heads, ratio = match.groups()
-    return label, {
+    width, depth, heads, ratio, patch = match.groups()
+    shape = {
         "embed_dim": int(width),
         "depth": int(depth),
         "num_heads": int(heads),
         "mlp_ratio": float(ratio),
     }
+    return label, shape if patch is None else {**shape, "patch_size": int(patch)}
 
 
 def matmul_peak_gflops(size: int = 1024, repeats: int = 20, dtype=torch.float32) -> float:
@@ -200,6 +204,7 @@ def main() -> None:
                         "times": [],
                         "params": sum(p.numel() for p in model.parameters()) / 1e6,
                         "prefix": model.num_prefix_tokens,  # class token and the like
+                        "patch": model.patch_embed.patch_size[0],
                         "flops": step_flops(eager_step),
                     }
     for _ in range(args.rounds):
@@ -222,7 +227,7 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|"
     )
     for (label, size, drop, batch, opt, dtype, compiled), row in rows.items():
-        tokens = (size // 4) ** 2
+        tokens = (size // row["patch"]) ** 2
         kept = tokens - int(tokens * drop)
         seconds = statistics.median(row["times"]) / args.steps  # one step
         gflops = row["flops"] / seconds / 1e9

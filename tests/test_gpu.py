@@ -1056,6 +1056,26 @@ def test_a_pipeline_row_takes_settings_of_its_own_after_a_colon(monkeypatch, tmp
         pipeline.row_config(f"{row},learning_rate=1", "config", args, torch.device("cpu"))
 
 
+def test_a_benchmark_shape_label_gives_width_depth_heads_ratio_and_patch_size(monkeypatch):
+    """benchmarks/training_throughput.py's shape labels, which training_pipeline.py's --shapes
+    takes: "-p2" after a shape makes its patches 2 pixels (256 tokens of a 32x32 image); a label
+    of neither form is refused with the form it should take."""
+    import argparse
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    throughput = importlib.import_module("training_throughput")
+    shape = dict(embed_dim=256, depth=8, num_heads=4, mlp_ratio=2.0)
+    assert throughput.parse_shape("256d-8L-4h-r2") == ("256d-8L-4h-r2", shape)
+    _, patch2 = throughput.parse_shape("256d-8L-4h-r2-p2")
+    assert patch2 == shape | dict(patch_size=2)
+    model = vit.create_model("vit_cifar_patch4_32", **patch2)
+    assert model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+    assert model.patch_embed.num_patches == 256
+    with pytest.raises(argparse.ArgumentTypeError, match="'192d-4L-6h-r2-p2'"):
+        throughput.parse_shape("256d-8L-4h-p2")
+
+
 def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_ran(
     monkeypatch, tmp_path, capsys, train_script
 ):
@@ -1089,6 +1109,13 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert (settings["lr1e-3"].lr, settings["lr4e-3"].lr, recipe.lr) == (1e-3, 4e-3, 2e-3)
     assert (settings["wd0.05"].weight_decay, recipe.weight_decay) == (0.05, 0.1)
     assert (settings["drop-path0"].drop_path, recipe.drop_path) == (0.0, 0.1)
+    shorter, patch2 = settings["epochs50"], settings["patch2-epochs50"]
+    assert (shorter.epochs, shorter.warmup_epochs, shorter.mixup_off_epoch) == (50, 5, 40)
+    assert (patch2.epochs, patch2.warmup_epochs, patch2.mixup_off_epoch) == (50, 5, 40)
+    assert patch2.model_kwargs == recipe.model_kwargs | dict(patch_size=2)
+    assert shorter.model_kwargs == recipe.model_kwargs and recipe.threads == 1
+    threads = train_script.parse_config(proxy.command("recipe", "data", tmp_path, 0, threads=2)[2:])
+    assert threads.threads == 2
 
     def finished(name, seed, epochs):  # epochs: (epoch, top-1 %, training loss)
         history = [dict(epoch=e, ema_top1=t / 100, train_loss=loss) for e, t, loss in epochs]
