@@ -1,6 +1,6 @@
-"""The GPU speedrun's levers (regularisation, batch size, passes, capacity, learning rate),
-screened on a CPU at a fifth of the scale: a lead for which of them a GPU run should measure
-first, not a GPU result.
+"""The GPU speedrun's levers (regularisation, batch size, passes, capacity, learning rate,
+tokens), screened on a CPU at a fifth of the scale: a lead for which of them a GPU run should
+measure first, not a GPU result.
 
     python benchmarks/speedrun_proxy.py --data ../shared/data/cifar10-jpg
     python benchmarks/speedrun_proxy.py --data ... --rows recipe reprob --seeds 0 1
