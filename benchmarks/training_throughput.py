@@ -204,7 +204,7 @@ def main() -> None:
                         "times": [],
                         "params": sum(p.numel() for p in model.parameters()) / 1e6,
                         "prefix": model.num_prefix_tokens,  # class token and the like
-                        "patch": model.patch_embed.patch_size[0],
+                        "tokens": model.patch_embed.num_patches,  # of an image of `size`
                         "flops": step_flops(eager_step),
                     }
     for _ in range(args.rounds):
@@ -227,8 +227,7 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|"
     )
     for (label, size, drop, batch, opt, dtype, compiled), row in rows.items():
-        tokens = (size // row["patch"]) ** 2
-        kept = tokens - int(tokens * drop)
+        kept = row["tokens"] - int(row["tokens"] * drop)
         seconds = statistics.median(row["times"]) / args.steps  # one step
         gflops = row["flops"] / seconds / 1e9
         print(
