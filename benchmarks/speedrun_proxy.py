@@ -1,6 +1,6 @@
 """The GPU speedrun's levers (regularisation, batch size, passes, capacity, learning rate,
-tokens), screened on a CPU at a fifth of the scale: a lead for which of them a GPU run should
-measure first, not a GPU result.
+tokens, initialisation, optimizer), screened on a CPU at a fifth of the scale: a lead for which
+of them a GPU run should measure first, not a GPU result.
 
     python benchmarks/speedrun_proxy.py --data ../shared/data/cifar10-jpg
     python benchmarks/speedrun_proxy.py --data ... --rows recipe reprob --seeds 0 1
@@ -59,6 +59,10 @@ def planned_epochs(epochs: int) -> list[str]:
     return ["--epochs", str(epochs), "--warmup-epochs", "5", "--mixup-off-epoch", str(epochs - 10)]
 
 
+# AdamW for every weight instead of Muon: DeiT's weight decay, and the rate that ViTs trained on
+# CIFAR commonly take at batches of 128
+ADAMW = ["--opt", "adamw", "--lr", "1e-3", "--weight-decay", "0.05"]
+
 # name -> (flags added to BASE, what the row is)
 ROWS = {
     "no-randaug": (["--aa", "none"], "the fourth GPU run's recipe: no RandAugment"),
@@ -92,6 +96,14 @@ ROWS = {
     # benchmark's shape "256d-8L-4h-r2-p2" prices it there), beside patch 4 at the same 50 epochs
     "epochs50": (planned_epochs(50), "50 epochs instead of 100, as the time budget plans them"),
     "patch2-epochs50": (planned_epochs(50), "patches of 2 pixels (256 tokens), 50 epochs"),
+    # the attention layers started as a trained ViT's look (each head's W_q W_k^T near +I, W_v
+    # W_proj near -I; Trockman & Kolter 2023: +5 points on CIFAR-10 with AdamW): free on any
+    # device, and behind early with Muon in the CPU recipe's 4 epochs, never run to the end
+    "mimetic": (["--mimetic-init"], "mimetic initialisation of attention"),
+    "mimetic-epochs200": ([*planned_epochs(200), "--mimetic-init"], "mimetic, 200 epochs"),
+    # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
+    "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
+    "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),
 }
 # row -> PROXY_MODEL's changes
 MODEL_CHANGES = {

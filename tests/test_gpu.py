@@ -1114,6 +1114,12 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert (patch2.epochs, patch2.warmup_epochs, patch2.mixup_off_epoch) == (50, 5, 40)
     assert patch2.model_kwargs == recipe.model_kwargs | dict(patch_size=2)
     assert shorter.model_kwargs == recipe.model_kwargs and recipe.threads == 1
+    mimetic, mimetic200 = settings["mimetic"], settings["mimetic-epochs200"]
+    assert mimetic.mimetic_init and not recipe.mimetic_init and mimetic.opt == recipe.opt == "muon"
+    assert mimetic200.mimetic_init and mimetic200.epochs == settings["epochs200"].epochs == 200
+    for name, init in (("adamw", False), ("adamw-mimetic", True)):
+        row = settings[name]
+        assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)
     threads = train_script.parse_config(proxy.command("recipe", "data", tmp_path, 0, threads=2)[2:])
     assert threads.threads == 2
 
