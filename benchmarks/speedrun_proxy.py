@@ -98,7 +98,7 @@ ROWS = {
     "patch2-epochs50": (planned_epochs(50), "patches of 2 pixels (256 tokens), 50 epochs"),
     # the attention layers started as a trained ViT's look (each head's W_q W_k^T near +I, W_v
     # W_proj near -I; Trockman & Kolter 2023: +5 points on CIFAR-10 with AdamW): free on any
-    # device, and behind early with Muon in the CPU recipe's 4 epochs, never run to the end
+    # device; behind early with Muon in the CPU recipe's 4 epochs, so run here to the end
     "mimetic": (["--mimetic-init"], "mimetic initialisation of attention"),
     "mimetic-epochs200": ([*planned_epochs(200), "--mimetic-init"], "mimetic, 200 epochs"),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
