@@ -1117,6 +1117,10 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     mimetic, mimetic200 = settings["mimetic"], settings["mimetic-epochs200"]
     assert mimetic.mimetic_init and not recipe.mimetic_init and mimetic.opt == recipe.opt == "muon"
     assert mimetic200.mimetic_init and mimetic200.epochs == settings["epochs200"].epochs == 200
+    for name, init in (("epochs134", False), ("mimetic-epochs134", True)):
+        row = settings[name]
+        planned = (row.epochs, row.warmup_epochs, row.mixup_off_epoch)
+        assert planned == (134, 5, 124) and row.mimetic_init == init
     for name, init in (("adamw", False), ("adamw-mimetic", True)):
         row = settings[name]
         assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)
@@ -1144,6 +1148,13 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     header, _, line = capsys.readouterr().out.strip().splitlines()[-3:]
     assert header.split(" | ")[-3:] == ["150", "200", "last train loss |"]
     assert line.endswith(" | 70.00 | 71.00 | 0.700 |")
+
+    # a run whose last evaluation is not one of the report's epochs still shows its end
+    finished("epochs134", 0, [(100, 75.0, 0.8), (130, 76.0, 0.75), (134, 76.5, 0.7)])
+    proxy.print_table(argparse.Namespace(rows=["epochs134"], seeds=[0], output=tmp_path))
+    header, _, line = capsys.readouterr().out.strip().splitlines()[-3:]
+    assert header.split(" | ")[-3:] == ["100", "134", "last train loss |"]
+    assert line.endswith(" | 75.00 | 76.50 | 0.700 |")
 
 
 def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(monkeypatch):
