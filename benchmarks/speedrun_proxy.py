@@ -62,6 +62,9 @@ def planned_epochs(epochs: int) -> list[str]:
 # AdamW for every weight instead of Muon: DeiT's weight decay, and the rate that ViTs trained on
 # CIFAR commonly take at batches of 128
 ADAMW = ["--opt", "adamw", "--lr", "1e-3", "--weight-decay", "0.05"]
+# twice the proxy's batch with the learning rate x sqrt(2): the GPU screen's --batch-size 1024
+# --lr 2.8e-3 at the proxy's scale
+LARGER_BATCH = ["--batch-size", "256", "--lr", "2.8e-3"]
 
 # name -> (flags added to BASE, what the row is)
 ROWS = {
@@ -77,7 +80,7 @@ ROWS = {
     # half the steps at the same epochs: what a GPU's larger batch (1,024) costs per epoch, where
     # a host-bound step of twice the images takes less than twice the time
     "batch256": (["--batch-size", "256"], "batches of 256, the learning rate as it is"),
-    "batch256-lr": (["--batch-size", "256", "--lr", "2.8e-3"], "batches of 256, lr x sqrt(2)"),
+    "batch256-lr": (LARGER_BATCH, "batches of 256, lr x sqrt(2)"),
     # more passes, as --time-budget plans them: the first guess's 5 warmup epochs kept, the last
     # 10 epochs unmixed (a faster GPU step gives the five minutes more epochs, not more images)
     "epochs200": (planned_epochs(200), "200 epochs instead of 100, as the time budget plans them"),
@@ -109,7 +112,7 @@ ROWS = {
     # step's pace, batches of twice the images take about as long as the recipe's, so ~1.5x the
     # epochs (200 against the recipe's ~134) at twice the batch and the learning rate x sqrt(2)
     "batch256-lr-epochs200": (
-        [*planned_epochs(200), "--batch-size", "256", "--lr", "2.8e-3"],
+        [*planned_epochs(200), *LARGER_BATCH],
         "batches of 256, lr x sqrt(2), 200 epochs",
     ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
