@@ -115,6 +115,13 @@ ROWS = {
         [*planned_epochs(200), *LARGER_BATCH],
         "batches of 256, lr x sqrt(2), 200 epochs",
     ),
+    # the screen's second step (--mimetic-init on the better of the two) where the first one won
+    # on the proxy: mimetic was ahead at 200 epochs of 128 (+1.45) but level at 134, so does it
+    # still pay at half the steps of twice the images?
+    "mimetic-batch256-lr-epochs200": (
+        [*planned_epochs(200), *LARGER_BATCH, "--mimetic-init"],
+        "mimetic, batches of 256, lr x sqrt(2), 200 epochs",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),
