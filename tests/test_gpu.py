@@ -1124,6 +1124,10 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     for name, init in (("adamw", False), ("adamw-mimetic", True)):
         row = settings[name]
         assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)
+    for name, epochs in (("patch-drop-epochs134", 134), ("patch-drop-epochs200", 200)):
+        row = settings[name]
+        assert (row.epochs, row.warmup_epochs, row.mixup_off_epoch) == (epochs, 5, epochs - 10)
+        assert (row.patch_drop, row.patch_drop_anneal, recipe.patch_drop) == (0.5, 2, 0)
     threads = train_script.parse_config(proxy.command("recipe", "data", tmp_path, 0, threads=2)[2:])
     assert threads.threads == 2
 
@@ -1155,6 +1159,39 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     header, _, line = capsys.readouterr().out.strip().splitlines()[-3:]
     assert header.split(" | ")[-3:] == ["100", "134", "last train loss |"]
     assert line.endswith(" | 75.00 | 76.50 | 0.700 |")
+
+
+def test_the_speedrun_proxy_starts_the_next_run_as_soon_as_any_one_ends(monkeypatch, tmp_path):
+    """Rows of different lengths (134 and 200 epochs): the runner had waited for each pair to
+    end before starting the next, a core idle while the longer run went on. Here the first run
+    waits until the third has started, which only a runner that fills a freed slot does."""
+    import argparse
+    import importlib
+    import threading
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    proxy = importlib.import_module("speedrun_proxy")
+    third_started = threading.Event()
+    started = []
+    real_run_one = proxy.run_one
+
+    def run_one(args, name, seed):
+        started.append((name, seed))
+        if (name, seed) == ("recipe", 0):
+            assert third_started.wait(timeout=30), "the third run waited for the first to end"
+        if (name, seed) == ("recipe", 1):
+            third_started.set()
+
+    monkeypatch.setattr(proxy, "run_one", run_one)
+    args = argparse.Namespace(rows=["recipe", "reprob"], seeds=[0, 1], parallel=2)
+    proxy.run_rows(args)
+    assert sorted(started) == [("recipe", 0), ("recipe", 1), ("reprob", 0), ("reprob", 1)]
+
+    # one run: its command's output in the log beside its run folder
+    monkeypatch.setattr(proxy, "command", lambda *a, **k: [sys.executable, "-c", "print('ran')"])
+    args = argparse.Namespace(data="data", output=tmp_path, threads=1)
+    real_run_one(args, "recipe", 0)
+    assert (tmp_path / "recipe-seed0.log").read_text() == "ran\n"
 
 
 def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(monkeypatch):
