@@ -35,6 +35,26 @@ def test_the_plan_takes_as_many_epochs_as_fit_after_what_was_spent():
     assert epochs_in_budget(cfg, epochs_done=5, timings=late) == 5  # over already: no more
 
 
+def test_the_plan_counts_the_patch_drop_anneals_epochs_at_their_tokens_and_compilations():
+    """--patch-drop 0.5 --patch-drop-anneal 2: the timed epochs keep half the tokens, the last
+    two keep 3/4 and all of them (1.5x and 2x the timed pace) and, compiled, each compiles its
+    token count once more; the plan leaves time for both where it had counted them at the pace."""
+    cfg = TrainConfig(time_budget=100, eval_interval=5, checkpoint_interval=5)
+    timings = Timings(elapsed=40.0, epoch=1.0, evaluation=0.5, checkpoint=0.2, compilation=3.0)
+    assert epochs_in_budget(cfg, epochs_done=5, timings=timings) == 54  # no anneal: as above
+    annealed = replace(cfg, patch_drop=0.5, patch_drop_anneal=2)
+    epochs = epochs_in_budget(annealed, epochs_done=5, timings=timings)
+    per_epoch = 1.0 + 0.5 / 5 + 0.2 / 5
+    anneal = (1.5 - 1) + (2 - 1) + 2 * 3.0  # tokens beyond the pace, two compilations
+    spent = 40.0 + (epochs - 5) * per_epoch + 0.5 + 0.2 + anneal
+    assert spent <= 100 * (1 - MARGIN) < spent + per_epoch
+    assert epochs == 47
+    eager = replace(timings, compilation=0.0)  # nothing compiles: the tokens alone
+    assert epochs_in_budget(annealed, epochs_done=5, timings=eager) == 53
+    dropped = replace(annealed, patch_drop_anneal=0)  # every epoch at the timed pace
+    assert epochs_in_budget(dropped, epochs_done=5, timings=timings) == 54
+
+
 def test_the_plan_keeps_a_given_or_ended_warmup_and_the_unmixed_end():
     cfg = TrainConfig(epochs=100, time_budget=300, warmup_epochs=5, mixup_off_epoch=90)
     longer = planned_settings(cfg, epochs=150, epochs_done=5)

@@ -181,12 +181,14 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
         checkpoint_seconds = time.perf_counter() - saving
         paces.append(time.perf_counter() - began - evaluation_seconds - checkpoint_seconds)
         if plans:
+            # the first epoch of a start compiles: the pace is the others', where it has any
+            pace = statistics.mean(paces[1:] or paces)
             timings = Timings(
                 elapsed=seconds_since_start(),
-                # the first epoch of a start compiles: the pace is the others', where it has any
-                epoch=statistics.mean(paces[1:] or paces),
+                epoch=pace,
                 evaluation=evaluation_seconds,
                 checkpoint=checkpoint_seconds,
+                compilation=max(0.0, paces[0] - pace) if cfg.compile else 0.0,
             )
             plan_epochs(run, saver, log, timings)
         process_group.barrier()

@@ -11,9 +11,13 @@ as many as fit in what is left:
     budget (1 - MARGIN) >= elapsed + n (epoch + evaluation / eval-interval
                                         + checkpoint / checkpoint-interval)
                            + evaluation + checkpoint           (the last epoch's, always due)
+                           + what --patch-drop-anneal's final epochs add
 
 where elapsed counts from the process's start (imports, decoding, compilation included) and an
-epoch's time is all of it but its evaluation and checkpoint (the log's lines included). --epochs
+epoch's time is all of it but its evaluation and checkpoint (the log's lines included), and an
+annealed epoch costs its tokens' share more (the last, with all of them, twice a timed epoch at
+--patch-drop 0.5) and, compiled, one more compilation (the first epoch's time beyond the pace):
+those epochs had run past a budget that counted them at the timed pace. --epochs
 as given is the first guess: a warmup given keeps its length, the default one too where it has
 ended by the plan (else it is 5% of the decided epochs), and --mixup-off-epoch stays as many
 epochs before the end as it was. The
@@ -60,6 +64,9 @@ class Timings:
     epoch: float
     evaluation: float
     checkpoint: float
+    # what the compiling epoch took beyond a timed one's pace (0 where nothing compiles): the
+    # price of each new token count that --patch-drop-anneal's final epochs compile
+    compilation: float = 0.0
 
 
 def epochs_in_budget(cfg: TrainConfig, epochs_done: int, timings: Timings) -> int:
@@ -71,8 +78,25 @@ def epochs_in_budget(cfg: TrainConfig, epochs_done: int, timings: Timings) -> in
     )
     left = cfg.time_budget * (1 - MARGIN) - timings.elapsed
     last_epoch_extra = timings.evaluation + timings.checkpoint  # always due after the last
-    more = math.floor((left - last_epoch_extra) / per_epoch) if per_epoch > 0 else 0
+    left -= last_epoch_extra + anneal_extra(cfg, timings)
+    more = math.floor(left / per_epoch) if per_epoch > 0 else 0
     return epochs_done + max(0, more)
+
+
+def anneal_extra(cfg: TrainConfig, timings: Timings) -> float:
+    """Seconds the final epochs of --patch-drop-anneal take beyond the timed pace: each keeps
+    more tokens than the timed epochs' 1 - patch_drop (the last keeps all: 2x the time at 0.5,
+    counted in proportion to the tokens, attention's quadratic share left to the margin) and
+    compiles the step once more for its token count."""
+    if cfg.patch_drop <= 0 or cfg.patch_drop_anneal <= 0:
+        return 0.0
+    annealed = math.ceil(cfg.patch_drop_anneal)  # the epochs whose rate is below patch_drop
+    kept = 1 - cfg.patch_drop
+    extra = 0.0
+    for remaining in range(annealed):  # epochs after the annealed one: its rate's numerator
+        rate = cfg.patch_drop * remaining / cfg.patch_drop_anneal
+        extra += timings.epoch * ((1 - rate) / kept - 1) + timings.compilation
+    return extra
 
 
 def planned_settings(cfg: TrainConfig, epochs: int, epochs_done: int) -> dict:
