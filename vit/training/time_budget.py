@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import TrainConfig, resolve_warmup_epochs
+from .settings import TrainConfig, patch_drop_for_epoch, resolve_warmup_epochs
 
 # What the plan leaves unspent: epochs vary by a few percent in time (evaluations, the
 # host's other work), and a run that ends a little early loses little, one that ends late
@@ -90,11 +90,12 @@ def anneal_extra(cfg: TrainConfig, timings: Timings) -> float:
     compiles the step once more for its token count."""
     if cfg.patch_drop <= 0 or cfg.patch_drop_anneal <= 0:
         return 0.0
-    annealed = math.ceil(cfg.patch_drop_anneal)  # the epochs whose rate is below patch_drop
     kept = 1 - cfg.patch_drop
     extra = 0.0
-    for remaining in range(annealed):  # epochs after the annealed one: its rate's numerator
-        rate = cfg.patch_drop * remaining / cfg.patch_drop_anneal
+    # the annealed epochs, counted back from the last: a rate depends only on the epochs after
+    # it, so the first guess's count places them as well as the decided one will
+    for remaining in range(math.ceil(cfg.patch_drop_anneal)):
+        rate = patch_drop_for_epoch(cfg, cfg.epochs - 1 - remaining)
         extra += timings.epoch * ((1 - rate) / kept - 1) + timings.compilation
     return extra
 
