@@ -149,6 +149,10 @@ ROWS = {
         [*planned_epochs(134), "--mimetic-init"],
         "8 heads of 16 and mimetic initialisation, 134 epochs",
     ),
+    # the trend past 8: 16 heads of 8 at the same width and passes. Does narrowing the heads keep
+    # paying, or does 8 sit at the top, so that the GPU screen tries 8 (of 32 at 256 wide) and
+    # not more?
+    "heads16-epochs134": (planned_epochs(134), "16 heads of 8 instead of 4 of 32, 134 epochs"),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),
@@ -159,6 +163,7 @@ MODEL_CHANGES = {
     "patch2-epochs50": dict(patch_size=2),
     "heads8-epochs134": dict(num_heads=8),
     "heads8-mimetic-epochs134": dict(num_heads=8),
+    "heads16-epochs134": dict(num_heads=16),
 }
 REPORT_EPOCHS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 150, 200)
 

@@ -1121,10 +1121,14 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         row = settings[name]
         planned = (row.epochs, row.warmup_epochs, row.mixup_off_epoch)
         assert planned == (134, 5, 124) and row.mimetic_init == init
-    for name, init in (("heads8-epochs134", False), ("heads8-mimetic-epochs134", True)):
+    for name, num_heads, init in (
+        ("heads8-epochs134", 8, False),
+        ("heads8-mimetic-epochs134", 8, True),
+        ("heads16-epochs134", 16, False),
+    ):
         heads = settings[name]
-        assert heads.model_kwargs == recipe.model_kwargs | dict(num_heads=8) and heads.epochs == 134
-        assert heads.mimetic_init == init
+        assert heads.model_kwargs == recipe.model_kwargs | dict(num_heads=num_heads)
+        assert (heads.epochs, heads.mimetic_init) == (134, init)
     for name, init in (("adamw", False), ("adamw-mimetic", True)):
         row = settings[name]
         assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)
