@@ -153,6 +153,13 @@ ROWS = {
     # paying, or does 8 sit at the top, so that the GPU screen tries 8 (of 32 at 256 wide) and
     # not more?
     "heads16-epochs134": (planned_epochs(134), "16 heads of 8 instead of 4 of 32, 134 epochs"),
+    # 8 heads where the screen's first variant wins: the heads paid at 134 epochs of 128 (+0.66),
+    # so do they still pay at 200 epochs of 256 (half the steps), the pace a host-bound GPU gives
+    # twice the batch? If so the screen tries 8 heads on the larger batch, not only on the recipe
+    "heads8-batch256-lr-epochs200": (
+        [*planned_epochs(200), *LARGER_BATCH],
+        "8 heads of 16, batches of 256, lr x sqrt(2), 200 epochs",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),
@@ -164,6 +171,7 @@ MODEL_CHANGES = {
     "heads8-epochs134": dict(num_heads=8),
     "heads8-mimetic-epochs134": dict(num_heads=8),
     "heads16-epochs134": dict(num_heads=16),
+    "heads8-batch256-lr-epochs200": dict(num_heads=8),
 }
 REPORT_EPOCHS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 150, 200)
 

@@ -1129,6 +1129,15 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         heads = settings[name]
         assert heads.model_kwargs == recipe.model_kwargs | dict(num_heads=num_heads)
         assert (heads.epochs, heads.mimetic_init) == (134, init)
+    for name, epochs, num_heads, init in (
+        ("batch256-lr", 100, 4, False),
+        ("batch256-lr-epochs200", 200, 4, False),
+        ("mimetic-batch256-lr-epochs200", 200, 4, True),
+        ("heads8-batch256-lr-epochs200", 200, 8, False),
+    ):
+        row = settings[name]
+        assert (row.batch_size, row.lr, row.epochs, row.mimetic_init) == (256, 2.8e-3, epochs, init)
+        assert row.model_kwargs == recipe.model_kwargs | dict(num_heads=num_heads)
     for name, init in (("adamw", False), ("adamw-mimetic", True)):
         row = settings[name]
         assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)
