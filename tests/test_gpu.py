@@ -404,8 +404,9 @@ def test_update_graph_beside_the_compiled_steps_cuda_graphs(device):
 
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
 def test_update_graph_runs_uncaptured_where_cuda_refuses_the_capture(monkeypatch, caplog):
-    """A capture CUDA refuses: one warning, the warm-up's update undone, and the same steps
-    taken uncaptured (the eager update's, within the bound of the captured ones)."""
+    """A capture CUDA refuses: one warning, the warm-up's update undone, that step taken
+    uncaptured and the next ones by the eager update (the eager run's steps, within the bound
+    of the captured ones)."""
     from vit.training import update_graph
 
     def refused():
@@ -426,6 +427,30 @@ def test_update_graph_runs_uncaptured_where_cuda_refuses_the_capture(monkeypatch
     ours, theirs = uncaptured.model.state_dict(), eager.model.state_dict()
     for key, value in theirs.items():
         torch.testing.assert_close(ours[key], value, rtol=1e-4, atol=2e-5, msg=key)
+
+
+def test_after_a_refused_capture_the_eager_update_takes_the_steps(monkeypatch):
+    """Once CUDA refused the update's capture (`capturable` False), the training loop takes the
+    eager update (the uncaptured function was a third slower on the H200): the same steps, on
+    the CPU too."""
+    cpu = torch.device("cpu")
+    settings = dict(opt="muon", model_ema=True, model_ema_decay=0.9, clip_grad=0.05)
+    eager, refused = engine_run(cpu, **settings), engine_run(cpu, **settings, graph_update=True)
+    train_steps(refused, 1)  # on a GPU, the step whose capture failed: the function, uncaptured
+    refused.update.capturable = False
+
+    def not_called(*args):
+        raise AssertionError("the uncaptured update ran after the capture was refused")
+
+    monkeypatch.setattr(refused.update, "apply", not_called)
+    train_steps(eager, 3)
+    train_steps(refused, 2)  # the same fixed batch: 3 steps in all, as the eager run's
+    ours, theirs = refused.model.state_dict(), eager.model.state_dict()
+    for key, value in theirs.items():
+        torch.testing.assert_close(ours[key], value, rtol=1e-4, atol=2e-5, msg=key)
+    averaged = refused.state.ema.module.state_dict()
+    for key, value in eager.state.ema.module.state_dict().items():
+        torch.testing.assert_close(averaged[key], value, rtol=1e-4, atol=2e-5, msg=key)
 
 
 def test_adamw_is_one_fused_kernel_on_a_gpu_only(device):

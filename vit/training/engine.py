@@ -395,9 +395,9 @@ def optimizer_step(
     scaler.scale(loss).backward()
     group = optimizer.param_groups[0]
     lr = group["lr"] / group.get("lr_scale", 1.0)  # under --layer-decay, the rate at the top
-    if update is not None:  # the same clipping to clip_grad, step and EMA
+    if update is not None and update.capturable:  # the same clipping to clip_grad, step and EMA
         update()
-    else:
+    else:  # also once CUDA refused the update's capture: uncaptured, this is the faster way
         if clip_grad:  # 0 or None: no clipping
             scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
             nn.utils.clip_grad_norm_(state.model.parameters(), clip_grad)
