@@ -1163,10 +1163,13 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         row = settings[name]
         assert (row.batch_size, row.lr, row.epochs, row.mimetic_init) == (256, 2.8e-3, epochs, init)
         assert row.model_kwargs == recipe.model_kwargs | dict(num_heads=num_heads)
-    largest = settings["batch512-lr-epochs200"]
-    assert (largest.batch_size, largest.lr, largest.epochs) == (512, 4e-3, 200)
-    assert (largest.mixup_off_epoch, largest.mimetic_init) == (190, False)
-    assert largest.model_kwargs == recipe.model_kwargs
+    largest = settings["batch512-lr"]
+    assert (largest.batch_size, largest.lr, largest.epochs) == (512, 4e-3, 100)
+    assert (largest.mixup_off_epoch, largest.warmup_epochs) == (
+        recipe.mixup_off_epoch,
+        recipe.warmup_epochs,
+    )
+    assert largest.model_kwargs == recipe.model_kwargs and not largest.mimetic_init
     for name, init in (("adamw", False), ("adamw-mimetic", True)):
         row = settings[name]
         assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)
