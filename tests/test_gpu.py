@@ -274,6 +274,25 @@ def test_float16_overflow_skips_the_step_and_lowers_the_scale(device):
     assert "head.weight" in moved and "blocks.0.attn.qkv.weight" in moved
 
 
+def assert_the_same_steps(eager, other) -> None:
+    """Two TrainingStates after the same steps: the same weights, EMA and optimizer state, to
+    float rounding (the bound: test_update_graph_takes_the_eager_updates_steps's docstring)."""
+    pairs = [
+        (eager.model.state_dict(), other.model.state_dict()),
+        (eager.ema.module.state_dict(), other.ema.module.state_dict()),
+        *zip(
+            eager.optimizer.state_dict()["state"].values(),
+            other.optimizer.state_dict()["state"].values(),
+            strict=True,
+        ),
+    ]
+    for ours, theirs in pairs:
+        assert ours.keys() == theirs.keys()
+        for key, value in ours.items():
+            assert theirs[key].dtype == value.dtype and theirs[key].device == value.device, key
+            torch.testing.assert_close(theirs[key], value, rtol=1e-4, atol=2e-5, msg=key)
+
+
 @pytest.mark.parametrize("opt", ["muon", "adamw"])
 def test_update_graph_takes_the_eager_updates_steps(device, opt):
     """--graph-update: gradient clipping, the optimizer's step and the EMA, replayed as one
@@ -299,20 +318,7 @@ def test_update_graph_takes_the_eager_updates_steps(device, opt):
     eager, compiled = runs["eager"].state, runs["graph"].state
     assert compiled.ema.updates == eager.ema.updates == 6
     assert compiled.scheduler.last_epoch == 6
-    pairs = [
-        (eager.model.state_dict(), compiled.model.state_dict()),
-        (eager.ema.module.state_dict(), compiled.ema.module.state_dict()),
-        *zip(
-            eager.optimizer.state_dict()["state"].values(),
-            compiled.optimizer.state_dict()["state"].values(),
-            strict=True,
-        ),
-    ]
-    for ours, theirs in pairs:
-        assert ours.keys() == theirs.keys()
-        for key, value in ours.items():
-            assert theirs[key].dtype == value.dtype and theirs[key].device == value.device, key
-            torch.testing.assert_close(theirs[key], value, rtol=1e-4, atol=2e-5, msg=key)
+    assert_the_same_steps(eager, compiled)
     unclipped = runs["unclipped"].model.state_dict()
     moved = max((unclipped[k] - v).abs().max().item() for k, v in eager.model.state_dict().items())
     assert moved > 1e-3
@@ -424,9 +430,7 @@ def test_update_graph_runs_uncaptured_where_cuda_refuses_the_capture(monkeypatch
         train_steps(uncaptured, 3)
     assert uncaptured.update.graph is None and not uncaptured.update.capturable
     assert [r.message for r in caplog.records if "could not be captured" in r.message] != []
-    ours, theirs = uncaptured.model.state_dict(), eager.model.state_dict()
-    for key, value in theirs.items():
-        torch.testing.assert_close(ours[key], value, rtol=1e-4, atol=2e-5, msg=key)
+    assert_the_same_steps(eager.state, uncaptured.state)
 
 
 def test_after_a_refused_capture_the_eager_update_takes_the_steps(monkeypatch):
@@ -445,12 +449,7 @@ def test_after_a_refused_capture_the_eager_update_takes_the_steps(monkeypatch):
     monkeypatch.setattr(refused.update, "apply", not_called)
     train_steps(eager, 3)
     train_steps(refused, 2)  # the same fixed batch: 3 steps in all, as the eager run's
-    ours, theirs = refused.model.state_dict(), eager.model.state_dict()
-    for key, value in theirs.items():
-        torch.testing.assert_close(ours[key], value, rtol=1e-4, atol=2e-5, msg=key)
-    averaged = refused.state.ema.module.state_dict()
-    for key, value in eager.state.ema.module.state_dict().items():
-        torch.testing.assert_close(averaged[key], value, rtol=1e-4, atol=2e-5, msg=key)
+    assert_the_same_steps(eager.state, refused.state)
 
 
 def test_adamw_is_one_fused_kernel_on_a_gpu_only(device):
