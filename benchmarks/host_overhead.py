@@ -4,6 +4,7 @@ the GPU's arithmetic, where the arithmetic is negligible.
 
     python benchmarks/host_overhead.py
     python benchmarks/host_overhead.py --config configs/cifar10_gpu_speedrun.yaml --width 16
+    python benchmarks/host_overhead.py --image-size 8
 
 The model is the config's with its width set to --width (the same 103 tensors, the same
 number of same-shaped matrix groups for Muon), one thread, each part's median over --repeats
@@ -11,7 +12,9 @@ calls: the optimizer step (Muon and AdamW for the rest, as the recipe builds it,
 Newton-Schulz iteration in float32 whatever the recipe's), gradient clipping, the EMA update,
 the three one after the other (what --graph-update replays as one CUDA graph on a GPU), and one
 in-memory batch (the pipeline's own ops; RandAugment eager, on the whole batch as on a GPU, and
-compiled's single call is not counted here). On a GPU each
+compiled's single call is not counted here), alone and as one of 16 augmented in one call
+(--augment-batches 16: the call's time over 16, its arithmetic on 16 times the images
+included). On a GPU each
 dispatched operation is also a kernel launch (a few microseconds more), and a torch._foreach_*
 operation one launch for all its tensors where the CPU loops over them: the CPU's figure for
 those is an overestimate. A figure near a GPU step's time (13.9 ms in the fourth GPU run,
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import os
 import statistics
 import tempfile
@@ -65,6 +69,13 @@ def main() -> None:
         help="also time torch.compile of the three as one function (UpdateGraph.apply) from a "
         "cold cache: what a bare machine would pay, and why --graph-update captures instead",
     )
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        default=32,
+        help="side of the batch rows' images (8: their arithmetic, which a GPU does in parallel, "
+        "all but gone from the 16-batch calls)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     cfg = yaml.safe_load(Path(args.config).read_text())
@@ -88,20 +99,23 @@ def main() -> None:
         optimizer.step()
         ema.update(model)
 
-    images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
+    side = args.image_size
+    images = torch.randint(0, 256, (64, 3, side, side), dtype=torch.uint8)
     rows = {
         f"optimizer step ({cfg.get('opt', 'adamw')})": optimizer.step,
         "gradient clipping": lambda: nn.utils.clip_grad_norm_(model.parameters(), 1.0),
         "EMA update": lambda: ema.update(model),
         "the three, one after the other": eager_update,
     }
-    for randaug in (0, 2):
+    per_call = {}  # row name -> batches augmented in one call (--augment-batches)
+    for randaug, augment_batches in itertools.product((0, 2), (1, 16)):
         batches = InMemoryBatches(
             images,
             range(64),
             batch_size=4,
             mean=(0.5,) * 3,
             std=(0.25,) * 3,
+            pad=side // 8,
             hflip_alternate=True,
             randaug_ops=randaug,
         )
@@ -109,14 +123,18 @@ def main() -> None:
         batches.apply_randaug = functools.partial(apply_ops, whole_batch=True)
         generator = torch.Generator().manual_seed(0)
         name = f"a batch, RandAugment x{randaug} eager" if randaug else "a batch, no RandAugment"
-        rows[name] = lambda b=batches, g=generator: b.augment(images[:4], g, torch.arange(4))
+        if augment_batches > 1:
+            name += f", {augment_batches} batches a call (the call's time / {augment_batches})"
+        n = 4 * augment_batches
+        rows[name] = lambda b=batches, g=generator, n=n: b.augment(images[:n], g, torch.arange(n))
+        per_call[name] = augment_batches
     params = sum(1 for _ in model.parameters())
     print(
         f"{args.config} at width {args.width}: {params} tensors, 1 thread, median of {args.repeats}"
     )
     print("| part of a step | host ms |\n|---|---:|")
     for name, call in rows.items():
-        print(f"| {name} | {median_ms(call, args.repeats):.2f} |")
+        print(f"| {name} | {median_ms(call, args.repeats) / per_call.get(name, 1):.2f} |")
     if args.compile_seconds:
         seconds = compile_seconds(model, optimizer)
         print(f"torch.compile of the three as one function, cold cache: {seconds:.1f} s")

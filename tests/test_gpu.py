@@ -468,12 +468,15 @@ def _source_images(count: int = 64, side: int = 8) -> torch.Tensor:
     return torch.randint(0, 256, (count, side, side, 3), dtype=torch.uint8, generator=generator)
 
 
-def test_batches_on_the_device_are_crops_and_flips_of_their_images(device):
+@pytest.mark.parametrize("augment_batches", [1, 3])
+def test_batches_on_the_device_are_crops_and_flips_of_their_images(device, augment_batches):
     """--batch-augment on `device`: the images, labels and draws live there; every yielded
     image is its source (its label is its index) padded, cropped at one of the (2p+1)^2
     offsets, maybe flipped, normalised; over the epoch about half are flipped and every offset
     occurs. On the CPU the draws are today's (tests/test_training_levers.py pins them); on a GPU
-    they come from its generator: these properties are what both must have."""
+    they come from its generator: these properties are what both must have. Also with the
+    epoch's 4 batches augmented 3 at a time (--augment-batches: a full call, then one filled
+    up with images whose copies are dropped)."""
     from vit.data.batch_pipeline import InMemoryBatches
 
     source = _source_images()
@@ -487,6 +490,7 @@ def test_batches_on_the_device_are_crops_and_flips_of_their_images(device):
         pad=2,
         seed=5,
         device=device,
+        augment_batches=augment_batches,
     )
     batches.set_epoch(1)
     padded = torch.nn.functional.pad(source.permute(0, 3, 1, 2).float(), (2, 2, 2, 2))
@@ -1311,7 +1315,9 @@ def test_host_overhead_benchmark_times_each_eager_part_of_the_speedrun_step():
         "EMA update",
         "the three, one after the other",
         "a batch, no RandAugment",
+        "a batch, no RandAugment, 16 batches a call (the call's time / 16)",
         "a batch, RandAugment x2 eager",
+        "a batch, RandAugment x2 eager, 16 batches a call (the call's time / 16)",
     ]
     assert all(float(ms) > 0 for _, ms in rows[1:])
 

@@ -594,6 +594,7 @@ def test_second_round_cpu_levers_train_and_resume_exactly(
     [
         (("--batch-augment", "--crop", "rrc"), "--batch-augment does pad-and-crop"),
         (("--hflip-alternate",), "--hflip-alternate needs --batch-augment"),
+        (("--augment-batches", "4"), "--augment-batches 4 needs --batch-augment"),
         (("--progressive-size", "16"), "--progressive-size needs --batch-augment"),
         (("--batch-augment", "--aa", "none", "--no-cache"), "leave --cache on"),
     ],

@@ -1,5 +1,7 @@
 """Levers for fast training: patch dropout, dynamic image size, in-memory batch augmentation."""
 
+import functools
+
 import numpy as np
 import pytest
 import timm
@@ -7,6 +9,7 @@ import torch
 
 import vit
 from vit.data.batch_pipeline import InMemoryBatches, random_crop
+from vit.data.batch_randaugment import apply_ops
 
 TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 5}
 
@@ -125,41 +128,119 @@ def test_random_crop_shifts_each_image_inside_its_zero_padding():
         assert any(torch.equal(out[i], w) for w in windows)
 
 
+def replayed_draws(images, index: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """What the pipeline of `_batches(pad=2, hflip=0.5, reprob=0.5)` makes of images[index] in
+    one call, its draws replayed by hand in its order (crop offsets, flips, erasing's choice, box
+    sides, places, noise), one image at a time: (len(index), 3, 8, 8)."""
+    n = len(index)
+    mean = torch.tensor([0.5, 0.4, 0.3]).view(3, 1, 1) * 255
+    std = torch.tensor([0.2, 0.25, 0.3]).view(3, 1, 1) * 255
+    dy, dx = (torch.randint(0, 5, (n,), generator=generator) for _ in range(2))
+    flip = torch.rand(n, generator=generator) < 0.5
+    erase = torch.rand(n, generator=generator) < 0.5
+    sides = [
+        (torch.empty(n).uniform_(0.1, 0.4, generator=generator) * 8).long().clamp(min=1)
+        for _ in range(2)
+    ]
+    top = (torch.rand(n, generator=generator) * (8 - sides[0] + 1)).long()
+    left = (torch.rand(n, generator=generator) * (8 - sides[1] + 1)).long()
+    noise = torch.randn((n, 3, 8, 8), generator=generator)
+    out = []
+    for i, source in enumerate(index.tolist()):
+        image = torch.from_numpy(images[source]).permute(2, 0, 1).float()
+        image = torch.nn.functional.pad(image, (2, 2, 2, 2))
+        image = image[:, dy[i] : dy[i] + 8, dx[i] : dx[i] + 8]
+        image = ((image.flip(-1) if flip[i] else image) - mean) / std
+        if erase[i]:
+            rows = slice(top[i], top[i] + sides[0][i])
+            cols = slice(left[i], left[i] + sides[1][i])
+            image[:, rows, cols] = noise[i][:, rows, cols]
+        out.append(image)
+    return torch.stack(out)
+
+
 def test_cpu_batches_draw_the_stream_every_earlier_release_drew(images):
     """On the CPU the in-memory pipeline draws from its generator in the order it always has
-    (the permutation, then per batch: crop offsets, flips, erasing's choice, box sides, places,
-    noise), so the CPU recipes' measured runs repeat exactly. The reference replays that order
-    by hand, one image at a time."""
+    (the permutation, then per batch the draws `replayed_draws` replays), so the CPU recipes'
+    measured runs repeat exactly."""
     loader = _batches(images, pad=2, hflip=0.5, reprob=0.5)
     loader.set_epoch(3)
     generator = torch.Generator().manual_seed(1 * 1_000_003 + 3)
     order = torch.randperm(12, generator=generator)
-    mean = torch.tensor([0.5, 0.4, 0.3]).view(3, 1, 1) * 255
-    std = torch.tensor([0.2, 0.25, 0.3]).view(3, 1, 1) * 255
     for number, (batch, labels) in enumerate(loader):
         index = order[number * 4 : number * 4 + 4]
         assert labels.tolist() == index.tolist()
-        dy, dx = (torch.randint(0, 5, (4,), generator=generator) for _ in range(2))
-        flip = torch.rand(4, generator=generator) < 0.5
-        erase = torch.rand(4, generator=generator) < 0.5
-        sides = [
-            (torch.empty(4).uniform_(0.1, 0.4, generator=generator) * 8).long().clamp(min=1)
-            for _ in range(2)
-        ]
-        top = (torch.rand(4, generator=generator) * (8 - sides[0] + 1)).long()
-        left = (torch.rand(4, generator=generator) * (8 - sides[1] + 1)).long()
-        noise = torch.randn((4, 3, 8, 8), generator=generator)
-        for i, source in enumerate(index.tolist()):
-            image = torch.from_numpy(images[source]).permute(2, 0, 1).float()
-            image = torch.nn.functional.pad(image, (2, 2, 2, 2))[
-                :, dy[i] : dy[i] + 8, dx[i] : dx[i] + 8
-            ]
-            image = ((image.flip(-1) if flip[i] else image) - mean) / std
-            if erase[i]:
-                rows = slice(top[i], top[i] + sides[0][i])
-                cols = slice(left[i], left[i] + sides[1][i])
-                image[:, rows, cols] = noise[i][:, rows, cols]
-            torch.testing.assert_close(batch[i], image, rtol=0, atol=0)
+        expected = replayed_draws(images, index, generator)
+        torch.testing.assert_close(batch, expected, rtol=0, atol=0)
+
+
+def test_batches_augmented_two_at_a_time_draw_once_a_call_the_last_filled_up(images):
+    """--augment-batches 2 over 3 batches of 4: the first call draws for 8 images and gives
+    batches 1 and 2; the second draws for the last 4 and, to keep one shape, the epoch's first
+    4 again, and gives batch 3 only. An epoch is still every image once."""
+    loader = _batches(images, pad=2, hflip=0.5, reprob=0.5, augment_batches=2)
+    loader.set_epoch(3)
+    batches = list(loader)
+    generator = torch.Generator().manual_seed(1 * 1_000_003 + 3)
+    order = torch.randperm(12, generator=generator)
+    first = replayed_draws(images, order[:8], generator)
+    second = replayed_draws(images, torch.cat([order[8:], order[:4]]), generator)
+    expected = [(first[:4], order[:4]), (first[4:], order[4:8]), (second[:4], order[8:])]
+    assert len(batches) == len(expected) == len(loader)
+    for (batch, labels), (images_expected, labels_expected) in zip(batches, expected, strict=True):
+        assert labels.tolist() == labels_expected.tolist()
+        torch.testing.assert_close(batch, images_expected, rtol=0, atol=0)
+    loader.set_epoch(3)  # an epoch again (as after a resume): the same batches
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, loader, strict=True))
+
+
+def test_batches_augmented_n_at_a_time_cost_the_host_a_fraction_of_the_operations():
+    """The host's share of the augmentation, counted as the operations dispatched (each a
+    kernel launch on a GPU): RandAugment x2 on whole batches (a GPU's way) over 8 batches,
+    augmented one at a time and 4 at a time."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        calls = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Counting.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    data = np.random.default_rng(0).integers(0, 256, size=(64, 8, 8, 3), dtype=np.uint8)
+    counts = {}
+    for augment_batches in (1, 4):
+        loader = _batches(
+            data, batch_size=8, randaug_ops=2, hflip_alternate=True, reprob=0.25,
+            augment_batches=augment_batches,
+        )  # fmt: skip
+        loader.apply_randaug = functools.partial(apply_ops, whole_batch=True)
+        loader.set_epoch(1)
+        Counting.calls = 0
+        with Counting():
+            assert sum(len(labels) for _, labels in loader) == 64
+        counts[augment_batches] = Counting.calls
+    # 2 calls instead of 8: a quarter of the operations, and the slicing into batches
+    assert counts[4] < counts[1] / 3.5, counts
+
+
+def test_train_py_augments_n_batches_at_a_time_and_resumes_exactly(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch
+):
+    """--augment-batches 4 over an epoch of 6 batches (a full call, then a filled-up one): a
+    killed run resumes to the uninterrupted run's weights, and the flag reaches the pipeline
+    (other draws than one batch a call: other weights)."""
+    from conftest import assert_resumes_exactly
+    from safetensors.torch import load_file
+
+    flags = ("--batch-augment", "--aa", "randaug", "--reprob", "0.25")
+    reference = assert_resumes_exactly(
+        train_script, monkeypatch, tmp_path, image_folder, *flags, "--augment-batches", "4"
+    )
+    one_a_call = tmp_path / "one-a-call"
+    assert train_script.main(tiny_args(image_folder, one_a_call, 2, *flags)) == 0
+    ours, theirs = (load_file(run / "model.safetensors") for run in (reference, one_a_call))
+    assert not all(torch.equal(ours[k], theirs[k]) for k in theirs)
 
 
 def test_progressive_size_resizes_the_batch(images):

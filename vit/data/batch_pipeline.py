@@ -52,6 +52,13 @@ class InMemoryBatches:
     compile_randaug: off the CPU, RandAugment compiled (`batch_randaugment.compiled_apply_ops`:
     a few fused kernels a round where eager dispatches ~270); on the CPU it stays eager, each
     op on the images that drew it.
+    augment_batches: the images of this many batches augmented in one call, then yielded a
+    batch at a time. The host's work for a call (its draws and kernel launches, the same for
+    512 images as for 8,192) is then paid once per `augment_batches` steps: on a GPU whose step
+    the host sets, that is host time taken off the step. The same distributions, other draws
+    (1: the draws of earlier releases). Every call has one shape, so RandAugment compiles once:
+    the epoch's last call is filled up with the epoch's first images, whose augmented copies
+    are dropped.
     Call `set_epoch(epoch, size)` before iterating; `size` (default H) resizes the batch.
     """
 
@@ -74,6 +81,7 @@ class InMemoryBatches:
         world_size: int = 1,
         device: torch.device | str = "cpu",
         compile_randaug: bool = False,
+        augment_batches: int = 1,
     ) -> None:
         self.device = torch.device(device)
         images, labels = labelled_images(images, labels, "InMemoryBatches")
@@ -86,6 +94,9 @@ class InMemoryBatches:
         compiled = compile_randaug and randaug_ops > 0 and self.device.type != "cpu"
         self.apply_randaug = compiled_apply_ops() if compiled else None  # None: eager
         self.repeats = max(aug_repeats, 1)
+        if augment_batches < 1:
+            raise ValueError(f"augment_batches must be 1 or more, got {augment_batches}")
+        self.augment_batches = augment_batches
         # Which images start flipped under hflip_alternate: fixed by the seed, not the epoch.
         start = self.generator(seed * 1_000_003 - 1)
         self.flip_start = (
@@ -127,11 +138,21 @@ class InMemoryBatches:
         mine, copy = deal_repeats(
             order, self.repeats, rank=self.rank, world_size=self.world_size, count=self.per_process
         )  # (N / world,) each
-        for start in range(0, len(self) * self.batch_size, self.batch_size):
-            index = mine[start : start + self.batch_size]  # (B,)
+        B = self.batch_size
+        per_call = min(self.augment_batches, len(self))  # batches augmented in one call
+        for first in range(0, len(self), per_call):
+            batches = min(per_call, len(self) - first)  # the batches of this call yielded
+            index = mine[first * B : (first + per_call) * B]  # (per_call * B,) but the last
             # copy numbers only where there are copies: no work in a step without repeats
-            copies = copy[start : start + self.batch_size] if self.repeats > 1 else None
-            yield self.augment(self.images[index], generator, index, copies), self.labels[index]
+            copies = copy[first * B : (first + per_call) * B] if self.repeats > 1 else None
+            if len(index) < per_call * B:  # filled up with the epoch's first: one shape for all
+                fill = per_call * B - len(index)
+                index = torch.cat([index, mine[:fill]])
+                copies = None if copies is None else torch.cat([copies, copy[:fill]])
+            images = self.augment(self.images[index], generator, index, copies)
+            labels = self.labels[index]  # (per_call * B,)
+            for start in range(0, batches * B, B):
+                yield images[start : start + B], labels[start : start + B]
 
     def augment(
         self,

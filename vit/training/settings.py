@@ -64,6 +64,7 @@ class TrainConfig:
     cache: bool | None = setting(None, "data", "decode images once into memory (default: images <= 64 px only)")
     workers: int = setting(default_workers(), "data", "data loader processes (default: one per spare core, at most 4)")
     batch_augment: bool = setting(False, "data", "augment whole uint8 batches held in memory, on the training device (pad-crop, flips, RandAugment, erasing)")
+    augment_batches: int = setting(1, "data", "with --batch-augment: augment the images of N batches in one call, then train on them a batch at a time, so that the host's share of the augmentation (its draws and kernel launches) is paid once every N steps; the same distributions, other draws (1: those of earlier releases)", metavar="N")
     cache_dir: str | None = setting("~/.cache/vit", "data", "keep decoded images here between runs, none for off")
     val_split: float | None = setting(None, "data", "hold out this fraction of the training images (per class, chosen by --seed) and evaluate on them each epoch instead of the test split, so that best.safetensors is chosen without the test images", metavar="FRACTION")
 
@@ -189,6 +190,7 @@ LIMITS: dict[str, Range] = {
     "aa_n": AT_LEAST_0,  # RandAugment ops per image: 0 is no op, like --aa none
     "reprob": PROBABILITY,
     "aug_repeats": AT_LEAST_0,
+    "augment_batches": AT_LEAST_1,
     "mixup": NON_NEGATIVE,
     "cutmix": NON_NEGATIVE,
     "mixup_prob": PROBABILITY,

@@ -35,6 +35,11 @@ def build_train_loader(
     or a DataLoader running `train_set`'s own transform per image in worker processes."""
     if cfg.hflip_alternate and not cfg.batch_augment:
         raise ValueError("--hflip-alternate needs --batch-augment (it flips whole batches)")
+    if cfg.augment_batches > 1 and not cfg.batch_augment:
+        raise ValueError(
+            f"--augment-batches {cfg.augment_batches} needs --batch-augment (it augments whole "
+            f"batches in memory); add --batch-augment, or leave out --augment-batches"
+        )
     if cfg.batch_augment:  # InMemoryBatches checks the batch size against the data itself
         return in_memory_batches(cfg, train_set, preprocess, info, device)
     if cfg.progressive_size is not None:
@@ -112,6 +117,7 @@ def in_memory_batches(
         world_size=info.world_size,
         device=device,
         compile_randaug=cfg.compile,
+        augment_batches=cfg.augment_batches,
     )
 
 
