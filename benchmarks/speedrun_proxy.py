@@ -165,6 +165,9 @@ ROWS = {
     # step of 4x the images may cost little more than the recipe's: what does a quarter of the
     # steps cost at the same 100 epochs, beside batch256-lr's half of them?
     "batch512-lr": (["--batch-size", "512", "--lr", "4e-3"], "batches of 512, lr x 2"),
+    # --augment-batches 16 (the GPU's host pays for the augmentation once every 16 steps): other
+    # draws from the same distributions, so it should end within the seeds' spread of the recipe
+    "augment16": (["--augment-batches", "16"], "the batches augmented 16 at a time"),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -1173,6 +1174,10 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         recipe.warmup_epochs,
     )
     assert largest.model_kwargs == recipe.model_kwargs and not largest.mimetic_init
+    chunked = settings["augment16"]
+    assert (chunked.augment_batches, recipe.augment_batches, chunked.batch_augment) == (16, 1, True)
+    same_run = dict(augment_batches=1, output_dir=recipe.output_dir)
+    assert dataclasses.replace(chunked, **same_run) == recipe  # that flag only
     for name, init in (("adamw", False), ("adamw-mimetic", True)):
         row = settings[name]
         assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)
