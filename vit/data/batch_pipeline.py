@@ -57,7 +57,7 @@ class InMemoryBatches:
     512 images as for 8,192) is then paid once per `augment_batches` steps: on a GPU whose step
     the host sets, that is host time taken off the step. The same distributions, other draws
     (1: the draws of earlier releases). Every call has one shape, so RandAugment compiles once:
-    the epoch's last call is filled up with the epoch's first images, whose augmented copies
+    the epoch's last call is filled up with other images of the epoch, whose augmented copies
     are dropped.
     Call `set_epoch(epoch, size)` before iterating; `size` (default H) resizes the batch.
     """
@@ -142,10 +142,11 @@ class InMemoryBatches:
         per_call = min(self.augment_batches, len(self))  # batches augmented in one call
         for first in range(0, len(self), per_call):
             batches = min(per_call, len(self) - first)  # the batches of this call yielded
-            index = mine[first * B : (first + per_call) * B]  # (per_call * B,) but the last
+            index = mine[first * B : (first + per_call) * B]  # (per_call * B,) ...
             # copy numbers only where there are copies: no work in a step without repeats
             copies = copy[first * B : (first + per_call) * B] if self.repeats > 1 else None
-            if len(index) < per_call * B:  # filled up with the epoch's first: one shape for all
+            if len(index) < per_call * B:  # ... filled up where the last call runs short (with
+                # the images the epoch leaves out, then its first): one shape, one compilation
                 fill = per_call * B - len(index)
                 index = torch.cat([index, mine[:fill]])
                 copies = None if copies is None else torch.cat([copies, copy[:fill]])
