@@ -142,11 +142,12 @@ class InMemoryBatches:
         per_call = min(self.augment_batches, len(self))  # batches augmented in one call
         for first in range(0, len(self), per_call):
             batches = min(per_call, len(self) - first)  # the batches of this call yielded
-            index = mine[first * B : (first + per_call) * B]  # (per_call * B,) ...
+            span = slice(first * B, (first + per_call) * B)
+            index = mine[span]  # (per_call * B,), but where the last call runs short
             # copy numbers only where there are copies: no work in a step without repeats
-            copies = copy[first * B : (first + per_call) * B] if self.repeats > 1 else None
-            if len(index) < per_call * B:  # ... filled up where the last call runs short (with
-                # the images the epoch leaves out, then its first): one shape, one compilation
+            copies = copy[span] if self.repeats > 1 else None
+            if len(index) < per_call * B:  # filled up (with the images the epoch leaves out,
+                # then its first): one shape, one compilation
                 fill = per_call * B - len(index)
                 index = torch.cat([index, mine[:fill]])
                 copies = None if copies is None else torch.cat([copies, copy[:fill]])
