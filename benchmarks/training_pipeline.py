@@ -46,11 +46,13 @@ from vit.utils.process_group import DistInfo, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 # A row's pipeline: a YAML recipe, with settings of its own after a colon. The speedrun with
-# its update eager beside it as it is: what --graph-update changes.
+# its update eager, as it is, and its whole step as one CUDA graph: what --graph-update and
+# --graph-step change.
 CONFIGS = [
     "configs/cifar10.yaml",
     "configs/cifar10_gpu_speedrun.yaml:graph_update=false",
     "configs/cifar10_gpu_speedrun.yaml",
+    "configs/cifar10_gpu_speedrun.yaml:graph_step=true,compile_mode=default",
 ]
 # the speedrun's model and the 200-epoch recipe's (Lee et al. 2021's 2.7M ViT)
 SHAPES = ["config", "192d-9L-12h-r2"]

@@ -196,21 +196,24 @@ def engine_run(device: torch.device, **settings) -> build.Run:
     state = build.build_training_state(cfg, model, steps_per_epoch=8, device=device, info=info)
     train_model = build.wrap_model(model, cfg, info, device)
     mixup = build.build_mixup(cfg, len(CLASSES))
+    forward_loss = build.build_forward_loss(
+        train_model, cfg, device, soft_targets=mixup is not None
+    )
+    update = build.build_update(cfg, state)
     return build.Run(
         cfg=cfg,
         info=info,
         device=device,
         model=model,
         train_model=train_model,
-        forward_loss=build.build_forward_loss(
-            train_model, cfg, device, soft_targets=mixup is not None
-        ),
+        forward_loss=forward_loss,
         train_loader=None,
         test_loader=None,
         state=state,
         mixup=mixup,
         num_images=0,
-        update=build.build_update(cfg, state),
+        update=update,
+        step=build.build_step(cfg, forward_loss, model, update),
     )
 
 
@@ -227,8 +230,7 @@ def train_steps(run: build.Run, steps: int) -> list[float]:
     run.train_model.train()
     losses = []
     for _ in range(steps):
-        logits, loss = engine.forward_loss(run, images, labels)
-        engine.optimizer_step(run.state, loss, run.cfg.clip_grad, update=run.update)
+        _, loss, _ = engine.train_step(run, images, labels)
         losses.append(loss.item())
     return losses
 
@@ -451,6 +453,90 @@ def test_after_a_refused_capture_the_eager_update_takes_the_steps(monkeypatch):
     train_steps(eager, 3)
     train_steps(refused, 2)  # the same fixed batch: 3 steps in all, as the eager run's
     assert_the_same_steps(eager.state, refused.state)
+
+
+@pytest.mark.parametrize("opt", ["muon", "adamw"])
+def test_step_graph_takes_the_update_graphs_steps(device, opt):
+    """--graph-step: the forward pass, the loss, the backward pass and --graph-update's update,
+    replayed as one CUDA graph on a GPU (on the CPU the same arithmetic, as it is), take the
+    steps --graph-update takes, under a changing learning rate: on the CPU the same to the bit,
+    on a GPU to the bound of test_update_graph_takes_the_eager_updates_steps (the kernels are
+    the same; their inputs' addresses and the backward's order of accumulation may not be)."""
+    settings = dict(opt=opt, model_ema=True, model_ema_decay=0.9, clip_grad=0.05, min_lr=1e-4)
+    settings.update(weight_decay=0.5, epochs=2, warmup_epochs=0.5)
+    updated = engine_run(device, **settings, graph_update=True)
+    stepped = engine_run(device, **settings, graph_step=True)
+    assert stepped.step is not None and updated.step is None
+    losses = {"updated": train_steps(updated, 6), "stepped": train_steps(stepped, 6)}
+    assert (stepped.step.captured is not None) is (device.type == "cuda")
+    assert stepped.step.capturable and stepped.update.graph is None  # the step's graph only
+    assert stepped.state.ema.updates == 6 and stepped.state.scheduler.last_epoch == 6
+    if device.type == "cpu":
+        assert losses["stepped"] == losses["updated"]
+        for ours, theirs in [
+            (stepped.model.state_dict(), updated.model.state_dict()),
+            (stepped.state.ema.module.state_dict(), updated.state.ema.module.state_dict()),
+        ]:
+            assert all(torch.equal(value, theirs[key]) for key, value in ours.items())
+    assert losses["stepped"] == pytest.approx(losses["updated"], rel=1e-4)
+    assert_the_same_steps(updated.state, stepped.state)
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_step_graph_redraws_stochastic_depth_each_replay_and_captures_again_for_a_new_rate():
+    """The captured step draws stochastic depth anew at each replay (a graph replaying one
+    draw would drop the same blocks every step): with the weights held still (a learning rate
+    of 1e-12, below float32's resolution of the weights, and no weight decay), one batch's
+    losses differ from step to step. A new patch-drop rate (what --patch-drop-anneal sets
+    between epochs) captures the step again."""
+    device = torch.device("cuda")
+    settings = dict(opt="muon", drop_path=0.5, lr=1e-12, min_lr=1e-12, weight_decay=0.0)
+    run = engine_run(device, **settings, clip_grad=None, graph_step=True)
+    losses = train_steps(run, 4)
+    first = run.step.captured
+    assert first is not None and len(set(losses)) == 4, losses
+    run.model.patch_drop.prob = 0.25
+    train_steps(run, 2)
+    assert run.step.captured is not first and run.step.captured.key[-1] == 0.25
+    assert run.step.capturable
+
+
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_step_graph_steps_on_where_cuda_refuses_the_capture(monkeypatch, caplog):
+    """A step capture CUDA refuses: one warning, the warm-up's update undone, that step taken
+    uncaptured and the next ones as without the step's graph (the eager run's steps, within
+    the bound of the captured ones)."""
+    from vit.training import step_graph
+
+    def refused():
+        raise RuntimeError("operation not permitted when stream is capturing (a test's)")
+
+    monkeypatch.setattr(step_graph.torch.cuda, "CUDAGraph", refused)
+    device = torch.device("cuda")
+    settings = dict(opt="muon", model_ema=True, model_ema_decay=0.9, clip_grad=0.05)
+    eager = engine_run(device, **settings)
+    refusing = engine_run(device, **settings, graph_step=True)
+    with caplog.at_level("WARNING", logger="vit"):
+        train_steps(eager, 3)
+        train_steps(refusing, 3)
+    assert refusing.step.captured is None and not refusing.step.capturable
+    assert [r.message for r in caplog.records if "--graph-step: the training" in r.message]
+    assert_the_same_steps(eager.state, refusing.state)
+
+
+@pytest.mark.slow  # torch.compile: a minute of compilation and CUDA graph capture
+def test_compiled_step_graph_trains_as_the_recipes_graphs_do(device):
+    """The step's graph around the compiled model and loss (--compile, mode default: its
+    kernels without CUDA graphs of their own) trains as the recipe's way does, the forward
+    and backward replayed as reduce-overhead's CUDA graphs and the update captured alone (the
+    same bound as reduce-overhead's against the eager steps)."""
+    if device.type != "cuda":
+        pytest.skip("CUDA graphs need a GPU (on a CPU reduce-overhead compiles as default)")
+    settings = dict(compile=True, opt="muon", model_ema=True)
+    recipe = engine_run(device, **settings, compile_mode="reduce-overhead", graph_update=True)
+    stepped = engine_run(device, **settings, graph_step=True)
+    assert train_steps(stepped, 5) == pytest.approx(train_steps(recipe, 5), rel=1e-4)
+    assert stepped.step.captured is not None
 
 
 def test_adamw_is_one_fused_kernel_on_a_gpu_only(device):
@@ -1360,6 +1446,7 @@ def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(imag
         "configs/cifar10.yaml",
         "configs/cifar10_gpu_speedrun.yaml:graph_update=false",
         "configs/cifar10_gpu_speedrun.yaml",
+        "configs/cifar10_gpu_speedrun.yaml:graph_step=true,compile_mode=default",
     ]
     assert all(row["images_per_s"] > 0 and row["gpu_busy_share"] is None for row in rows)
     # the tables printed last (scripts/gpu_report.py): both attempts, the finished one's mean
@@ -1367,7 +1454,7 @@ def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(imag
     assert len(attempts) == 2 and "| 0 | " in attempts[1]
     assert f"Finished runs: 1; top-1 mean {100 * seed['top1']:.2f}%" in done.stdout
     pipelines = done.stdout.split("Pipelines on CPU, torch ")[1]
-    assert pipelines.count("| 64d-2L-2h-r2 |") == 3
+    assert pipelines.count("| 64d-2L-2h-r2 |") == 4
 
 
 @pytest.mark.slow  # four tiny speedruns at once: ~1 minute on a CPU

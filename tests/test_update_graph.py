@@ -71,15 +71,17 @@ def test_the_warm_up_before_a_capture_leaves_every_tensor_as_it_was(monkeypatch)
         return [tensor.clone() for tensor in tensors]
 
     before, params = snapshot(), [param.clone() for param in update.params]
-    update.warm_up(grads, scalars)
+    with update_graph.undone(update.updated_tensors()):  # the warm-up, as capture runs it
+        update.apply(grads, scalars)
     assert all(map(torch.equal, snapshot(), before))
 
     def broken(*args, **kwargs):  # after the weight decay and Muon's momentum moved
         raise RuntimeError("a warm-up broken off half-way (a test's)")
 
     monkeypatch.setattr(update_graph, "orthogonalize_all", broken)
-    with pytest.raises(RuntimeError, match="half-way"):
-        update.warm_up(grads, scalars)
+    warm_up = update_graph.undone(update.updated_tensors())
+    with pytest.raises(RuntimeError, match="half-way"), warm_up:
+        update.apply(grads, scalars)
     assert all(map(torch.equal, snapshot(), before))
     monkeypatch.undo()
     update.apply(grads, scalars)  # the warm-up's update, kept: it had something to undo

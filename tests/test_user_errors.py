@@ -194,6 +194,12 @@ def test_settings_at_odds_with_each_other_are_refused(
     float16 = ["--graph-update", "--amp", "--amp-dtype", "float16"]
     err = refused(train_script, args + float16, capsys)
     assert "--graph-update with --amp-dtype float16" in err and "bfloat16" in err
+    err = refused(train_script, args + ["--graph-step", "--amp", "--amp-dtype", "float16"], capsys)
+    assert "--graph-step with --amp-dtype float16" in err and "bfloat16" in err
+    nested = ["--graph-step", "--compile", "--compile-mode", "reduce-overhead"]
+    err = refused(train_script, args + nested, capsys)
+    assert "--graph-step with --compile-mode reduce-overhead" in err
+    assert "use --compile-mode default" in err
     assert not (tmp_path / "run").exists()
 
 

@@ -58,6 +58,7 @@ from .settings import (
     resolve_optimizer,
     resolve_warmup_epochs,
 )
+from .step_graph import StepGraph
 from .train_loader import build_test_loader, build_train_loader
 from .update_graph import UpdateGraph
 
@@ -217,7 +218,7 @@ def build_training_state(
         # On a GPU one kernel updates every tensor, where the foreach update launches a few per
         # group of tensors: a small model's step is bound by launches. The CPU keeps foreach,
         # whose steps every run on a CPU so far took. --graph-update replays its own update.
-        fused=device.type == "cuda" and not cfg.graph_update,
+        fused=device.type == "cuda" and not (cfg.graph_update or cfg.graph_step),
         lr_scales=None if cfg.layer_decay is None else layer_lr_scales(model, cfg.layer_decay),
     )
     total_steps = cfg.epochs * steps_per_epoch
@@ -323,6 +324,8 @@ class Run:
     num_images: int  # in the training split
     # --graph-update: clipping, the optimizer's step and the EMA as one graph
     update: UpdateGraph | None = None
+    # --graph-step: forward, backward and `update` as one graph
+    step: StepGraph | None = None
 
 
 def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: CheckpointSaver) -> Run:
@@ -330,6 +333,12 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
     the model, the loaders, the optimizer, schedule and EMA. Writes nothing."""
     # Different RNG streams per process (MixUp, stochastic depth); rank 0 matches a
     # single-process run. DDP copies rank 0's initial weights to every process.
+    if cfg.graph_step and info.enabled:
+        raise ValueError(
+            f"--graph-step with {info.world_size} processes: the step's graph trains one "
+            f"process (DistributedDataParallel's exchange of gradients is not captured); "
+            f"leave out --graph-step, or start one process"
+        )
     seed_everything(cfg.seed + info.rank)
     train_set, test_set = load_data(cfg, info)
     model = build_training_model(cfg, train_set.class_names).to(device)
@@ -345,27 +354,40 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
         resume(saver, state, cfg, info)
     train_model = wrap_model(model, cfg, info, device)
     mixup = build_mixup(cfg, train_set.num_classes)
+    forward_loss = build_forward_loss(train_model, cfg, device, soft_targets=mixup is not None)
+    update = build_update(cfg, state)  # after resume: it holds the loaded state's tensors
     return Run(
         cfg=cfg,
         info=info,
         device=device,
         model=model,
         train_model=train_model,
-        forward_loss=build_forward_loss(train_model, cfg, device, soft_targets=mixup is not None),
+        forward_loss=forward_loss,
         train_loader=train_loader,
         test_loader=test_loader,
         state=state,
         mixup=mixup,
         num_images=len(train_set),
-        update=build_update(cfg, state),  # after resume: it holds the loaded state's tensors
+        update=update,
+        step=build_step(cfg, forward_loss, model, update),
     )
 
 
 def build_update(cfg: TrainConfig, state: TrainingState) -> UpdateGraph | None:
-    """--graph-update's clipping, optimizer step and EMA in one graph; None without it."""
-    if not cfg.graph_update:
+    """--graph-update's clipping, optimizer step and EMA in one graph (also the update inside
+    --graph-step's graph, and its ordinary steps' where CUDA refuses the step's capture); None
+    without either."""
+    if not (cfg.graph_update or cfg.graph_step):
         return None
     return UpdateGraph(state.optimizer, state.model, state.ema, clip_grad=cfg.clip_grad)
+
+
+def build_step(
+    cfg: TrainConfig, forward_loss: Callable, model: nn.Module, update: UpdateGraph | None
+) -> StepGraph | None:
+    """--graph-step's whole step in one graph, around `forward_loss` and `update`; None
+    without it."""
+    return StepGraph(forward_loss, model, update) if cfg.graph_step else None
 
 
 def init_head_by_probe(

@@ -296,7 +296,7 @@ HOST_SYNC_EVERY = 25
 def train_one_epoch(run: Run, epoch: int) -> dict:
     """One pass over the training data; returns mean loss, accuracy, last lr, image count, and
     the seconds the loop waited for batches."""
-    cfg, info, device, state = run.cfg, run.info, run.device, run.state
+    cfg, info, device = run.cfg, run.info, run.device
     run.train_model.train()
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, correct
     first_bad = torch.full((2,), -1.0, dtype=torch.float64, device=device)  # (step, loss)
@@ -312,8 +312,8 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
         data_seconds += time.perf_counter() - fetch_started
         batch_images = batch_images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        logits, loss = forward_loss(run, batch_images, labels)
-        loss_now = loss.detach().double()
+        logits, loss, lr = train_step(run, batch_images, labels)
+        loss_now = loss.double()
         first_bad = torch.where(
             (first_bad[0] < 0) & ~torch.isfinite(loss_now),
             torch.stack([torch.full_like(loss_now, step), loss_now]),
@@ -322,7 +322,6 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
         last = step + 1 == len(loader)
         if (step + 1) % HOST_SYNC_EVERY == 0 or last:
             stop_if_diverged(run, first_bad, epoch=epoch, step=step)
-        lr = optimizer_step(state, loss, cfg.clip_grad, update=run.update)
         images += labels.shape[0]
         correct = (logits.argmax(dim=1) == labels).sum()
         sums += torch.stack([loss_now * labels.shape[0], correct.double()])
@@ -370,16 +369,45 @@ def diverged_message(cfg: TrainConfig, loss: float, epoch: int, step: int, steps
     )
 
 
+def train_step(
+    run: Run, images: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """One optimizer step on a batch: (logits (B, K), loss, the learning rate the step took),
+    detached. --graph-step's graph takes it where there is one (until CUDA refuses its
+    capture), else the forward pass and `optimizer_step`."""
+    state = run.state
+    if run.step is None or not run.step.capturable:
+        logits, loss = forward_loss(run, images, labels)
+        lr = optimizer_step(state, loss, run.cfg.clip_grad, update=run.update)
+        return logits.detach(), loss.detach(), lr
+    lr = top_lr(state.optimizer)
+    logits, loss = run.step(*mixed(run, images, labels))
+    state.scheduler.step()
+    return logits, loss, lr
+
+
+def mixed(run: Run, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """(images, targets): MixUp/CutMix's mixed images and soft targets (B, K), smoothing
+    included, when on; else the batch as it is. The mixing stays outside `run.forward_loss`
+    (compiled with --compile) and --graph-step's graph: its boxes are drawn on the host, and a
+    graph would be made again for each."""
+    if run.mixup is None:
+        return images, labels
+    return run.mixup(images, labels)
+
+
 def forward_loss(
     run: Run, images: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits (B, K), loss): MixUp/CutMix soft targets when on, else label-smoothed labels.
-    The mixing stays outside `run.forward_loss` (compiled with --compile): its boxes are drawn
-    on the host, and a graph would recompile for each."""
-    targets = labels
-    if run.mixup is not None:
-        images, targets = run.mixup(images, labels)  # soft targets (B, K), smoothing included
-    return run.forward_loss(images, targets)
+    """(logits (B, K), loss): on MixUp/CutMix's soft targets when on, else on label-smoothed
+    labels."""
+    return run.forward_loss(*mixed(run, images, labels))
+
+
+def top_lr(optimizer: torch.optim.Optimizer) -> float:
+    """The learning rate the next step takes; under --layer-decay, the rate at the top."""
+    group = optimizer.param_groups[0]
+    return group["lr"] / group.get("lr_scale", 1.0)
 
 
 def optimizer_step(
@@ -393,8 +421,7 @@ def optimizer_step(
     optimizer, scaler = state.optimizer, state.scaler
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
-    group = optimizer.param_groups[0]
-    lr = group["lr"] / group.get("lr_scale", 1.0)  # under --layer-decay, the rate at the top
+    lr = top_lr(optimizer)
     if update is not None and update.capturable:  # the same clipping to clip_grad, step and EMA
         update()
     else:  # also once CUDA refused the update's capture: uncaptured, this is the faster way

@@ -103,6 +103,7 @@ class TrainConfig:
     compile: bool = setting(False, "optimisation", "torch.compile the model and the loss into one graph (and, off the CPU, --batch-augment's RandAugment)")
     compile_mode: str = setting("default", "optimisation", "torch.compile's mode with --compile: reduce-overhead replays each step's kernels as CUDA graphs on a GPU (the launches of a small model cost more than its arithmetic); max-autotune also searches the fastest kernels", choices=("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"))
     graph_update: bool = setting(False, "optimisation", "gradient clipping, the optimizer's step and the EMA as one graph: on a GPU captured once as a CUDA graph and replayed every step (one launch where eager they are hundreds; no compilation); on a CPU the same arithmetic runs as it is. The eager update's arithmetic (to float rounding) and checkpoints; not with --amp-dtype float16")
+    graph_step: bool = setting(False, "optimisation", "the whole training step as one graph: the forward pass and the loss (compiled with --compile), the backward pass and --graph-update's update, on a GPU captured as one CUDA graph per input shape and replayed (one launch a step: the host no longer sets a small model's pace); on a CPU the same arithmetic runs as it is, --graph-update's to the bit. One process; not with --compile-mode reduce-overhead (whose CUDA graphs cannot run inside it) or --amp-dtype float16")
 
     crop: str = setting("auto", "augmentation", "pad+random crop, random resized crop, or auto (pad for <= 64 px)", choices=("auto", "pad", "rrc"))
     rrc_scale: float = setting(0.08, "augmentation", "smallest random-resized-crop area")
@@ -240,11 +241,18 @@ def check_settings(cfg: TrainConfig) -> None:
             f"--epochs, and --epochs {cfg.epochs} would end the run first: give --epochs "
             f"{PLAN_AFTER_EPOCHS} or more as the first guess"
         )
-    if cfg.graph_update and cfg.amp and cfg.amp_dtype == "float16":
+    graphed = "--graph-step" if cfg.graph_step else "--graph-update" if cfg.graph_update else None
+    if graphed and cfg.amp and cfg.amp_dtype == "float16":
         raise ValueError(
-            "--graph-update with --amp-dtype float16: float16's gradient scaler skips steps "
-            "on the host, which the graph cannot; use --amp-dtype bfloat16, or "
-            "leave out --graph-update"
+            f"{graphed} with --amp-dtype float16: float16's gradient scaler skips steps "
+            f"on the host, which the graph cannot; use --amp-dtype bfloat16, or "
+            f"leave out {graphed}"
+        )
+    if cfg.graph_step and cfg.compile and cfg.compile_mode == "reduce-overhead":
+        raise ValueError(
+            "--graph-step with --compile-mode reduce-overhead: the step is captured as one "
+            "CUDA graph, and reduce-overhead's own CUDA graphs cannot be captured inside it; "
+            "use --compile-mode default (or max-autotune-no-cudagraphs) with --graph-step"
         )
     fine_tuning = {"--trainable-blocks": cfg.trainable_blocks is not None}
     fine_tuning["--head-init probe"] = cfg.head_init == "probe"

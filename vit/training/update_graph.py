@@ -24,8 +24,10 @@ orthogonalises every matrix: the same updates, more work).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -93,14 +95,7 @@ class UpdateGraph:
         self.static_scalars: torch.Tensor | None = None
 
     def __call__(self) -> None:
-        grads = [param.grad for param in self.params]
-        if any(grad is None for grad in grads):
-            named = self.model.named_parameters()
-            names = [name for name, p in named if p.requires_grad and p.grad is None]
-            raise RuntimeError(
-                f"--graph-update: {', '.join(names[:3])} got no gradient this step, and the "
-                f"update steps every trained parameter; train without --graph-update"
-            )
+        grads = self.gradients()
         scalars = torch.tensor(self.scalars(), dtype=torch.float32)  # (S,)
         if self.params[0].is_cuda and self.graph is None and self.capturable:
             self.capture_or_warn(grads, scalars)
@@ -111,8 +106,26 @@ class UpdateGraph:
             # from pinned memory: the copy is queued, and the host goes on
             self.static_scalars.copy_(scalars.pin_memory(), non_blocking=True)
             self.graph.replay()
-        # what torch's learning-rate schedulers check (their wrapper of optimizer.step sets it)
-        # before warning that the schedule stepped before the optimizer did
+        self.finish()
+
+    def gradients(self) -> list[torch.Tensor]:
+        """The parameters' gradients; RuntimeError naming those without one (the update steps
+        every trained parameter), before anything moves."""
+        grads = [param.grad for param in self.params]
+        if any(grad is None for grad in grads):
+            named = self.model.named_parameters()
+            names = [name for name, p in named if p.requires_grad and p.grad is None]
+            raise RuntimeError(
+                f"--graph-update: {', '.join(names[:3])} got no gradient this step, and the "
+                f"update steps every trained parameter; train without --graph-update or "
+                f"--graph-step"
+            )
+        return grads
+
+    def finish(self) -> None:
+        """What follows each update outside its graph: the EMA's copies of the tensors it does
+        not average, and the mark torch's learning-rate schedulers check (their wrapper of
+        optimizer.step sets it) before warning that the schedule stepped before the optimizer."""
         self.optimizer._opt_called = True
         for average, now in self.ema_copies:
             average.copy_(now)
@@ -137,14 +150,14 @@ class UpdateGraph:
         """Record `apply` on the graph's own input tensors (made here: copies of `grads` and
         of `scalars`, (S,) on the CPU) as one CUDA graph. One warm-up run first, on a side
         stream as CUDA graphs require (libraries initialise lazily, outside a capture), its
-        update then undone; the capture itself updates nothing."""
+        update then undone (`undone`); the capture itself updates nothing."""
         self.static_grads = [grad.clone() for grad in grads]
         self.static_scalars = scalars.to(grads[0].device)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(side):
-                self.warm_up(self.static_grads, self.static_scalars)
+            with torch.cuda.stream(side), undone(self.updated_tensors()):
+                self.apply(self.static_grads, self.static_scalars)
         finally:
             torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
@@ -153,19 +166,12 @@ class UpdateGraph:
             self.apply(self.static_grads, self.static_scalars)
         self.graph = graph
 
-    def warm_up(self, grads: list[torch.Tensor], scalars: torch.Tensor) -> None:
-        """`apply` once, then every tensor it updated (parameters, the EMA's weights, the
-        optimizer's state) put back as it was, whether or not it ran to its end."""
+    def updated_tensors(self) -> list[torch.Tensor]:
+        """Every tensor `apply` updates: the parameters, the EMA's weights, the optimizer's
+        state."""
         updated = [*self.params, *(average for average, _ in self.ema_pairs)]
         updated += [t for state in self.state for key in TENSOR_LISTS for t in state.get(key, [])]
-        saved = [tensor.clone() for tensor in updated]
-        try:
-            self.apply(grads, scalars)
-        finally:
-            # no_grad: the parameters are leaves that require grad, and autograd refuses an
-            # in-place copy into them outside it (what failed the first capture on an H200)
-            with torch.no_grad():
-                torch._foreach_copy_(updated, saved)
+        return updated
 
     def scalars(self) -> list[float]:
         """This step's numbers, in float64 as the eager optimizers compute them: per group
@@ -223,6 +229,20 @@ class UpdateGraph:
 
 
 TENSOR_LISTS = ("buffers", "exp_avgs", "exp_avg_sqs")
+
+
+@contextlib.contextmanager
+def undone(tensors: list[torch.Tensor]) -> Iterator[None]:
+    """Whatever the block does to `tensors` in place, undone at its end, bit for bit, whether
+    or not it ran to its end: the warm-up a capture runs first (a step taken, not to be kept)."""
+    saved = [tensor.clone() for tensor in tensors]
+    try:
+        yield
+    finally:
+        # no_grad: the parameters are leaves that require grad, and autograd refuses an
+        # in-place copy into them outside it (what failed the first capture on an H200)
+        with torch.no_grad():
+            torch._foreach_copy_(tensors, saved)
 
 
 def plan_group(group: dict) -> GroupPlan:
