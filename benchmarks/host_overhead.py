@@ -8,15 +8,17 @@ the GPU's arithmetic, where the arithmetic is negligible.
 
 The model is the config's with its width set to --width (the same 103 tensors, the same
 number of same-shaped matrix groups for Muon), one thread, each part's median over --repeats
-calls: the optimizer step (Muon and AdamW for the rest, as the recipe builds it, the
-Newton-Schulz iteration in float32 whatever the recipe's), gradient clipping, the EMA update,
-the three one after the other (what --graph-update replays as one CUDA graph on a GPU), and one
-in-memory batch (the pipeline's own ops; RandAugment eager, on the whole batch as on a GPU, and
-compiled's single call is not counted here), alone and as one of 16 augmented in one call
-(--augment-batches 16: the call's time over 16, its arithmetic on 16 times the images
-included). On a GPU each
-dispatched operation is also a kernel launch (a few microseconds more), and a torch._foreach_*
-operation one launch for all its tensors where the CPU loops over them: the CPU's figure for
+calls: what --graph-step leaves the host each step (the recipe's CutMix on a batch it mixes,
+the loop's tally of the loss and correct predictions) and the eager forward and backward
+passes its graph replays (on two images: the dispatch, not the arithmetic); the optimizer step
+(Muon and AdamW for the rest, as the recipe builds it, the Newton-Schulz iteration in float32
+whatever the recipe's), gradient clipping, the EMA update, the three one after the other (what
+--graph-update replays as one CUDA graph on a GPU), and one in-memory batch (the pipeline's own
+ops; RandAugment eager, on the whole batch as on a GPU, and compiled's single call is not
+counted here), alone and as one of 16 augmented in one call (--augment-batches 16: the call's
+time over 16, its arithmetic on 16 times the images included). On a GPU each dispatched
+operation is also a kernel launch (a few microseconds more), and a torch._foreach_* operation
+one launch for all its tensors where the CPU loops over them: the CPU's figure for
 those is an overestimate. A figure near a GPU step's time (13.9 ms in the fourth GPU run,
 docs/gpu.md) says that part can set the pace, which the GPU's profile (`benchmarks/
 training_pipeline.py`: its host_top_ops) then confirms or not. The RandAugment row predicted
@@ -42,8 +44,11 @@ from torch import nn
 import vit
 from vit.data.batch_pipeline import InMemoryBatches
 from vit.data.batch_randaugment import apply_ops
+from vit.training.build import build_mixup
 from vit.training.ema import ModelEma
+from vit.training.engine import tally
 from vit.training.optimizers import build_optimizer
+from vit.training.settings import TrainConfig
 from vit.training.update_graph import UpdateGraph
 
 
@@ -102,6 +107,7 @@ def main() -> None:
     side = args.image_size
     images = torch.randint(0, 256, (64, 3, side, side), dtype=torch.uint8)
     rows = {
+        **step_rows(model, TrainConfig(**cfg)),
         f"optimizer step ({cfg.get('opt', 'adamw')})": optimizer.step,
         "gradient clipping": lambda: nn.utils.clip_grad_norm_(model.parameters(), 1.0),
         "EMA update": lambda: ema.update(model),
@@ -138,6 +144,35 @@ def main() -> None:
     if args.compile_seconds:
         seconds = compile_seconds(model, optimizer)
         print(f"torch.compile of the three as one function, cold cache: {seconds:.1f} s")
+
+
+def step_rows(model: nn.Module, cfg: TrainConfig) -> dict[str, Callable]:
+    """The rest of a training step, on a batch of 64: what --graph-step leaves the host each
+    step (the recipe's CutMix on a batch it mixes, the loop's tally of loss and correct
+    predictions; its replay and three copies are a few launches more on a GPU), and the eager
+    forward and backward passes that its graph replays with one launch (on two images: what
+    the host pays, the arithmetic all but gone)."""
+    batch = torch.randn(64, 3, *model.patch_embed.img_size)
+    labels = torch.arange(64) % model.num_classes
+    mixup = build_mixup(cfg, model.num_classes)
+    sums = torch.zeros(2, dtype=torch.float64)
+    first_bad = torch.full((2,), -1.0, dtype=torch.float64)
+    logits, loss = torch.randn(64, model.num_classes), torch.tensor(1.0)
+
+    def outside_the_graph() -> None:
+        if mixup is not None:
+            mixup.prob = 1.0  # a batch it mixes (the recipe's mixes half of them)
+            mixup(batch, labels)
+        tally(sums, first_bad, step=0, loss=loss, logits=logits, labels=labels)
+
+    def forward_backward() -> None:  # on two images: the dispatch, not the arithmetic
+        model.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(batch[:2]), labels[:2]).backward()
+
+    return {
+        "a step's CutMix and tally: what --graph-step leaves the host": outside_the_graph,
+        "forward and backward, eager: what --graph-step --no-compile replays": forward_backward,
+    }
 
 
 def compile_seconds(model: nn.Module, optimizer: torch.optim.Optimizer) -> float:

@@ -47,8 +47,9 @@
 # compiled kernels), time-boxed to VIT_GPU_SPEEDRUN_SECONDS (default 330; a box too short for
 # the recipe's time_budget gives the run --time-budget 20 s short of it), VIT_GPU_SPEEDRUN_ARGS
 # added, its final weights evaluated with --tta flip beside; a run that fails (not one its time
-# box stops) is tried again with each of VIT_GPU_FALLBACKS (default "--no-graph-update;
-# --compile-mode default --no-graph-update;--no-compile --no-graph-update") added. Then benchmarks/training_pipeline.py (today's pipeline against
+# box stops) is tried again with each of VIT_GPU_FALLBACKS (default "--no-graph-step
+# --compile-mode reduce-overhead --no-graph-update;--no-graph-step --compile-mode default
+# --no-graph-update;--no-graph-step --no-compile --no-graph-update") added. Then benchmarks/training_pipeline.py (today's pipeline against
 # the speedrun's, model by model: images/s, ms per step, the GPU's busy share, the kernels and
 # host operations that take the epoch's time; VIT_GPU_PIPELINE_ARGS adds flags, e.g.
 # "--configs configs/cifar10_gpu_speedrun.yaml --shapes config" for the speedrun's row alone;
@@ -491,10 +492,12 @@ speedrun_side_by_side() {  # every seed (x every variant) at once, side by side 
     return "$status"
 }
 
-# the recipe without what was new in it last, one thing at a time: the compiled update, then
-# CUDA graphs, then compilation
-DEFAULT_FALLBACKS="--no-graph-update;--compile-mode default --no-graph-update"
-DEFAULT_FALLBACKS+=";--no-compile --no-graph-update"
+# the recipe without what was new in it last, one thing at a time: the step's or the update's
+# graph (back to the fifth run's way: reduce-overhead's graphs, the update eager), then CUDA
+# graphs, then compilation
+DEFAULT_FALLBACKS="--no-graph-step --compile-mode reduce-overhead --no-graph-update"
+DEFAULT_FALLBACKS+=";--no-graph-step --compile-mode default --no-graph-update"
+DEFAULT_FALLBACKS+=";--no-graph-step --no-compile --no-graph-update"
 
 speedrun_seed() {  # speedrun_seed SEED [NAME]: the recipe's whole command, timed; TTA beside it
     # A run that fails (not one its time box stops) is tried again with each of

@@ -1401,6 +1401,8 @@ def test_host_overhead_benchmark_times_each_eager_part_of_the_speedrun_step():
     rows = [line.split("|")[1:3] for line in done.stdout.splitlines() if line.startswith("| ")]
     names = [name.strip() for name, _ in rows[1:]]  # after the header
     assert names == [
+        "a step's CutMix and tally: what --graph-step leaves the host",
+        "forward and backward, eager: what --graph-step --no-compile replays",
         "optimizer step (muon)",
         "gradient clipping",
         "EMA update",

@@ -113,10 +113,10 @@ def cast_for_inference(
     )
 
 
-def autocast(device: torch.device, cfg_amp: bool, amp_dtype: str):
+def autocast(device: torch.device, cfg_amp: bool, amp_dtype: str, cache: bool = True):
     """Mixed precision for training and evaluation (--amp, --amp-dtype); off when `cfg_amp` is
-    False."""
+    False. `cache`: autocast's cache of the weights' casts, reused within the region."""
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(amp_dtype)
     if dtype is None:
         raise ValueError(f"--amp-dtype must be 'bfloat16' or 'float16', got {amp_dtype!r}")
-    return torch.autocast(device.type, dtype=dtype, enabled=cfg_amp)
+    return torch.autocast(device.type, dtype=dtype, enabled=cfg_amp, cache_enabled=cache)

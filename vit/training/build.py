@@ -274,8 +274,14 @@ def build_forward_loss(
     with label smoothing. With --compile, model and loss are one compiled graph (and its
     backward), in --compile-mode: reduce-overhead replays them as CUDA graphs on a GPU."""
 
+    # --graph-step captures this function: without autocast's cache, the weights' casts are
+    # kernels of the graph, made again at each replay from the weights as they are then, never
+    # a cached tensor from another pass (torch's make_graphed_callables asks the same). Each
+    # weight is cast once a forward pass, so the cache saves nothing here.
+    cache = not cfg.graph_step
+
     def forward_loss(images: torch.Tensor, targets: torch.Tensor):
-        with autocast(device, cfg.amp, cfg.amp_dtype):
+        with autocast(device, cfg.amp, cfg.amp_dtype, cache=cache):
             logits = train_model(images)  # (B, K)
             if soft_targets:
                 loss = soft_target_cross_entropy(logits.float(), targets)

@@ -313,18 +313,11 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
         batch_images = batch_images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         logits, loss, lr = train_step(run, batch_images, labels)
-        loss_now = loss.double()
-        first_bad = torch.where(
-            (first_bad[0] < 0) & ~torch.isfinite(loss_now),
-            torch.stack([torch.full_like(loss_now, step), loss_now]),
-            first_bad,
-        )
+        first_bad = tally(sums, first_bad, step=step, loss=loss, logits=logits, labels=labels)
         last = step + 1 == len(loader)
         if (step + 1) % HOST_SYNC_EVERY == 0 or last:
             stop_if_diverged(run, first_bad, epoch=epoch, step=step)
         images += labels.shape[0]
-        correct = (logits.argmax(dim=1) == labels).sum()
-        sums += torch.stack([loss_now * labels.shape[0], correct.double()])
         if not bar.disable and ((step + 1) % HOST_SYNC_EVERY == 0 or last):
             bar.set_postfix(
                 loss=f"{sums[0].item() / images:.4f}",
@@ -343,6 +336,30 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
         "images": images,
         "data_seconds": data_seconds,
     }
+
+
+def tally(
+    sums: torch.Tensor,
+    first_bad: torch.Tensor,
+    *,
+    step: int,
+    loss: torch.Tensor,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+) -> torch.Tensor:
+    """A step's loss (summed over its images) and correct predictions added to `sums` (2,) in
+    place; returns `first_bad` (2,), (step, loss) of the epoch's first loss that is not
+    finite, -1 until then. On the device, no value read back: the host goes on to the next
+    step."""
+    loss_now = loss.double()
+    first_bad = torch.where(
+        (first_bad[0] < 0) & ~torch.isfinite(loss_now),
+        torch.stack([torch.full_like(loss_now, step), loss_now]),
+        first_bad,
+    )
+    correct = (logits.argmax(dim=1) == labels).sum()
+    sums += torch.stack([loss_now * labels.shape[0], correct.double()])
+    return first_bad
 
 
 def stop_if_diverged(run: Run, first_bad: torch.Tensor, epoch: int, step: int) -> None:
