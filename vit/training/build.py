@@ -337,14 +337,14 @@ class Run:
 def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: CheckpointSaver) -> Run:
     """Everything the epoch loop needs, and (for --resume) the saved state loaded: the data,
     the model, the loaders, the optimizer, schedule and EMA. Writes nothing."""
-    # Different RNG streams per process (MixUp, stochastic depth); rank 0 matches a
-    # single-process run. DDP copies rank 0's initial weights to every process.
     if cfg.graph_step and info.enabled:
         raise ValueError(
             f"--graph-step with {info.world_size} processes: the step's graph trains one "
             f"process (DistributedDataParallel's exchange of gradients is not captured); "
             f"leave out --graph-step, or start one process"
         )
+    # Different RNG streams per process (MixUp, stochastic depth); rank 0 matches a
+    # single-process run. DDP copies rank 0's initial weights to every process.
     seed_everything(cfg.seed + info.rank)
     train_set, test_set = load_data(cfg, info)
     model = build_training_model(cfg, train_set.class_names).to(device)
