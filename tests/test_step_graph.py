@@ -1,6 +1,7 @@
 """--graph-step on the CPU: through train.py it takes --graph-update's steps to the bit and
 resumes exactly; nothing in the step it captures reads a value back to the host (which a CUDA
-graph's capture refuses); more than one process is refused (its other refusals are in
+graph's capture refuses) or takes a tensor from the CPU (which a graph would replay as it was
+when captured); more than one process is refused (its other refusals are in
 tests/test_user_errors.py). Its CUDA cases, the captured step against the uncaptured one, a
 refused capture and a capture made again, are in tests/test_gpu.py."""
 
@@ -15,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from vit.training import build, engine
 from vit.training.settings import TrainConfig
+from vit.training.step_graph import StepGraph
 from vit.utils.process_group import DistInfo
 
 MUON = ("--opt", "muon", "--muon-lr", "3e-3")
@@ -55,15 +57,24 @@ def test_train_py_takes_graph_updates_steps_to_the_bit_and_resumes_exactly(
 
 
 class Dispatched(TorchDispatchMode):
-    """The names of the operations dispatched inside it."""
+    """The names of the operations dispatched inside it, and those with a tensor on the CPU
+    among their operands."""
 
     def __init__(self) -> None:
         super().__init__()
         self.names: list[str] = []
+        self.with_cpu_tensors: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         self.names.append(str(func.overloadpacket))
-        return func(*args, **(kwargs or {}))
+        operands = [*args, *kwargs.values()]
+        operands += [
+            item for operand in operands if isinstance(operand, list | tuple) for item in operand
+        ]
+        if any(isinstance(x, torch.Tensor) and x.device.type == "cpu" for x in operands):
+            self.with_cpu_tensors.append(self.names[-1])
+        return func(*args, **kwargs)
 
 
 def speedrun_step_run() -> build.Run:
@@ -106,6 +117,31 @@ def test_the_step_it_captures_reads_nothing_back_to_the_host():
     with Dispatched() as watched:
         float(loss)
     assert "aten._local_scalar_dense" in watched.names
+
+
+def test_the_step_it_captures_mixes_no_host_tensor_into_the_devices():
+    """The same step on the meta device (shapes, no values): no operation takes a tensor from
+    the CPU, which on a GPU is a copy each step or, for a 0-d one (torch lets it in as a
+    number read at launch), a value a CUDA graph would replay as a constant (as torch's AdamW
+    keeps its step counts unless `capturable`). Reading a value would fail here too. The watch
+    sees a 0-d CPU tensor mixed in."""
+    meta = torch.device("meta")
+    settings = dict(clip_grad=1.0, model_ema=True, drop_path=0.1, patch_drop=0.5)
+    run = engine_run(meta, opt="muon", graph_step=True, **settings)
+    # autocast knows no meta device; off (no --amp), the CPU's changes nothing either
+    forward_loss = build.build_forward_loss(run.model, run.cfg, torch.device("cpu"), True)
+    step = StepGraph(forward_loss, run.model, run.update)
+    run.model.train()
+    images, targets = torch.empty(8, 3, 32, 32, device=meta), torch.empty(8, 3, device=meta)
+    scalars = torch.tensor(run.update.scalars(), dtype=torch.float32).to(meta)
+    with Dispatched() as watched:
+        logits, loss = step.step(images, targets, scalars)
+    assert logits.shape == (8, len(CLASSES)) and loss.device == meta
+    assert len(watched.names) > 300 and watched.with_cpu_tensors == []
+    ones, two = torch.ones(2, device=meta), torch.tensor(2.0)
+    with Dispatched() as watched:
+        ones * two
+    assert watched.with_cpu_tensors == ["aten.mul"]
 
 
 def test_more_than_one_process_is_refused_before_anything_is_built():
