@@ -143,9 +143,11 @@ class StepGraph:
         self, key: tuple, images: torch.Tensor, targets: torch.Tensor, scalars: torch.Tensor
     ) -> CapturedStep:
         """Record `step` on the graph's own input tensors (copies of these) as one CUDA graph.
-        One warm-up step first, on a side stream as CUDA graphs require (compilation, lazy
-        initialisation and the kernels' tuning happen outside a capture), its update and its
-        random draws then undone; the capture itself updates nothing."""
+        One warm-up step first, on a side stream as CUDA graphs require, so that lazy
+        initialisation, the kernels' tuning and compilation happen outside the capture
+        (compiling inside one fails: dynamo reads the CUDA generator's state, which a capture
+        refuses, pytorch/pytorch#131782); its update and its random draws then undone. The
+        capture itself updates nothing."""
         static_images, static_targets = images.clone(), targets.clone()
         static_scalars = scalars.to(images.device)
         side = torch.cuda.Stream()
