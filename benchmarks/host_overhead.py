@@ -155,13 +155,14 @@ def step_rows(model: nn.Module, cfg: TrainConfig) -> dict[str, Callable]:
     batch = torch.randn(64, 3, *model.patch_embed.img_size)
     labels = torch.arange(64) % model.num_classes
     mixup = build_mixup(cfg, model.num_classes)
+    if mixup is not None:
+        mixup.prob = 1.0  # a batch it mixes (the recipe's mixes half of them)
     sums = torch.zeros(2, dtype=torch.float64)
     first_bad = torch.full((2,), -1.0, dtype=torch.float64)
     logits, loss = torch.randn(64, model.num_classes), torch.tensor(1.0)
 
     def outside_the_graph() -> None:
         if mixup is not None:
-            mixup.prob = 1.0  # a batch it mixes (the recipe's mixes half of them)
             mixup(batch, labels)
         tally(sums, first_bad, step=0, loss=loss, logits=logits, labels=labels)
 
