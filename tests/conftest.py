@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils._python_dispatch import TorchDispatchMode
 
 CLASSES = ("blue", "green", "red")
 
@@ -125,6 +126,27 @@ def assert_resumes_exactly(train_script, monkeypatch, tmp_path: Path, data: Path
     ours, theirs = load_file(run / "model.safetensors"), load_file(reference / "model.safetensors")
     assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
     return reference
+
+
+class Dispatched(TorchDispatchMode):
+    """The names of the operations dispatched inside it (on a GPU, each a kernel launch), and
+    those with a tensor on the CPU among their operands."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+        self.with_cpu_tensors: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.names.append(str(func.overloadpacket))
+        operands = [*args, *kwargs.values()]
+        operands += [
+            item for operand in operands if isinstance(operand, list | tuple) for item in operand
+        ]
+        if any(isinstance(x, torch.Tensor) and x.device.type == "cpu" for x in operands):
+            self.with_cpu_tensors.append(self.names[-1])
+        return func(*args, **kwargs)
 
 
 @pytest.fixture(scope="session")

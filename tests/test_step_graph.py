@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CLASSES, assert_resumes_exactly
+from conftest import CLASSES, Dispatched, assert_resumes_exactly
 from safetensors.torch import load_file
 from test_gpu import engine_run
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from vit.training import build, engine
 from vit.training.settings import TrainConfig
@@ -54,27 +53,6 @@ def test_train_py_takes_graph_updates_steps_to_the_bit_and_resumes_exactly(
     plain = load_file(eager / "model.safetensors")
     ours = load_file(stepped / "model.safetensors")
     assert not all(torch.equal(ours[key], plain[key]) for key in plain)
-
-
-class Dispatched(TorchDispatchMode):
-    """The names of the operations dispatched inside it, and those with a tensor on the CPU
-    among their operands."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-        self.with_cpu_tensors: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        self.names.append(str(func.overloadpacket))
-        operands = [*args, *kwargs.values()]
-        operands += [
-            item for operand in operands if isinstance(operand, list | tuple) for item in operand
-        ]
-        if any(isinstance(x, torch.Tensor) and x.device.type == "cpu" for x in operands):
-            self.with_cpu_tensors.append(self.names[-1])
-        return func(*args, **kwargs)
 
 
 def speedrun_step_run() -> build.Run:

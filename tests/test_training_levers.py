@@ -198,14 +198,7 @@ def test_batches_augmented_n_at_a_time_cost_the_host_a_fraction_of_the_operation
     """The host's share of the augmentation, counted as the operations dispatched (each a
     kernel launch on a GPU): RandAugment x2 on whole batches (a GPU's way) over 8 batches,
     augmented one at a time and 4 at a time."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Counting(TorchDispatchMode):
-        calls = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Counting.calls += 1
-            return func(*args, **(kwargs or {}))
+    from conftest import Dispatched
 
     data = np.random.default_rng(0).integers(0, 256, size=(64, 8, 8, 3), dtype=np.uint8)
     counts = {}
@@ -216,10 +209,9 @@ def test_batches_augmented_n_at_a_time_cost_the_host_a_fraction_of_the_operation
         )  # fmt: skip
         loader.apply_randaug = functools.partial(apply_ops, whole_batch=True)
         loader.set_epoch(1)
-        Counting.calls = 0
-        with Counting():
+        with Dispatched() as dispatched:
             assert sum(len(labels) for _, labels in loader) == 64
-        counts[augment_batches] = Counting.calls
+        counts[augment_batches] = len(dispatched.names)
     # 2 calls instead of 8: a quarter of the operations, and the slicing into batches
     assert counts[4] < counts[1] / 3.5, counts
 

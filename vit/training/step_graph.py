@@ -34,10 +34,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
+from ..models.vision_transformer import VisionTransformer
 from ..utils.messages import one_line
-from .update_graph import UpdateGraph, undone
+from .update_graph import UpdateGraph, captured_after_warm_up
 
 logger = logging.getLogger("vit")
 
@@ -70,7 +70,7 @@ class StepGraph:
     def __init__(
         self,
         forward_loss: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-        model: nn.Module,
+        model: VisionTransformer,
         update: UpdateGraph,
     ) -> None:
         self.forward_loss, self.model, self.update = forward_loss, model, update
@@ -81,7 +81,13 @@ class StepGraph:
         self, images: torch.Tensor, targets: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         scalars = torch.tensor(self.update.scalars(), dtype=torch.float32)  # (S,)
-        key = (*images.shape, images.dtype, *targets.shape, targets.dtype, self.patch_drop())
+        key = (
+            *images.shape,
+            images.dtype,
+            *targets.shape,
+            targets.dtype,
+            self.model.patch_drop.prob,
+        )
         if images.is_cuda and (self.captured is None or self.captured.key != key):
             self.captured = self.capture_or_warn(key, images, targets, scalars)
         if not images.is_cuda or self.captured is None:  # a CPU, or the capture was refused
@@ -96,11 +102,6 @@ class StepGraph:
             outputs = step.logits, step.loss
         self.update.finish()
         return outputs
-
-    def patch_drop(self) -> float:
-        """The model's patch-drop rate now (0 without patch dropout): a graph fixes it."""
-        patch_drop = getattr(self.model, "patch_drop", None)
-        return getattr(patch_drop, "prob", 0.0)
 
     def step(
         self, images: torch.Tensor, targets: torch.Tensor, scalars: torch.Tensor
@@ -142,32 +143,19 @@ class StepGraph:
     def capture(
         self, key: tuple, images: torch.Tensor, targets: torch.Tensor, scalars: torch.Tensor
     ) -> CapturedStep:
-        """Record `step` on the graph's own input tensors (copies of these) as one CUDA graph.
-        One warm-up step first, on a side stream as CUDA graphs require, so that lazy
-        initialisation, the kernels' tuning and compilation happen outside the capture
-        (compiling inside one fails: dynamo reads the CUDA generator's state, which a capture
-        refuses, pytorch/pytorch#131782); its update and its random draws then undone. The
-        capture itself updates nothing."""
+        """Record `step` on the graph's own input tensors (copies of these) as one CUDA graph
+        (`captured_after_warm_up`: the warm-up's update and random draws undone). `step`
+        starts from no gradients, so that the capture's backward makes them anew, in the
+        graph's memory."""
         static_images, static_targets = images.clone(), targets.clone()
         static_scalars = scalars.to(images.device)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        try:
-            with (
-                torch.cuda.stream(side),
-                torch.random.fork_rng(devices=[images.device], device_type="cuda"),
-                undone(self.update.updated_tensors()),
-            ):
-                self.step(static_images, static_targets, static_scalars)
-        finally:
-            torch.cuda.current_stream().wait_stream(side)
-        for param in self.update.params:  # so that the capture's backward makes them anew
-            param.grad = None
-        graph = torch.cuda.CUDAGraph()
-        # The default error mode: the autograd engine runs the backward pass on its own thread
-        # for the device, which a thread-local capture would not watch.
-        with torch.cuda.graph(graph):
-            logits, loss = self.step(static_images, static_targets, static_scalars)
+        graph, (logits, loss) = captured_after_warm_up(
+            lambda: self.step(static_images, static_targets, static_scalars),
+            updated=self.update.updated_tensors(),
+            # the default mode: the autograd engine runs the backward pass on its own thread
+            # for the device, which a thread-local capture would not watch
+            capture_error_mode="global",
+        )
         return CapturedStep(
             key=key,
             graph=graph,

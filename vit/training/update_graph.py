@@ -27,8 +27,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -46,6 +47,7 @@ from .optimizers import (
 )
 
 logger = logging.getLogger("vit")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -148,23 +150,15 @@ class UpdateGraph:
 
     def capture(self, grads: list[torch.Tensor], scalars: torch.Tensor) -> None:
         """Record `apply` on the graph's own input tensors (made here: copies of `grads` and
-        of `scalars`, (S,) on the CPU) as one CUDA graph. One warm-up run first, on a side
-        stream as CUDA graphs require (libraries initialise lazily, outside a capture), its
-        update then undone (`undone`); the capture itself updates nothing."""
+        of `scalars`, (S,) on the CPU) as one CUDA graph (`captured_after_warm_up`)."""
         self.static_grads = [grad.clone() for grad in grads]
         self.static_scalars = scalars.to(grads[0].device)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        try:
-            with torch.cuda.stream(side), undone(self.updated_tensors()):
-                self.apply(self.static_grads, self.static_scalars)
-        finally:
-            torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread's CUDA calls (a loader's, say) do not break the capture
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            self.apply(self.static_grads, self.static_scalars)
-        self.graph = graph
+        self.graph, _ = captured_after_warm_up(
+            lambda: self.apply(self.static_grads, self.static_scalars),
+            updated=self.updated_tensors(),
+            # another thread's CUDA calls (a loader's, say) do not break the capture
+            capture_error_mode="thread_local",
+        )
 
     def updated_tensors(self) -> list[torch.Tensor]:
         """Every tensor `apply` updates: the parameters, the EMA's weights, the optimizer's
@@ -243,6 +237,32 @@ def undone(tensors: list[torch.Tensor]) -> Iterator[None]:
         # in-place copy into them outside it (what failed the first capture on an H200)
         with torch.no_grad():
             torch._foreach_copy_(tensors, saved)
+
+
+def captured_after_warm_up(
+    record: Callable[[], T], updated: list[torch.Tensor], capture_error_mode: str
+) -> tuple[torch.cuda.CUDAGraph, T]:
+    """`record()` captured as one CUDA graph: (the graph, what the captured call returned, the
+    tensors every replay overwrites). One warm-up call first, on a side stream as CUDA graphs
+    require, so that lazy initialisation, the kernels' tuning and any compilation happen
+    outside the capture (compiling inside one fails: dynamo reads the CUDA generator's state,
+    which a capture refuses, pytorch/pytorch#131782); what it did to `updated` (in place) and
+    its random draws then undone. The capture itself updates nothing."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with (
+            torch.cuda.stream(side),
+            torch.random.fork_rng(devices=[updated[0].device], device_type="cuda"),
+            undone(updated),
+        ):
+            record()
+    finally:
+        torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode=capture_error_mode):
+        outputs = record()
+    return graph, outputs
 
 
 def plan_group(group: dict) -> GroupPlan:
