@@ -9,8 +9,10 @@ loop (`vit.training.engine.train_one_epoch`) on real images.
         --shapes 64d-2L-2h-r2 --set compile=false     # the mechanics, on a CPU
 
 Per row: training images/s and ms per step (the median of --epochs epochs of --images images,
-after one warm-up epoch that compiles and starts the loader), the share of the epoch the loop
-waited for batches, and on a GPU, from the profiler over one more epoch, the share of it the
+after one warm-up epoch that compiles and starts the loader), the warm-up epoch's seconds (the
+compiler's caches empty for each row, as on a bare machine), the last epoch's loss, whether the
+step's and the update's CUDA graphs were captured, the share of the epoch the loop waited for
+batches, and on a GPU, from the profiler over one more epoch, the share of it the
 GPU ran at least one kernel or copy (the profiler's own cost on the host makes it a lower
 bound), the kernels that took most of the GPU's time and the host operations that took most of
 the host's (whether the GPU or the host sets the pace, and what for). A row's configuration is the
@@ -100,13 +102,19 @@ def _setting(item: str) -> tuple[str, object]:
 def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
     """One row: a warm-up epoch, `epochs` timed ones, and on a GPU one under the profiler."""
     info = DistInfo()
-    with tempfile.TemporaryDirectory() as folder:
+    torch._dynamo.reset()
+    # every row compiles from nothing, as a run on a bare machine does: its first epoch's
+    # seconds are what the speedrun's choice of flags weighs (scripts/choose_speedrun_flags.py)
+    with tempfile.TemporaryDirectory() as folder, fresh_compiler_caches():
         saver = CheckpointSaver(Path(folder), info, data=cfg.data, config=cfg.to_dict())
         run = start(cfg, info, device, saver)
         steps = len(run.train_loader)
         start_epoch(run, 0)
+        synchronize(device)
+        started = time.perf_counter()
         train_one_epoch(run, epoch=0)  # compilation, CUDA graph capture, loader start
-        seconds, waits = [], []
+        warm_up_seconds = time.perf_counter() - started
+        seconds, waits, losses = [], [], []
         for epoch in range(1, 1 + epochs):
             start_epoch(run, epoch)
             synchronize(device)
@@ -114,6 +122,7 @@ def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
             stats = train_one_epoch(run, epoch=epoch)  # ends with a read of its sums: synced
             seconds.append(time.perf_counter() - started)
             waits.append(stats["data_seconds"] / seconds[-1])
+            losses.append(stats["loss"])
         shares, busy_error = {}, None
         if device.type == "cuda":
             try:  # the profiler over CUDA graph replays: its failure keeps the row's timings
@@ -129,12 +138,33 @@ def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
         "images_per_s": steps * cfg.batch_size / epoch_seconds,
         "ms_per_step": 1000 * epoch_seconds / steps,
         "data_wait_share": statistics.median(waits),
+        # the first epoch's seconds over a timed one's: what compiling and capturing cost once
+        "warm_up_seconds": warm_up_seconds,
+        "train_loss": losses[-1],  # finite and falling where the step trains
+        # whether the step's and the update's graphs were captured (None: not asked for, or
+        # a CPU, which has none); a refused capture leaves the row timing the uncaptured steps
+        "captured": {"step": captured(run.step, device), "update": captured(run.update, device)},
         "gpu_busy_share": shares.get("gpu_busy"),
         "gpu_top_kernels": shares.get("top_kernels"),
         "host_top_ops": shares.get("top_host"),
         **({"gpu_busy_error": busy_error} if busy_error else {}),
         "epoch_seconds": seconds,
     }
+
+
+def fresh_compiler_caches():
+    """torch's own context for empty inductor and Triton caches (a temporary folder), under
+    the name of the installed release."""
+    from torch._inductor import utils
+
+    fresh = getattr(utils, "fresh_cache", None) or utils.fresh_inductor_cache
+    return fresh()
+
+
+def captured(graph, device: torch.device) -> bool | None:
+    """Whether a StepGraph's or an UpdateGraph's capture held: None where the row has none,
+    or runs on a CPU (which captures nothing)."""
+    return None if graph is None or device.type != "cuda" else graph.capturable
 
 
 def gpu_time(run, epoch: int) -> dict:
@@ -266,18 +296,19 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.epochs} epochs after one warm-up; bfloat16 autocast on a GPU"
     )
     print(
-        "| pipeline | model | params | batch | img/s | ms/step | waiting for data | GPU busy |\n"
-        "|---|---|---:|---:|---:|---:|---:|---:|"
+        "| pipeline | model | params | batch | img/s | ms/step | waiting for data | GPU busy "
+        "| first epoch |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|"
     )
     for row in rows:
         if "error" in row:
-            print(f"| {row['config']} | {row['shape']} | failed: {row['error']} | | | | | |")
+            print(f"| {row['config']} | {row['shape']} | failed: {row['error']} | | | | | | |")
             continue
         busy = "n/a" if row["gpu_busy_share"] is None else f"{100 * row['gpu_busy_share']:.0f}%"
         print(
             f"| {row['config']} | {row['shape']} | {row['params_m']:.2f}M | {row['batch_size']} "
             f"| {row['images_per_s']:,.0f} | {row['ms_per_step']:.2f} "
-            f"| {100 * row['data_wait_share']:.0f}% | {busy} |"
+            f"| {100 * row['data_wait_share']:.0f}% | {busy} | {row['warm_up_seconds']:.1f} s |"
         )
     if any("error" in row for row in rows):
         sys.exit(1)

@@ -49,16 +49,23 @@
 # added, its final weights evaluated with --tta flip beside; a run that fails (not one its time
 # box stops) is tried again with each of VIT_GPU_FALLBACKS (default "--no-graph-step
 # --compile-mode reduce-overhead --no-graph-update;--no-graph-step --compile-mode default
-# --no-graph-update;--no-graph-step --no-compile --no-graph-update") added. Then benchmarks/training_pipeline.py (today's pipeline against
-# the speedrun's, model by model: images/s, ms per step, the GPU's busy share, the kernels and
-# host operations that take the epoch's time; VIT_GPU_PIPELINE_ARGS adds flags, e.g.
-# "--configs configs/cifar10_gpu_speedrun.yaml --shapes config" for the speedrun's row alone;
-# VIT_GPU_PIPELINE=0 skips it; the pipeline stage runs it alone). All of it ends by
-# VIT_GPU_DEADLINE seconds after the script began (default 560, for a 600 s call): a seed's time
-# box shrinks to what is left (one under a minute is not started), and the benchmark stops there
-# with the rows it has. gpu_check.json's "speedrun" (per attempt: seed, status, flags, time box,
-# wall seconds, every epoch with its time since the command started, when it first reached 90,
-# 93 and 94%, top-1 single view and with TTA, how many runs shared the GPU) and "pipeline".
+# --no-graph-update;--no-graph-step --no-compile --no-graph-update") added. Then
+# benchmarks/training_pipeline.py (today's pipeline against the speedrun's, model by model:
+# images/s, ms per step, the GPU's busy share, the kernels and host operations that take the
+# epoch's time; VIT_GPU_PIPELINE_ARGS adds flags, e.g. "--configs
+# configs/cifar10_gpu_speedrun.yaml --shapes config" for the speedrun's row alone;
+# VIT_GPU_PIPELINE=0 skips it; the pipeline stage runs it alone). VIT_GPU_SPEEDRUN_ARGS="auto
+# [FLAGS]": the benchmark first instead (unless OUTDIR holds its rows from an earlier call),
+# then the seeds with the flags scripts/choose_speedrun_flags.py takes from its rows (FLAGS
+# after them), side by side or
+# one after the other as it says (VIT_GPU_SEEDS_TOGETHER, where set, has the last word). All of
+# it ends by VIT_GPU_DEADLINE seconds after the script began (default 560, for a 600 s call): a
+# seed's time box shrinks to what is left (one under VIT_GPU_SPEEDRUN_MIN_SECONDS, default 60,
+# is not started), the benchmark stops there with the rows it has, and the tests stage (after
+# the seeds, say) with the cases it has. gpu_check.json's "speedrun" (per attempt: seed, status,
+# flags, time box, wall seconds, every epoch with its time since the command started, when it
+# first reached 90, 93 and 94%, top-1 single view and with TTA, how many runs shared the GPU),
+# "pipeline" and "speedrun_choice".
 # Last, any stage: the records as tables (scripts/gpu_report.py).
 # The finetune stage (issue 40; docs/training.md): benchmarks/finetune_table.py on all of
 # CIFAR-10 at 224 px, 3 epochs, --amp: probe then fine-tune with layer decay (the probe's
@@ -287,10 +294,16 @@ record environment "$OUTDIR/environment.json"
 FAILED=()
 
 run_tests() {
-    local xml="$OUTDIR/tests.xml" status=0
+    local xml="$OUTDIR/tests.xml" status=0 left
+    left="$(seconds_left)"
+    if [ "$left" -lt 30 ]; then  # after a speedrun stage, say: the call's time is the seeds'
+        echo "the tests: not started, ${left} s left before VIT_GPU_DEADLINE"
+        return 0
+    fi
+    # stopped at the deadline as Ctrl-C stops pytest: the cases done are in the XML
     # shellcheck disable=SC2086  # VIT_GPU_TESTS: pytest flags, split on spaces
-    "$PYTHON" -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider -rs \
-        ${VIT_GPU_TESTS--k cuda} --junitxml "$xml" || status=$?
+    timeout -s INT -k 20 "$left" "$PYTHON" -m pytest -m gpu tests/test_gpu.py -q \
+        -p no:cacheprovider -rs ${VIT_GPU_TESTS--k cuda} --junitxml "$xml" || status=$?
     "$PYTHON" - "$xml" "$status" "$OUTDIR/tests.json" <<'EOF'
 import json, sys
 import xml.etree.ElementTree as ET
@@ -420,7 +433,11 @@ seconds_left() {  # what is left of VIT_GPU_DEADLINE (seconds after this script 
 
 run_speedrun() {
     unpack_data || { FAILED+=(speedrun); return 0; }
-    local status=0 seed left
+    local status=0 seed chosen=0 flags="${VIT_GPU_SPEEDRUN_ARGS:-}"
+    if [ "${flags%% *}" = auto ]; then  # "auto", or "auto FLAGS"
+        choose_speedrun_flags || status=1
+        chosen=1
+    fi
     if [ "${VIT_GPU_SEEDS_TOGETHER:-0}" = 1 ] || [ -n "${VIT_GPU_VARIANTS:-}" ]; then
         speedrun_side_by_side || status=1
     else
@@ -429,8 +446,30 @@ run_speedrun() {
             copy_out  # what is measured comes back even if what follows runs past the call
         done
     fi
-    if [ "${VIT_GPU_PIPELINE:-1}" != 0 ]; then pipeline_benchmark || status=$?; fi
+    if [ "$chosen" = 0 ] && [ "${VIT_GPU_PIPELINE:-1}" != 0 ]; then
+        pipeline_benchmark || status=$?
+    fi
     [ "$status" -eq 0 ] || FAILED+=(speedrun)
+}
+
+choose_speedrun_flags() {  # VIT_GPU_SPEEDRUN_ARGS="auto [FLAGS]": the pipeline's rows first,
+    # then the flags and the seeds' way from them (scripts/choose_speedrun_flags.py), FLAGS
+    # after the chosen ones (the last word is theirs); rows an earlier call on this warm machine
+    # measured into OUTDIR are not measured again
+    local choice status=0 extra=""
+    if [ "$VIT_GPU_SPEEDRUN_ARGS" != auto ]; then extra="${VIT_GPU_SPEEDRUN_ARGS#auto }"; fi
+    if [ ! -f "$OUTDIR/pipeline.json" ]; then pipeline_benchmark || true; fi
+    choice="$("$PYTHON" scripts/choose_speedrun_flags.py "$OUTDIR/pipeline.json" \
+        --json "$OUTDIR/choice.json")" || status=$?
+    if [ -f "$OUTDIR/choice.json" ]; then record speedrun_choice "$OUTDIR/choice.json"; fi
+    # none chosen: the recipe as it is
+    VIT_GPU_SPEEDRUN_ARGS="$(sed -n 2p <<< "$choice")${extra:+ $extra}"
+    if [ -z "${VIT_GPU_SEEDS_TOGETHER:-}" ] && [ "$status" -eq 0 ]; then
+        VIT_GPU_SEEDS_TOGETHER="$(sed -n 1p <<< "$choice")"
+    fi
+    echo "the speedrun's flags: ${VIT_GPU_SPEEDRUN_ARGS:-(the recipe as it is)}; seeds" \
+        "$([ "${VIT_GPU_SEEDS_TOGETHER:-0}" = 1 ] && echo side by side || echo one after the other)"
+    return "$status"
 }
 
 run_pipeline() {  # the pipeline benchmark alone (VIT_GPU_PIPELINE_ARGS, e.g. one config's row)
@@ -531,7 +570,7 @@ speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS NAME: one timed train.
     box=$(( left - 45 < recipe_box ? left - 45 : recipe_box ))
     rm -rf "$caches"  # a first run on a bare machine: decoding and compilation included
     started="$(date +%s.%N)"
-    if [ "$box" -lt 60 ]; then
+    if [ "$box" -lt "${VIT_GPU_SPEEDRUN_MIN_SECONDS:-60}" ]; then
         echo "seed $seed: not started, ${left} s left before VIT_GPU_DEADLINE"
         status=75
     else

@@ -8,7 +8,9 @@ Per speedrun attempt: seed, the flags added to the recipe, exit status (0 finish
 by its time box, 75 not started), wall seconds of the whole command, epochs done, when it first
 reached 90/93/94%, top-1 single view and with flip TTA, how many runs shared the GPU (at once: 1
 alone, more side by side, each then timed as it shared it); then the mean top-1 over the
-finished seeds of each set of flags; then the pipeline benchmark's rows.
+finished seeds of each set of flags; then the pipeline benchmark's rows (with each row's first
+epoch, which compiles and captures, its last loss and which graphs held); then the flags
+VIT_GPU_SPEEDRUN_ARGS=auto took from them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ def percent(value: float | None) -> str:
 
 def seconds(value: float | None) -> str:
     return "" if value is None else f"{value:.0f} s"
+
+
+def loss(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+def captured_text(captured: dict) -> str:
+    """Which of the row's graphs held ('step yes, update no'); none asked for: empty."""
+    held = {True: "yes", False: "refused"}
+    return ", ".join(f"{name} {held[value]}" for name, value in captured.items() if value in held)
 
 
 def flags_text(run: dict) -> str:
@@ -72,18 +84,23 @@ def pipeline_table(pipeline: dict) -> list[str]:
     lines = [
         f"Pipelines on {environment.get('device')}, torch {environment.get('torch')}, "
         f"{environment.get('images')} images an epoch:",
-        "| pipeline | model | img/s | ms/step | waiting for data | GPU busy |",
-        "|---|---|---:|---:|---:|---:|",
+        "| pipeline | model | img/s | ms/step | waiting for data | GPU busy | first epoch "
+        "| loss | captured |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for row in pipeline.get("rows", []):
         if "error" in row:
-            lines.append(f"| {row['config']} | {row['shape']} | failed: {row['error']} | | | |")
+            lines.append(
+                f"| {row['config']} | {row['shape']} | failed: {row['error']} | | | | | | |"
+            )
             continue
         busy = row.get("gpu_busy_share")
         lines.append(
             f"| {row['config']} | {row['shape']} | {row['images_per_s']:,.0f} "
             f"| {row['ms_per_step']:.2f} | {100 * row['data_wait_share']:.0f}% "
-            f"| {'n/a' if busy is None else f'{100 * busy:.0f}%'} |"
+            f"| {'n/a' if busy is None else f'{100 * busy:.0f}%'} "
+            f"| {seconds(row.get('warm_up_seconds'))} | {loss(row.get('train_loss'))} "
+            f"| {captured_text(row.get('captured', {}))} |"
         )
     for row in pipeline.get("rows", []):  # where the time went (the profiled epoch)
         for key, what in (("gpu_top_kernels", "GPU by kernel"), ("host_top_ops", "host by op")):
@@ -96,6 +113,19 @@ def pipeline_table(pipeline: dict) -> list[str]:
     return lines
 
 
+def choice_line(choice: dict) -> str:
+    """What VIT_GPU_SPEEDRUN_ARGS=auto took from the pipeline's rows."""
+    if choice.get("row") is None:
+        return "The speedrun's flags: no row qualified; the recipe as it is."
+    busy = choice.get("gpu_busy_share")
+    return (
+        f"The speedrun's flags, from {choice['row']}: {' '.join(choice['flags']) or '(none)'}; "
+        f"~{choice['expected_epochs']} epochs expected; GPU busy "
+        f"{'unknown' if busy is None else f'{100 * busy:.0f}%'}: seeds "
+        f"{'side by side' if choice['together'] else 'one after the other'}."
+    )
+
+
 def report(records: dict) -> str:
     lines = []
     if records.get("environment"):
@@ -106,6 +136,8 @@ def report(records: dict) -> str:
         lines += ["", *speedrun_table(records["speedrun"])]
     if records.get("pipeline"):
         lines += ["", *pipeline_table(records["pipeline"])]
+    if records.get("speedrun_choice"):
+        lines += ["", choice_line(records["speedrun_choice"])]
     return "\n".join(lines)
 
 

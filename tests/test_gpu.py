@@ -1382,8 +1382,9 @@ def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(mon
     row = {"config": "c.yaml", "shape": "config", "images_per_s": 1.0, "ms_per_step": 1.0}
     row |= {"data_wait_share": 0.05, "gpu_busy_share": shares["gpu_busy"]}
     row |= {"gpu_top_kernels": shares["top_kernels"], "host_top_ops": shares["top_host"]}
+    row |= {"warm_up_seconds": 41.7, "train_loss": 2.1, "captured": {"step": True, "update": None}}
     lines = importlib.import_module("gpu_report").pipeline_table({"rows": [row]})
-    assert "| c.yaml | config | 1 | 1.00 | 5% | 60% |" in lines
+    assert "| c.yaml | config | 1 | 1.00 | 5% | 60% | 42 s | 2.100 | step yes |" in lines
     assert "- c.yaml, config, the epoch's GPU by kernel: gemm 60.0%; add 10.0%" in lines
     assert any(line.startswith("- c.yaml, config, the epoch's host by op: ") for line in lines)
 
@@ -1516,6 +1517,93 @@ def test_gpu_check_pipeline_stage_runs_the_benchmark_alone(image_folder, tmp_pat
     assert row["gpu_busy_share"] is None and row["gpu_top_kernels"] is None  # no GPU here
 
 
+SPEEDRUN = "configs/cifar10_gpu_speedrun.yaml"
+
+
+def pipeline_row(settings: str, images_per_s: float, warm_up_seconds: float, **more) -> dict:
+    """A row of benchmarks/training_pipeline.py's JSON for the speedrun with `settings`."""
+    config = f"{SPEEDRUN}:{settings}" if settings else SPEEDRUN
+    return {"config": config, "shape": "config", "images_per_s": images_per_s,
+            "warm_up_seconds": warm_up_seconds, "train_loss": 2.0, "gpu_busy_share": 0.9,
+            **more}  # fmt: skip
+
+
+def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budget(monkeypatch):
+    """scripts/choose_speedrun_flags.py: of the rows that train the recipe's own model and
+    finished with a finite loss, the one whose images/s, over the budget's seconds left after
+    the start and its first epoch (compiling), trains the most images; its settings as
+    train.py's flags, evaluations spaced out where the epochs grow; seeds side by side only
+    where the GPU is idle most of that row's step."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    chooser = importlib.import_module("choose_speedrun_flags")
+    recipe = {"time_budget": 290, "eval_interval": 5, "checkpoint_interval": 5}
+    rows = [
+        pipeline_row("graph_update=false", 28_000, 45.0),
+        # the fastest step, and the compiler's 45 s first: 30,000 x 225 s = 6.75M images
+        pipeline_row("graph_step=true,compile_mode=default", 30_000, 45.0),
+        # slower, no compiler: 28,000 x 267 s = 7.48M images, ~150 epochs
+        pipeline_row("graph_step=true,compile=false,augment_batches=16", 28_000, 3.0),
+        pipeline_row("batch_size=1024", 90_000, 10.0, train_loss=float("nan")),
+        {"config": SPEEDRUN, "shape": "config", "error": "RuntimeError: capture"},
+        pipeline_row("", 90_000, 10.0) | {"shape": "192d-9L-12h-r2"},
+        {**pipeline_row("", 90_000, 10.0), "config": "configs/cifar10.yaml"},
+    ]
+    choice = chooser.choose({"rows": rows}, recipe)
+    assert choice["row"] == f"{SPEEDRUN}:graph_step=true,compile=false,augment_batches=16"
+    assert choice["flags"] == [
+        "--graph-step", "--no-compile", "--augment-batches", "16",
+        "--eval-interval", "10", "--checkpoint-interval", "10",  # ~150 epochs: every 10th
+    ]  # fmt: skip
+    assert choice["expected_images"] == 28_000 * 267 and not choice["together"]  # busy 90%
+    assert [row["why"].split(":")[0] for row in choice["refused"]] == [
+        "no finite training loss (nan)", "failed", "another model (192d-9L-12h-r2)",
+        "not the recipe (configs/cifar10.yaml)",
+    ]  # fmt: skip
+    # the recipe as it is, ~90 epochs (every 5th evaluated, as the recipe has it), its step
+    # leaving the GPU idle 80% of the time: no flags, seeds side by side
+    idle = chooser.choose({"rows": [pipeline_row("", 20_000, 45.0, gpu_busy_share=0.2)]}, recipe)
+    assert idle["flags"] == [] and idle["together"]
+    assert chooser.choose({"rows": rows[3:]}, recipe)["row"] is None
+    with pytest.raises(ValueError, match="one value"):
+        chooser.setting_flags("model_kwargs={depth: 2}")
+
+
+@pytest.mark.slow  # the pipeline benchmark's two tiny rows, then a tiny speedrun: ~1 minute
+def test_gpu_check_speedrun_auto_measures_the_pipeline_then_trains_with_its_choice(
+    image_folder, tmp_path
+):
+    """VIT_GPU_SPEEDRUN_ARGS="auto FLAGS": the pipeline benchmark first (once: not again after
+    the seeds), the flags chosen from its rows and recorded, the seeds trained with them and
+    FLAGS after them, one after the other where the GPU's share is unknown (a CPU)."""
+    model = '{"depth":1,"embed_dim":16,"num_heads":2,"global_pool":"avg","class_token":false}'
+    tiny = "--batch-size 8 --threads 1 --epochs 1 --time-budget none"
+    done, records = speedrun_stage(
+        image_folder,
+        tmp_path,
+        VIT_GPU_PIPELINE_ARGS=f"--configs {SPEEDRUN}:graph_update=false "
+        f"{SPEEDRUN}:graph_step=true,compile=false --images 24 --epochs 1 --shapes config "
+        f"--cache-dir none --set compile=false threads=1 batch_size=8 model_kwargs={model}",
+        VIT_GPU_SEEDS="0 1",
+        VIT_GPU_FALLBACKS="",
+        VIT_GPU_SPEEDRUN_ARGS=f"auto {tiny} {' '.join(TINY_KWARGS)}",
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    rows = records["pipeline"]["rows"]
+    assert len(rows) == 2 and all(row["train_loss"] > 0 for row in rows)
+    assert done.stdout.count("model config: batch 8") == 2  # measured once, two rows
+    choice = records["speedrun_choice"]
+    best = max(rows, key=lambda row: row["images_per_s"] * (290 - 20 - row["warm_up_seconds"]))
+    assert choice["row"] == best["config"] and not choice["together"]
+    expected = ["--no-graph-update"] if "graph_update" in best["config"] else ["--graph-step"]
+    expected += ["--no-compile"] if "compile=false" in best["config"] else []
+    for seed, run in enumerate(records["speedrun"]):
+        assert run["seed"] == seed and run["status"] == 0 and run["at_once"] == 1
+        assert run["flags"] == [*expected, *tiny.split(), *TINY_KWARGS]
+    assert f"The speedrun's flags, from {best['config']}: " in done.stdout
+
+
 @pytest.mark.slow  # a tiny speedrun that fills a 40 s budget: ~50 s on a CPU
 def test_gpu_check_gives_a_box_shorter_than_the_recipes_budget_a_budget_inside_it(
     image_folder, tmp_path
@@ -1551,6 +1639,14 @@ def test_gpu_check_speedrun_starts_nothing_it_has_no_time_for(image_folder, tmp_
     assert "pipeline" not in records and not (tmp_path / "machine" / "speedrun-0").exists()
     assert "pipeline benchmark: not started" in done.stdout
     assert "| 0 | (the recipe) | 75 | " in done.stdout
+
+
+def test_gpu_check_tests_stage_starts_no_tests_it_has_no_time_for(image_folder, tmp_path):
+    """VIT_GPU_DEADLINE holds for the tests stage too (after the seeds, say): with under 30 s
+    left it starts no pytest, records no counts and fails no stage."""
+    done, records = speedrun_stage(image_folder, tmp_path, "tests", VIT_GPU_DEADLINE="20")
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "the tests: not started" in done.stdout and "tests" not in records
 
 
 @pytest.mark.slow  # three tiny fine-tuning runs through benchmarks/finetune_table.py: ~1 minute

@@ -1,0 +1,164 @@
+"""The speedrun's flags chosen from the pipeline benchmark's rows, as one GPU call needs them:
+`scripts/gpu_check.sh`'s speedrun stage with `VIT_GPU_SPEEDRUN_ARGS=auto` measures the rows first,
+then trains the seeds with what this prints, in the same call (a device machine kept warm only
+30 s between calls leaves no time to read a table and decide by hand).
+
+    python scripts/choose_speedrun_flags.py build/gc/pipeline.json --json build/gc/choice.json
+
+Of the rows that train the recipe (configs/cifar10_gpu_speedrun.yaml, with settings of their own
+after a colon, the YAML's model), finished with a finite loss, it takes the one that trains the
+most images inside the recipe's time budget: its images/s times the seconds left once the start
+(STARTUP_S) and its first epoch's compiling and capturing are paid. So a row without compilation
+wins where its slower step still trains more images in the seconds the compiler would take, and a
+larger batch where it buys more images (on the CPU proxy twice the batch cost 0.19 points at the
+same epochs, and twice the epochs gained 1.2: docs/gpu.md). The row's settings become train.py
+flags; at several times the recipe's epochs the evaluations and checkpoints are spaced out to keep
+about EVALUATIONS of each a run (0.4 s and 0.2 s each on an H200). Seeds side by side where the
+chosen step leaves the GPU idle most of the time (busy under TOGETHER_BELOW of it), one after the
+other where it does not: the goal's runs are timed alone.
+
+Prints two lines: 1 (side by side) or 0 (one after the other), then the flags (an empty line: the
+recipe as it is); the reasons and every row's figures on stderr. Exit status 2 when no row
+qualifies (the line says why): the caller then trains the recipe as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import yaml
+
+from vit.cli.flags import key_value
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = "configs/cifar10_gpu_speedrun.yaml"
+TRAIN_IMAGES = 50_000  # CIFAR-10's training split: the recipe's epoch
+STARTUP_S = 20.0  # imports, decoding and building before the first step (the fifth run: 15-25 s)
+EVALUATIONS = 20  # evaluations (and checkpoints) a run, at most, once the epochs grow
+TOGETHER_BELOW = 0.35  # the fifth run: busy 22% of a step, two side by side each 7.5% slower
+
+
+def setting_flags(settings: str) -> list[str]:
+    """'graph_step=true,compile=false,lr=0.0028' -> train.py's flags for those settings."""
+    flags = []
+    for item in filter(None, settings.split(",")):
+        key, value = key_value(item)  # as the benchmark read it
+        name = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(name if value else "--no-" + key.replace("_", "-"))
+        elif isinstance(value, (int, float, str)):
+            flags += [name, str(value)]
+        else:
+            raise ValueError(f"{item!r}: a row's setting here takes one value, not {value!r}")
+    return flags
+
+
+def qualifies(row: dict) -> str | None:
+    """Why a pipeline row cannot be chosen, or None where it can."""
+    path, _, _ = row["config"].partition(":")
+    if path != RECIPE:
+        return f"not the recipe ({path})"
+    if row["shape"] != "config":
+        return f"another model ({row['shape']})"
+    if "error" in row:
+        return f"failed: {row['error']}"
+    loss = row.get("train_loss")
+    if loss is None or not math.isfinite(loss):
+        return f"no finite training loss ({loss})"
+    return None
+
+
+def images_in_budget(row: dict, budget: float) -> float:
+    """The training images a run of `row`'s pipeline fits in `budget` seconds."""
+    training_seconds = budget - STARTUP_S - row.get("warm_up_seconds", 0.0)
+    return row["images_per_s"] * max(0.0, training_seconds)
+
+
+def spaced_out(recipe: dict, epochs: float) -> list[str]:
+    """--eval-interval and --checkpoint-interval at least every `epochs / EVALUATIONS`, in steps
+    of the recipe's own interval; none where the recipe's already keeps within EVALUATIONS."""
+    flags = []
+    for key in ("eval_interval", "checkpoint_interval"):
+        own = recipe[key]
+        interval = own * math.ceil(epochs / EVALUATIONS / own)
+        if interval > own:
+            flags += ["--" + key.replace("_", "-"), str(interval)]
+    return flags
+
+
+def choose(pipeline: dict, recipe: dict) -> dict:
+    """The chosen row, its flags and the seeds' way (see the module's docstring)."""
+    rows = pipeline.get("rows", [])
+    budget = float(recipe["time_budget"])
+    candidates, refused = [], []
+    for row in rows:
+        reason = qualifies(row)
+        if reason:
+            refused.append({"config": row["config"], "shape": row["shape"], "why": reason})
+        else:
+            candidates.append(row)
+    if not candidates:
+        return {"row": None, "refused": refused}
+    best = max(candidates, key=lambda row: images_in_budget(row, budget))
+    images = images_in_budget(best, budget)
+    epochs = images / TRAIN_IMAGES
+    busy = best.get("gpu_busy_share")
+    _, _, settings = best["config"].partition(":")
+    return {
+        "row": best["config"],
+        "flags": setting_flags(settings) + spaced_out(recipe, epochs),
+        "together": busy is not None and busy < TOGETHER_BELOW,
+        "gpu_busy_share": busy,
+        "expected_images": round(images),
+        "expected_epochs": round(epochs, 1),
+        "candidates": [
+            {"config": row["config"], "expected_images": round(images_in_budget(row, budget))}
+            for row in candidates
+        ],
+        "refused": refused,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pipeline", type=Path, help="benchmarks/training_pipeline.py's --json")
+    parser.add_argument("--json", type=Path, help="also write the choice here")
+    args = parser.parse_args(argv)
+    try:
+        pipeline = json.loads(args.pipeline.read_text())
+    except (OSError, ValueError) as error:
+        print(f"choose_speedrun_flags.py: {args.pipeline}: unreadable ({error})", file=sys.stderr)
+        sys.exit(2)
+    recipe = yaml.safe_load((ROOT / RECIPE).read_text())
+    choice = choose(pipeline, recipe)
+    if args.json:
+        args.json.write_text(json.dumps(choice, indent=1))
+    for row in choice["refused"]:
+        print(f"  not chosen: {row['config']} ({row['shape']}): {row['why']}", file=sys.stderr)
+    if choice["row"] is None:
+        print(
+            f"choose_speedrun_flags.py: {args.pipeline}: no row of {RECIPE} with its own model "
+            f"finished with a finite loss; the recipe as it is",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    for row in choice["candidates"]:
+        print(f"  {row['config']}: ~{row['expected_images']:,} images", file=sys.stderr)
+    busy = choice["gpu_busy_share"]
+    print(
+        f"chosen: {choice['row']}, ~{choice['expected_epochs']} epochs in the recipe's "
+        f"{recipe['time_budget']} s; GPU busy "
+        f"{'unknown' if busy is None else f'{100 * busy:.0f}%'} of its step: seeds "
+        f"{'side by side' if choice['together'] else 'one after the other'}",
+        file=sys.stderr,
+    )
+    print(int(choice["together"]))
+    print(" ".join(choice["flags"]))
+
+
+if __name__ == "__main__":
+    main()
