@@ -6,16 +6,17 @@ then trains the seeds with what this prints, in the same call (a device machine 
     python scripts/choose_speedrun_flags.py build/gc/pipeline.json --json build/gc/choice.json
 
 Of the rows that train the recipe (configs/cifar10_gpu_speedrun.yaml, with settings of their own
-after a colon, the YAML's model), finished with a finite loss, it takes the one that trains the
-most images inside the recipe's time budget: its images/s times the seconds left once the start
-(STARTUP_S) and its first epoch's compiling and capturing are paid. So a row without compilation
-wins where its slower step still trains more images in the seconds the compiler would take, and a
-larger batch where it buys more images (on the CPU proxy twice the batch cost 0.19 points at the
-same epochs, and twice the epochs gained 1.2: docs/gpu.md). The row's settings become train.py
-flags; at several times the recipe's epochs the evaluations and checkpoints are spaced out to keep
-about EVALUATIONS of each a run (0.4 s and 0.2 s each on an H200). Seeds side by side where the
-chosen step leaves the GPU idle most of the time (busy under TOGETHER_BELOW of it), one after the
-other where it does not: the goal's runs are timed alone.
+after a colon, the YAML's model), finished with a finite loss near the others' (LOSS_SPREAD of the
+median of three or more of one batch size), it takes the one that trains the most images inside the
+recipe's time budget: its images/s times the seconds left once the start (STARTUP_S) and its first
+epoch's compiling and capturing are paid. So a row without compilation wins where its slower step
+still trains more images in the seconds the compiler would take, and a larger batch where it buys
+more images (on the CPU proxy twice the batch cost 0.19 points at the same epochs, and twice the
+epochs gained 1.2: docs/gpu.md). The row's settings become train.py flags; at several times the
+recipe's epochs the evaluations and checkpoints are spaced out to keep about EVALUATIONS of each a
+run (0.4 s and 0.2 s each on an H200). Seeds side by side where the chosen step leaves the GPU idle
+most of the time (busy under TOGETHER_BELOW of it), one after the other where it does not: the
+goal's runs are timed alone.
 
 Prints two lines: 1 (side by side) or 0 (one after the other), then the flags (an empty line: the
 recipe as it is); the reasons and every row's figures on stderr. Exit status 2 when no row
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -40,6 +42,11 @@ TRAIN_IMAGES = 50_000  # CIFAR-10's training split: the recipe's epoch
 STARTUP_S = 20.0  # imports, decoding and building before the first step (the fifth run: 15-25 s)
 EVALUATIONS = 20  # evaluations (and checkpoints) a run, at most, once the epochs grow
 TOGETHER_BELOW = 0.35  # the fifth run: busy 22% of a step, two side by side each 7.5% slower
+# Rows of one batch size train on the same images from the same seed; they differ in rounding
+# (compiled or eager kernels, graphs or not) and at most in which augmentations they draw
+# (--augment-batches): ~0.002 apart on the CPU's tiny rows. A loss this far from their median
+# is a step that trains otherwise (a graph replaying a stale input, say).
+LOSS_SPREAD = 0.1
 
 
 def setting_flags(settings: str) -> list[str]:
@@ -72,6 +79,24 @@ def qualifies(row: dict) -> str | None:
     return None
 
 
+def trains_otherwise(candidates: list[dict]) -> dict[int, str]:
+    """Why a row trains unlike the others of its batch size (by index in `candidates`), where
+    three or more of them give a median to hold it against."""
+    outliers = {}
+    for batch in {row.get("batch_size") for row in candidates}:
+        group = [(i, row) for i, row in enumerate(candidates) if row.get("batch_size") == batch]
+        if len(group) < 3:
+            continue
+        median = statistics.median(row["train_loss"] for _, row in group)
+        for i, row in group:
+            if abs(row["train_loss"] - median) > LOSS_SPREAD:
+                outliers[i] = (
+                    f"its loss {row['train_loss']:.3f} is more than {LOSS_SPREAD} from the "
+                    f"median {median:.3f} of the rows with its batch: it trains otherwise"
+                )
+    return outliers
+
+
 def images_in_budget(row: dict, budget: float) -> float:
     """The training images a run of `row`'s pipeline fits in `budget` seconds."""
     training_seconds = budget - STARTUP_S - row.get("warm_up_seconds", 0.0)
@@ -101,6 +126,10 @@ def choose(pipeline: dict, recipe: dict) -> dict:
             refused.append({"config": row["config"], "shape": row["shape"], "why": reason})
         else:
             candidates.append(row)
+    outliers = trains_otherwise(candidates)
+    for i, why in outliers.items():
+        refused.append({"config": candidates[i]["config"], "shape": "config", "why": why})
+    candidates = [row for i, row in enumerate(candidates) if i not in outliers]
     if not candidates:
         return {"row": None, "refused": refused}
     best = max(candidates, key=lambda row: images_in_budget(row, budget))

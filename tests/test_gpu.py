@@ -1566,6 +1566,15 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     idle = chooser.choose({"rows": [pipeline_row("", 20_000, 45.0, gpu_busy_share=0.2)]}, recipe)
     assert idle["flags"] == [] and idle["together"]
     assert chooser.choose({"rows": rows[3:]}, recipe)["row"] is None
+    # of three or more rows of one batch, one whose loss strays from their median trains
+    # otherwise (a stale input replayed, say): not chosen, however fast; a row of another
+    # batch, with no two others to compare with, keeps its own loss
+    stray = [{**row, "batch_size": 512} for row in rows[:3]]
+    stray[2] |= {"train_loss": 1.2, "images_per_s": 90_000}  # the fastest, and wrong
+    larger = pipeline_row("batch_size=1024", 40_000, 45.0, batch_size=1024, train_loss=2.2)
+    choice = chooser.choose({"rows": [*stray, larger]}, recipe)
+    assert choice["row"] == f"{SPEEDRUN}:batch_size=1024"
+    assert "more than 0.1 from the median 2.000" in choice["refused"][0]["why"]
     with pytest.raises(ValueError, match="one value"):
         chooser.setting_flags("model_kwargs={depth: 2}")
 
