@@ -14,9 +14,10 @@ still trains more images in the seconds the compiler would take, and a larger ba
 more images (on the CPU proxy twice the batch cost 0.19 points at the same epochs, and twice the
 epochs gained 1.2: docs/gpu.md). The row's settings become train.py flags; at several times the
 recipe's epochs the evaluations and checkpoints are spaced out to keep about EVALUATIONS of each a
-run (0.4 s and 0.2 s each on an H200). Seeds side by side where the chosen step leaves the GPU idle
-most of the time (busy under TOGETHER_BELOW of it), one after the other where it does not: the
-goal's runs are timed alone.
+run (0.4 s and 0.2 s each on an H200), and from MIMETIC_FROM_EPOCHS epochs on the run starts with
+mimetic initialisation, which pays with passes. Seeds side by side where the chosen step leaves the
+GPU idle most of the time (busy under TOGETHER_BELOW of it), one after the other where it does not:
+the goal's runs are timed alone.
 
 Prints two lines: 1 (side by side) or 0 (one after the other), then the flags (an empty line: the
 recipe as it is); the reasons and every row's figures on stderr. Exit status 2 when no row
@@ -42,6 +43,10 @@ TRAIN_IMAGES = 50_000  # CIFAR-10's training split: the recipe's epoch
 STARTUP_S = 20.0  # imports, decoding and building before the first step (the fifth run: 15-25 s)
 EVALUATIONS = 20  # evaluations (and checkpoints) a run, at most, once the epochs grow
 TOGETHER_BELOW = 0.35  # the fifth run: busy 22% of a step, two side by side each 7.5% slower
+# Mimetic initialisation pays with passes on the CPU proxy (docs/gpu.md, two seeds each): level
+# with the recipe at 100 epochs (one seed), +0.28 at 134, +1.45 at 200. From this many epochs
+# the run starts with it.
+MIMETIC_FROM_EPOCHS = 180
 # Rows of one batch size train on the same images from the same seed; they differ in rounding
 # (compiled or eager kernels, graphs or not) and at most in which augmentations they draw
 # (--augment-batches): ~0.002 apart on the CPU's tiny rows. A loss this far from their median
@@ -139,7 +144,11 @@ def choose(pipeline: dict, recipe: dict) -> dict:
     _, _, settings = best["config"].partition(":")
     return {
         "row": best["config"],
-        "flags": setting_flags(settings) + spaced_out(recipe, epochs),
+        "flags": [
+            *setting_flags(settings),
+            *spaced_out(recipe, epochs),
+            *(["--mimetic-init"] if epochs >= MIMETIC_FROM_EPOCHS else []),
+        ],
         "together": busy is not None and busy < TOGETHER_BELOW,
         "gpu_busy_share": busy,
         "expected_images": round(images),

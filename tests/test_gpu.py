@@ -1569,6 +1569,10 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     # of three or more rows of one batch, one whose loss strays from their median trains
     # otherwise (a stale input replayed, say): not chosen, however fast; a row of another
     # batch, with no two others to compare with, keeps its own loss
+    # a pace that fits 200 epochs or more: mimetic initialisation too (it pays with passes)
+    fast = chooser.choose({"rows": [pipeline_row("graph_step=true", 40_000, 45.0)]}, recipe)
+    assert fast["expected_epochs"] == 180.0 and fast["flags"][-1] == "--mimetic-init"
+    assert "--mimetic-init" not in choice["flags"]  # ~150 epochs (above)
     stray = [{**row, "batch_size": 512} for row in rows[:3]]
     stray[2] |= {"train_loss": 1.2, "images_per_s": 90_000}  # the fastest, and wrong
     larger = pipeline_row("batch_size=1024", 40_000, 45.0, batch_size=1024, train_loss=2.2)
