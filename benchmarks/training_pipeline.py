@@ -138,7 +138,7 @@ def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
         "images_per_s": steps * cfg.batch_size / epoch_seconds,
         "ms_per_step": 1000 * epoch_seconds / steps,
         "data_wait_share": statistics.median(waits),
-        # the first epoch's seconds over a timed one's: what compiling and capturing cost once
+        # the first epoch's seconds: a timed epoch's and what compiling and capturing cost once
         "warm_up_seconds": warm_up_seconds,
         "train_loss": losses[-1],  # finite and falling where the step trains
         # whether the step's and the update's graphs were captured (None: not asked for, or

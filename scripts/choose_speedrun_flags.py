@@ -150,6 +150,7 @@ def choose(pipeline: dict, recipe: dict) -> dict:
             *(["--mimetic-init"] if epochs >= MIMETIC_FROM_EPOCHS else []),
         ],
         "together": busy is not None and busy < TOGETHER_BELOW,
+        "time_budget": budget,
         "gpu_busy_share": busy,
         "expected_images": round(images),
         "expected_epochs": round(epochs, 1),
@@ -164,6 +165,11 @@ def choose(pipeline: dict, recipe: dict) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("pipeline", type=Path, help="benchmarks/training_pipeline.py's --json")
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        help="the seeds' budget in seconds, where shorter than the recipe's time_budget",
+    )
     parser.add_argument("--json", type=Path, help="also write the choice here")
     args = parser.parse_args(argv)
     try:
@@ -172,6 +178,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"choose_speedrun_flags.py: {args.pipeline}: unreadable ({error})", file=sys.stderr)
         sys.exit(2)
     recipe = yaml.safe_load((ROOT / RECIPE).read_text())
+    if args.time_budget is not None:
+        recipe["time_budget"] = min(recipe["time_budget"], args.time_budget)
     choice = choose(pipeline, recipe)
     if args.json:
         args.json.write_text(json.dumps(choice, indent=1))
@@ -179,8 +187,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  not chosen: {row['config']} ({row['shape']}): {row['why']}", file=sys.stderr)
     if choice["row"] is None:
         print(
-            f"choose_speedrun_flags.py: {args.pipeline}: no row of {RECIPE} with its own model "
-            f"finished with a finite loss; the recipe as it is",
+            f"choose_speedrun_flags.py: {args.pipeline}: no row of {RECIPE} qualifies (above); "
+            f"the recipe as it is",
             file=sys.stderr,
         )
         sys.exit(2)
@@ -188,8 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {row['config']}: ~{row['expected_images']:,} images", file=sys.stderr)
     busy = choice["gpu_busy_share"]
     print(
-        f"chosen: {choice['row']}, ~{choice['expected_epochs']} epochs in the recipe's "
-        f"{recipe['time_budget']} s; GPU busy "
+        f"chosen: {choice['row']}, ~{choice['expected_epochs']} epochs in a budget of "
+        f"{choice['time_budget']:g} s; GPU busy "
         f"{'unknown' if busy is None else f'{100 * busy:.0f}%'} of its step: seeds "
         f"{'side by side' if choice['together'] else 'one after the other'}",
         file=sys.stderr,

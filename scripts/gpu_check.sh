@@ -55,17 +55,16 @@
 # epoch's time; VIT_GPU_PIPELINE_ARGS adds flags, e.g. "--configs
 # configs/cifar10_gpu_speedrun.yaml --shapes config" for the speedrun's row alone;
 # VIT_GPU_PIPELINE=0 skips it; the pipeline stage runs it alone). VIT_GPU_SPEEDRUN_ARGS="auto
-# [FLAGS]": the benchmark first instead (unless OUTDIR holds its rows from an earlier call),
-# then the seeds with the flags scripts/choose_speedrun_flags.py takes from its rows (FLAGS
-# after them), side by side or
-# one after the other as it says (VIT_GPU_SEEDS_TOGETHER, where set, has the last word). All of
-# it ends by VIT_GPU_DEADLINE seconds after the script began (default 560, for a 600 s call): a
-# seed's time box shrinks to what is left (one under VIT_GPU_SPEEDRUN_MIN_SECONDS, default 60,
-# is not started), the benchmark stops there with the rows it has, and the tests stage (after
-# the seeds, say) with the cases it has. gpu_check.json's "speedrun" (per attempt: seed, status,
-# flags, time box, wall seconds, every epoch with its time since the command started, when it
-# first reached 90, 93 and 94%, top-1 single view and with TTA, how many runs shared the GPU),
-# "pipeline" and "speedrun_choice".
+# [FLAGS]": the benchmark first instead (unless OUTDIR holds its rows from an earlier call), then
+# the seeds with the flags scripts/choose_speedrun_flags.py takes from its rows (FLAGS after
+# them), side by side or one after the other as it says (VIT_GPU_SEEDS_TOGETHER, where set, has
+# the last word). All of it ends by VIT_GPU_DEADLINE seconds after the script began (default 560,
+# for a 600 s call): a seed's time box shrinks to what is left (one under
+# VIT_GPU_SPEEDRUN_MIN_SECONDS, default 60, is not started), the benchmark stops there with the
+# rows it has, and the tests stage (after the seeds, say) with the cases it has. gpu_check.json's
+# "speedrun" (per attempt: seed, status, flags, time box, wall seconds, every epoch with its time
+# since the command started, when it first reached 90, 93 and 94%, top-1 single view and with TTA,
+# how many runs shared the GPU), "pipeline" and "speedrun_choice".
 # Last, any stage: the records as tables (scripts/gpu_report.py).
 # The finetune stage (issue 40; docs/training.md): benchmarks/finetune_table.py on all of
 # CIFAR-10 at 224 px, 3 epochs, --amp: probe then fine-tune with layer decay (the probe's
@@ -459,7 +458,9 @@ choose_speedrun_flags() {  # VIT_GPU_SPEEDRUN_ARGS="auto [FLAGS]": the pipeline'
     local choice status=0 extra=""
     if [ "$VIT_GPU_SPEEDRUN_ARGS" != auto ]; then extra="${VIT_GPU_SPEEDRUN_ARGS#auto }"; fi
     if [ ! -f "$OUTDIR/pipeline.json" ]; then pipeline_benchmark || true; fi
+    # the seeds' budget: a box shorter than the recipe's gives them one 20 s short of it
     choice="$("$PYTHON" scripts/choose_speedrun_flags.py "$OUTDIR/pipeline.json" \
+        --time-budget $(( ${VIT_GPU_SPEEDRUN_SECONDS:-330} - 20 )) \
         --json "$OUTDIR/choice.json")" || status=$?
     if [ -f "$OUTDIR/choice.json" ]; then record speedrun_choice "$OUTDIR/choice.json"; fi
     # none chosen: the recipe as it is

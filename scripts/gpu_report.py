@@ -37,7 +37,8 @@ def loss(value: float | None) -> str:
 
 
 def captured_text(captured: dict) -> str:
-    """Which of the row's graphs held ('step yes, update no'); none asked for: empty."""
+    """Which of the row's graphs held ('step yes, update refused'); none asked for (or a
+    CPU): empty."""
     held = {True: "yes", False: "refused"}
     return ", ".join(f"{name} {held[value]}" for name, value in captured.items() if value in held)
 

@@ -1528,7 +1528,9 @@ def pipeline_row(settings: str, images_per_s: float, warm_up_seconds: float, **m
             **more}  # fmt: skip
 
 
-def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budget(monkeypatch):
+def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budget(
+    monkeypatch, tmp_path
+):
     """scripts/choose_speedrun_flags.py: of the rows that train the recipe's own model and
     finished with a finite loss, the one whose images/s, over the budget's seconds left after
     the start and its first epoch (compiling), trains the most images; its settings as
@@ -1579,6 +1581,18 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     choice = chooser.choose({"rows": [*stray, larger]}, recipe)
     assert choice["row"] == f"{SPEEDRUN}:batch_size=1024"
     assert "more than 0.1 from the median 2.000" in choice["refused"][0]["why"]
+    # the command: a budget shorter than the recipe's (a shorter box), two lines on stdout
+    rows_file = tmp_path / "pipeline.json"
+    rows_file.write_text(json.dumps({"rows": [pipeline_row("graph_step=true", 40_000, 45.0)]}))
+    chooser_script = [sys.executable, str(ROOT / "scripts" / "choose_speedrun_flags.py")]
+    command = [*chooser_script, str(rows_file), "--time-budget", "145"]
+    done = subprocess.run([*command, "--json", str(tmp_path / "c.json")], capture_output=True)
+    assert done.returncode == 0 and done.stdout.decode().split("\n") == ["0", "--graph-step", ""]
+    chosen = json.loads((tmp_path / "c.json").read_text())
+    assert chosen["time_budget"] == 145 and chosen["expected_epochs"] == 64.0  # 80 s x 40,000
+    rows_file.write_text(json.dumps({"rows": []}))
+    done = subprocess.run(command, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stdout == "" and "qualifies" in done.stderr
     with pytest.raises(ValueError, match="one value"):
         chooser.setting_flags("model_kwargs={depth: 2}")
 
