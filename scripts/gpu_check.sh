@@ -39,32 +39,33 @@
 # (benchmarks/inference_throughput.py flags in place of the defaults), VIT_GPU_TESTS (pytest
 # flags selecting the tests, default "-k cuda": the CUDA cases; "" for the CPU cases too),
 # PYTHON (default python3).
-# The speedrun stage (issue 38; docs/gpu.md): configs/cifar10_gpu_speedrun.yaml once per seed
-# of VIT_GPU_SEEDS (default "0"), one after another (VIT_GPU_SEEDS_TOGETHER=1: all at once,
-# side by side on the one GPU, under CUDA MPS where the machine has it; VIT_GPU_VARIANTS, flag
-# sets with ';' between them: each seed once per variant, all at once), each the whole train.py
-# command timed as a first run on a bare machine (caches of its own for decoded images and
-# compiled kernels), time-boxed to VIT_GPU_SPEEDRUN_SECONDS (default 330; a box too short for
-# the recipe's time_budget gives the run --time-budget 20 s short of it), VIT_GPU_SPEEDRUN_ARGS
-# added, its final weights evaluated with --tta flip beside; a run that fails (not one its time
-# box stops) is tried again with each of VIT_GPU_FALLBACKS (default "--no-graph-step
-# --compile-mode reduce-overhead --no-graph-update;--no-graph-step --compile-mode default
+# The speedrun stage (issue 38; docs/gpu.md): configs/cifar10_gpu_speedrun.yaml once per seed of
+# VIT_GPU_SEEDS (default "0"), one after another (VIT_GPU_SEEDS_TOGETHER=1: all at once, side by
+# side on the one GPU, under CUDA MPS where the machine has it; VIT_GPU_VARIANTS, flag sets with
+# ';' between them: each seed once per variant, all at once), each the whole train.py command
+# timed as a first run on a bare machine (caches of its own for decoded images and compiled
+# kernels), time-boxed to VIT_GPU_SPEEDRUN_SECONDS (default 330; a box too short for the recipe's
+# time_budget gives the run --time-budget 20 s short of it), VIT_GPU_SPEEDRUN_ARGS added, its
+# final weights evaluated with --tta flip beside; a run that fails (not one its time box stops) is
+# tried again with each of VIT_GPU_FALLBACKS (default "--no-graph-step --compile-mode
+# reduce-overhead --no-graph-update;--no-graph-step --compile-mode default
 # --no-graph-update;--no-graph-step --no-compile --no-graph-update") added. Then
 # benchmarks/training_pipeline.py (today's pipeline against the speedrun's, model by model:
 # images/s, ms per step, the GPU's busy share, the kernels and host operations that take the
 # epoch's time; VIT_GPU_PIPELINE_ARGS adds flags, e.g. "--configs
 # configs/cifar10_gpu_speedrun.yaml --shapes config" for the speedrun's row alone;
 # VIT_GPU_PIPELINE=0 skips it; the pipeline stage runs it alone). VIT_GPU_SPEEDRUN_ARGS="auto
-# [FLAGS]": the benchmark first instead (unless OUTDIR holds its rows from an earlier call), then
-# the seeds with the flags scripts/choose_speedrun_flags.py takes from its rows (FLAGS after
-# them), side by side or one after the other as it says (VIT_GPU_SEEDS_TOGETHER, where set, has
-# the last word). All of it ends by VIT_GPU_DEADLINE seconds after the script began (default 560,
-# for a 600 s call): a seed's time box shrinks to what is left (one under
-# VIT_GPU_SPEEDRUN_MIN_SECONDS, default 60, is not started), the benchmark stops there with the
-# rows it has, and the tests stage (after the seeds, say) with the cases it has. gpu_check.json's
-# "speedrun" (per attempt: seed, status, flags, time box, wall seconds, every epoch with its time
-# since the command started, when it first reached 90, 93 and 94%, top-1 single view and with TTA,
-# how many runs shared the GPU), "pipeline" and "speedrun_choice".
+# [FLAGS]": the benchmark first instead (unless OUTDIR holds its rows from an earlier call;
+# stopped in time for a seed's shortest box and its TTA), then the seeds with the flags
+# scripts/choose_speedrun_flags.py takes from its rows (FLAGS after them), side by side or one
+# after the other as it says (VIT_GPU_SEEDS_TOGETHER, where set, has the last word). All of it
+# ends by VIT_GPU_DEADLINE seconds after the script began (default 560, for a 600 s call): a
+# seed's time box shrinks to what is left (one under VIT_GPU_SPEEDRUN_MIN_SECONDS, default 60, is
+# not started), the benchmark stops there with the rows it has, and the tests stage (after the
+# seeds, say) with the cases it has. gpu_check.json's "speedrun" (per attempt: seed, status,
+# flags, time box, wall seconds, every epoch with its time since the command started, when it
+# first reached 90, 93 and 94%, top-1 single view and with TTA, how many runs shared the GPU),
+# "pipeline" and "speedrun_choice".
 # Last, any stage: the records as tables (scripts/gpu_report.py).
 # The finetune stage (issue 40; docs/training.md): benchmarks/finetune_table.py on all of
 # CIFAR-10 at 224 px, 3 epochs, --amp: probe then fine-tune with layer decay (the probe's
@@ -455,16 +456,22 @@ choose_speedrun_flags() {  # VIT_GPU_SPEEDRUN_ARGS="auto [FLAGS]": the pipeline'
     # then the flags and the seeds' way from them (scripts/choose_speedrun_flags.py), FLAGS
     # after the chosen ones (the last word is theirs); rows an earlier call on this warm machine
     # measured into OUTDIR are not measured again
-    local choice status=0 extra=""
+    local choice status=0 extra="" words=()
     if [ "$VIT_GPU_SPEEDRUN_ARGS" != auto ]; then extra="${VIT_GPU_SPEEDRUN_ARGS#auto }"; fi
-    if [ ! -f "$OUTDIR/pipeline.json" ]; then pipeline_benchmark || true; fi
+    # the rows first, stopped in time for a seed's shortest box and its TTA (a hung row must not
+    # take the call's seeds with it)
+    if [ ! -f "$OUTDIR/pipeline.json" ]; then
+        pipeline_benchmark $(( $(seconds_left) - ${VIT_GPU_SPEEDRUN_MIN_SECONDS:-60} - 45 )) \
+            || true
+    fi
     # the seeds' budget: a box shorter than the recipe's gives them one 20 s short of it
     choice="$("$PYTHON" scripts/choose_speedrun_flags.py "$OUTDIR/pipeline.json" \
         --time-budget $(( ${VIT_GPU_SPEEDRUN_SECONDS:-330} - 20 )) \
         --json "$OUTDIR/choice.json")" || status=$?
     if [ -f "$OUTDIR/choice.json" ]; then record speedrun_choice "$OUTDIR/choice.json"; fi
-    # none chosen: the recipe as it is
-    VIT_GPU_SPEEDRUN_ARGS="$(sed -n 2p <<< "$choice")${extra:+ $extra}"
+    # the chosen flags (none: the recipe as it is), then FLAGS, one space between words
+    read -r -a words <<< "$(sed -n 2p <<< "$choice") $extra"
+    VIT_GPU_SPEEDRUN_ARGS="${words[*]}"
     if [ -z "${VIT_GPU_SEEDS_TOGETHER:-}" ] && [ "$status" -eq 0 ]; then
         VIT_GPU_SEEDS_TOGETHER="$(sed -n 1p <<< "$choice")"
     fi
@@ -478,9 +485,11 @@ run_pipeline() {  # the pipeline benchmark alone (VIT_GPU_PIPELINE_ARGS, e.g. on
     pipeline_benchmark || FAILED+=(pipeline)
 }
 
-pipeline_benchmark() {  # benchmarks/training_pipeline.py until VIT_GPU_DEADLINE
+pipeline_benchmark() {  # [SECONDS]: benchmarks/training_pipeline.py until VIT_GPU_DEADLINE, or
+    # for SECONDS at most where that ends sooner
     local status=0 left
     left="$(seconds_left)"
+    if [ -n "${1:-}" ] && [ "$1" -lt "$left" ]; then left="$1"; fi
     if [ "$left" -lt 60 ]; then
         echo "the pipeline benchmark: not started, ${left} s left before VIT_GPU_DEADLINE"
         return 0
