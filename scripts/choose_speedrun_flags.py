@@ -59,11 +59,11 @@ def setting_flags(settings: str) -> list[str]:
     flags = []
     for item in filter(None, settings.split(",")):
         key, value = key_value(item)  # as the benchmark read it
-        name = "--" + key.replace("_", "-")
+        name = key.replace("_", "-")
         if isinstance(value, bool):
-            flags.append(name if value else "--no-" + key.replace("_", "-"))
+            flags.append(f"--{name}" if value else f"--no-{name}")
         elif isinstance(value, (int, float, str)):
-            flags += [name, str(value)]
+            flags += [f"--{name}", str(value)]
         else:
             raise ValueError(f"{item!r}: a row's setting here takes one value, not {value!r}")
     return flags
@@ -71,9 +71,13 @@ def setting_flags(settings: str) -> list[str]:
 
 def qualifies(row: dict) -> str | None:
     """Why a pipeline row cannot be chosen, or None where it can."""
-    path, _, _ = row["config"].partition(":")
+    path, _, settings = row["config"].partition(":")
     if path != RECIPE:
         return f"not the recipe ({path})"
+    try:
+        setting_flags(settings)
+    except ValueError as error:
+        return str(error)
     if row["shape"] != "config":
         return f"another model ({row['shape']})"
     if "error" in row:

@@ -1595,6 +1595,8 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     assert done.returncode == 2 and done.stdout == "" and "qualifies" in done.stderr
     with pytest.raises(ValueError, match="one value"):
         chooser.setting_flags("model_kwargs={depth: 2}")
+    nested = pipeline_row("model_kwargs={depth: 2}", 90_000, 10.0)  # no flag for it: refused
+    assert chooser.choose({"rows": [nested]}, recipe)["refused"][0]["why"].endswith("{'depth': 2}")
 
 
 @pytest.mark.slow  # the pipeline benchmark's two tiny rows, then a tiny speedrun: ~1 minute
