@@ -1528,31 +1528,39 @@ def pipeline_row(settings: str, images_per_s: float, warm_up_seconds: float, **m
             **more}  # fmt: skip
 
 
-def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budget(
-    monkeypatch, tmp_path
-):
-    """scripts/choose_speedrun_flags.py: of the rows that train the recipe's own model and
-    finished with a finite loss, the one whose images/s, over the budget's seconds left after
-    the start and its first epoch (compiling), trains the most images; its settings as
-    train.py's flags, evaluations spaced out where the epochs grow; seeds side by side only
-    where the GPU is idle most of that row's step."""
+def speedrun_chooser(monkeypatch):
+    """scripts/choose_speedrun_flags.py as a module."""
     import importlib
 
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    chooser = importlib.import_module("choose_speedrun_flags")
-    recipe = {"time_budget": 290, "eval_interval": 5, "checkpoint_interval": 5}
-    rows = [
-        pipeline_row("graph_update=false", 28_000, 45.0),
-        # the fastest step, and the compiler's 45 s first: 30,000 x 225 s = 6.75M images
-        pipeline_row("graph_step=true,compile_mode=default", 30_000, 45.0),
-        # slower, no compiler: 28,000 x 267 s = 7.48M images, ~150 epochs
-        pipeline_row("graph_step=true,compile=false,augment_batches=16", 28_000, 3.0),
+    return importlib.import_module("choose_speedrun_flags")
+
+
+RECIPE_TIMES = {"time_budget": 290, "eval_interval": 5, "checkpoint_interval": 5}
+CHOICE_ROWS = [
+    pipeline_row("graph_update=false", 28_000, 45.0),
+    # the fastest step, and the compiler's 45 s first: 30,000 x 225 s = 6.75M images
+    pipeline_row("graph_step=true,compile_mode=default", 30_000, 45.0),
+    # slower, no compiler: 28,000 x 267 s = 7.48M images, ~150 epochs
+    pipeline_row("graph_step=true,compile=false,augment_batches=16", 28_000, 3.0),
+]
+
+
+def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budget(monkeypatch):
+    """scripts/choose_speedrun_flags.py: of the rows that train the recipe's own model and
+    finished with a finite loss, the one whose images/s, over the budget's seconds left after
+    the start and its first epoch (compiling), trains the most images; its settings as
+    train.py's flags, evaluations spaced out where the epochs grow, mimetic initialisation from
+    180 epochs; seeds side by side only where the GPU is idle most of that row's step."""
+    chooser = speedrun_chooser(monkeypatch)
+    refused = [
         pipeline_row("batch_size=1024", 90_000, 10.0, train_loss=float("nan")),
         {"config": SPEEDRUN, "shape": "config", "error": "RuntimeError: capture"},
         pipeline_row("", 90_000, 10.0) | {"shape": "192d-9L-12h-r2"},
         {**pipeline_row("", 90_000, 10.0), "config": "configs/cifar10.yaml"},
+        pipeline_row("model_kwargs={depth: 2}", 90_000, 10.0),  # no flag for a dict
     ]
-    choice = chooser.choose({"rows": rows}, recipe)
+    choice = chooser.choose({"rows": [*CHOICE_ROWS, *refused]}, RECIPE_TIMES)
     assert choice["row"] == f"{SPEEDRUN}:graph_step=true,compile=false,augment_batches=16"
     assert choice["flags"] == [
         "--graph-step", "--no-compile", "--augment-batches", "16",
@@ -1562,30 +1570,44 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     assert [row["why"].split(":")[0] for row in choice["refused"]] == [
         "no finite training loss (nan)", "failed", "another model (192d-9L-12h-r2)",
         "not the recipe (configs/cifar10.yaml)",
+        "'model_kwargs={depth", # : 2}': a row's setting here takes one value, not {...}
     ]  # fmt: skip
+    assert chooser.choose({"rows": refused}, RECIPE_TIMES)["row"] is None
     # the recipe as it is, ~90 epochs (every 5th evaluated, as the recipe has it), its step
     # leaving the GPU idle 80% of the time: no flags, seeds side by side
-    idle = chooser.choose({"rows": [pipeline_row("", 20_000, 45.0, gpu_busy_share=0.2)]}, recipe)
+    idle = pipeline_row("", 20_000, 45.0, gpu_busy_share=0.2)
+    idle = chooser.choose({"rows": [idle]}, RECIPE_TIMES)
     assert idle["flags"] == [] and idle["together"]
-    assert chooser.choose({"rows": rows[3:]}, recipe)["row"] is None
-    # of three or more rows of one batch, one whose loss strays from their median trains
-    # otherwise (a stale input replayed, say): not chosen, however fast; a row of another
-    # batch, with no two others to compare with, keeps its own loss
-    # a pace that fits 200 epochs or more: mimetic initialisation too (it pays with passes)
-    fast = chooser.choose({"rows": [pipeline_row("graph_step=true", 40_000, 45.0)]}, recipe)
+    # a pace that fits 180 epochs: mimetic initialisation too (it pays with passes)
+    fast = pipeline_row("graph_step=true", 40_000, 45.0)
+    fast = chooser.choose({"rows": [fast]}, RECIPE_TIMES)
     assert fast["expected_epochs"] == 180.0 and fast["flags"][-1] == "--mimetic-init"
-    assert "--mimetic-init" not in choice["flags"]  # ~150 epochs (above)
-    stray = [{**row, "batch_size": 512} for row in rows[:3]]
-    stray[2] |= {"train_loss": 1.2, "images_per_s": 90_000}  # the fastest, and wrong
+
+
+def test_the_speedruns_choice_refuses_a_row_whose_loss_strays_from_its_batchs(monkeypatch):
+    """Of three or more rows of one batch (the same images from the same seed), one whose loss
+    strays more than 0.1 from their median trains otherwise (a stale input replayed, say): not
+    chosen, however fast; a row of another batch, with no two others to compare with, keeps
+    its own loss."""
+    chooser = speedrun_chooser(monkeypatch)
+    rows = [{**row, "batch_size": 512} for row in CHOICE_ROWS]
+    rows[2] |= {"train_loss": 1.2, "images_per_s": 90_000}  # the fastest, and wrong
     larger = pipeline_row("batch_size=1024", 40_000, 45.0, batch_size=1024, train_loss=2.2)
-    choice = chooser.choose({"rows": [*stray, larger]}, recipe)
+    choice = chooser.choose({"rows": [*rows, larger]}, RECIPE_TIMES)
     assert choice["row"] == f"{SPEEDRUN}:batch_size=1024"
-    assert "more than 0.1 from the median 2.000" in choice["refused"][0]["why"]
-    # the command: a budget shorter than the recipe's (a shorter box), two lines on stdout
+    (stray,) = choice["refused"]
+    assert stray["config"] == rows[2]["config"]
+    assert "its loss 1.200 is more than 0.1 from the median 2.000" in stray["why"]
+
+
+def test_the_speedrun_chooser_prints_the_seeds_way_and_the_flags(tmp_path):
+    """The command gpu_check.sh reads: 0 or 1 (side by side), then the flags, on stdout; a
+    budget shorter than the recipe's (a shorter box) weighed instead; exit status 2, nothing on
+    stdout and the reason on stderr where no row qualifies."""
     rows_file = tmp_path / "pipeline.json"
     rows_file.write_text(json.dumps({"rows": [pipeline_row("graph_step=true", 40_000, 45.0)]}))
-    chooser_script = [sys.executable, str(ROOT / "scripts" / "choose_speedrun_flags.py")]
-    command = [*chooser_script, str(rows_file), "--time-budget", "145"]
+    chooser = [sys.executable, str(ROOT / "scripts" / "choose_speedrun_flags.py")]
+    command = [*chooser, str(rows_file), "--time-budget", "145"]
     done = subprocess.run([*command, "--json", str(tmp_path / "c.json")], capture_output=True)
     assert done.returncode == 0 and done.stdout.decode().split("\n") == ["0", "--graph-step", ""]
     chosen = json.loads((tmp_path / "c.json").read_text())
@@ -1593,10 +1615,6 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     rows_file.write_text(json.dumps({"rows": []}))
     done = subprocess.run(command, capture_output=True, text=True)
     assert done.returncode == 2 and done.stdout == "" and "qualifies" in done.stderr
-    with pytest.raises(ValueError, match="one value"):
-        chooser.setting_flags("model_kwargs={depth: 2}")
-    nested = pipeline_row("model_kwargs={depth: 2}", 90_000, 10.0)  # no flag for it: refused
-    assert chooser.choose({"rows": [nested]}, recipe)["refused"][0]["why"].endswith("{'depth': 2}")
 
 
 @pytest.mark.slow  # the pipeline benchmark's two tiny rows, then a tiny speedrun: ~1 minute
