@@ -36,6 +36,7 @@ from pathlib import Path
 import yaml
 
 from vit.cli.flags import key_value
+from vit.training.settings import flag_name
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "configs/cifar10_gpu_speedrun.yaml"
@@ -59,11 +60,11 @@ def setting_flags(settings: str) -> list[str]:
     flags = []
     for item in filter(None, settings.split(",")):
         key, value = key_value(item)  # as the benchmark read it
-        name = key.replace("_", "-")
+        flag = flag_name(key)
         if isinstance(value, bool):
-            flags.append(f"--{name}" if value else f"--no-{name}")
+            flags.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, (int, float, str)):
-            flags += [f"--{name}", str(value)]
+            flags += [flag, str(value)]
         else:
             raise ValueError(f"{item!r}: a row's setting here takes one value, not {value!r}")
     return flags
@@ -120,7 +121,7 @@ def spaced_out(recipe: dict, epochs: float) -> list[str]:
         own = recipe[key]
         interval = own * math.ceil(epochs / EVALUATIONS / own)
         if interval > own:
-            flags += ["--" + key.replace("_", "-"), str(interval)]
+            flags += [flag_name(key), str(interval)]
     return flags
 
 

@@ -242,7 +242,7 @@ def undone(tensors: list[torch.Tensor]) -> Iterator[None]:
 def captured_after_warm_up(
     record: Callable[[], T], updated: list[torch.Tensor], capture_error_mode: str
 ) -> tuple[torch.cuda.CUDAGraph, T]:
-    """`record()` captured as one CUDA graph: (the graph, what the captured call returned, the
+    """`record()` captured as one CUDA graph: (the graph, what the captured call returned:
     tensors every replay overwrites). One warm-up call first, on a side stream as CUDA graphs
     require, so that lazy initialisation, the kernels' tuning and any compilation happen
     outside the capture (compiling inside one fails: dynamo reads the CUDA generator's state,
