@@ -456,17 +456,17 @@ choose_speedrun_flags() {  # VIT_GPU_SPEEDRUN_ARGS="auto [FLAGS]": the pipeline'
     # then the flags and the seeds' way from them (scripts/choose_speedrun_flags.py), FLAGS
     # after the chosen ones (the last word is theirs); rows an earlier call on this warm machine
     # measured into OUTDIR are not measured again
-    local choice status=0 extra="" words=()
+    local choice status=0 extra="" words=() limit
     if [ "$VIT_GPU_SPEEDRUN_ARGS" != auto ]; then extra="${VIT_GPU_SPEEDRUN_ARGS#auto }"; fi
     # the rows first, stopped in time for a seed's shortest box and its TTA (a hung row must not
     # take the call's seeds with it)
     if [ ! -f "$OUTDIR/pipeline.json" ]; then
-        pipeline_benchmark $(( $(seconds_left) - ${VIT_GPU_SPEEDRUN_MIN_SECONDS:-60} - 45 )) \
-            || true
+        limit=$(( $(seconds_left) - ${VIT_GPU_SPEEDRUN_MIN_SECONDS:-60} - TTA_SECONDS ))
+        pipeline_benchmark "$limit" || true
     fi
-    # the seeds' budget: a box shorter than the recipe's gives them one 20 s short of it
+    # the seeds' budget: a box shorter than the recipe's gives them one inside it
     choice="$("$PYTHON" scripts/choose_speedrun_flags.py "$OUTDIR/pipeline.json" \
-        --time-budget $(( ${VIT_GPU_SPEEDRUN_SECONDS:-330} - 20 )) \
+        --time-budget $(( ${VIT_GPU_SPEEDRUN_SECONDS:-330} - BUDGET_INSIDE_BOX )) \
         --json "$OUTDIR/choice.json")" || status=$?
     if [ -f "$OUTDIR/choice.json" ]; then record speedrun_choice "$OUTDIR/choice.json"; fi
     # the chosen flags (none: the recipe as it is), then FLAGS, one space between words
@@ -541,6 +541,11 @@ speedrun_side_by_side() {  # every seed (x every variant) at once, side by side 
     return "$status"
 }
 
+# a box shorter than the recipe's time_budget gives its run a budget this much inside it, for
+# the final files and the forecast's misses
+BUDGET_INSIDE_BOX=20
+TTA_SECONDS=45  # what a seed's flip-TTA evaluation after its run is given (it takes ~17 s)
+
 # the recipe without what was new in it last, one thing at a time: the step's or the update's
 # graph (back to the fifth run's way: reduce-overhead's graphs, the update eager), then CUDA
 # graphs, then compilation
@@ -576,8 +581,8 @@ speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS NAME: one timed train.
     local run="$OUTDIR/speedrun-$name" caches="$OUTDIR/caches-$name"
     local status=0 started ended left box recipe_box="${VIT_GPU_SPEEDRUN_SECONDS:-330}"
     left="$(seconds_left)"
-    # the time box: the recipe's, or what the deadline leaves once the TTA evaluation (~45 s)
-    box=$(( left - 45 < recipe_box ? left - 45 : recipe_box ))
+    # the time box: the recipe's, or what the deadline leaves once the TTA evaluation
+    box=$(( left - TTA_SECONDS < recipe_box ? left - TTA_SECONDS : recipe_box ))
     rm -rf "$caches"  # a first run on a bare machine: decoding and compilation included
     started="$(date +%s.%N)"
     if [ "$box" -lt "${VIT_GPU_SPEEDRUN_MIN_SECONDS:-60}" ]; then
@@ -585,9 +590,9 @@ speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS NAME: one timed train.
         status=75
     else
         # A box too short for the recipe's --time-budget: the run sets its epochs to end
-        # inside the box (20 s short of it, for the final files and the forecast's misses).
-        if [ "$((box - 20))" -lt "$(recipe_time_budget)" ]; then
-            extra="$extra --time-budget $((box - 20))"
+        # inside the box (BUDGET_INSIDE_BOX short of it).
+        if [ "$((box - BUDGET_INSIDE_BOX))" -lt "$(recipe_time_budget)" ]; then
+            extra="$extra --time-budget $((box - BUDGET_INSIDE_BOX))"
         fi
         echo "seed $seed: train.py ... ${VIT_GPU_SPEEDRUN_ARGS:-} $extra   (time box ${box} s)"
         # shellcheck disable=SC2086  # flags, split on spaces
