@@ -21,7 +21,8 @@ Each row is a whole `train.py` command (printed, so it can be run alone), one th
 (--threads), --parallel of them at a time (one per core). Accuracy does not depend on the
 machine's load (a seed's CPU run is deterministic); wall time does. Prints the EMA's test top-1
 every 10 epochs per row and seed, as a table, with each row's mean over the seeds where it ran
-more than one.
+more than one. Run again, a row's run stopped part-way (a session's end: a 300-epoch row takes
+~1.6 hours with two threads) continues from its last checkpoint, and a finished one is kept.
 """
 
 from __future__ import annotations
@@ -108,6 +109,11 @@ ROWS = {
     # device; behind early with Muon in the CPU recipe's 4 epochs, so run here to the end
     "mimetic": (["--mimetic-init"], "mimetic initialisation of attention"),
     "mimetic-epochs200": ([*planned_epochs(200), "--mimetic-init"], "mimetic, 200 epochs"),
+    # the passes a step the GPU sets may give the speedrun (~3-5x the fifth run's ~90 epochs,
+    # docs/gpu.md): the initialisation gained with passes (level at 100 and 134, +1.45 at 200),
+    # and scripts/choose_speedrun_flags.py adds it from 180. Does it still gain at 300, or does
+    # the model need capacity or regularisation there?
+    "mimetic-epochs300": ([*planned_epochs(300), "--mimetic-init"], "mimetic, 300 epochs"),
     # the passes the speedrun plans at the fourth GPU run's pace (~134 epochs, docs/gpu.md), with
     # and without it: level at 100 and ahead at 200, so which is it where the recipe runs?
     "epochs134": (planned_epochs(134), "134 epochs, as the time budget plans them"),
@@ -181,7 +187,7 @@ MODEL_CHANGES = {
     "heads16-epochs134": dict(num_heads=16),
     "heads8-batch256-lr-epochs200": dict(num_heads=8),
 }
-REPORT_EPOCHS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 150, 200)
+REPORT_EPOCHS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 150, 200, 250, 300)
 
 
 def run_dir(out: Path, name: str, seed: int) -> Path:
@@ -251,12 +257,30 @@ def run_rows(args: argparse.Namespace) -> None:
             future.result()
 
 
+def planned_epochs_of(name: str) -> int:
+    """The epochs a row's command asks for (its last --epochs: the row's own, else BASE's)."""
+    flags = [*BASE, *ROWS[name][0]]
+    last = max(i for i, flag in enumerate(flags) if flag == "--epochs")
+    return int(flags[last + 1])
+
+
 def run_one(args: argparse.Namespace, name: str, seed: int) -> None:
-    """One row's train.py command for one seed, its output in the log beside its run folder."""
-    cmd = command(name, args.data, args.output, seed, threads=args.threads)
+    """One row's train.py command for one seed, its output in the log beside its run folder. A
+    run stopped part-way (a session's end) continues from its last checkpoint (train.py --resume,
+    the log appended to); a finished one is kept as it is."""
+    folder = run_dir(args.output, name, seed)
+    if (folder / "training_state.pt").is_file():
+        done = max(read_metrics(folder)[1], default=0)
+        if done >= planned_epochs_of(name):
+            print(f"{name} seed {seed}: done ({done} epochs), kept", flush=True)
+            return
+        cmd = [sys.executable, "train.py", "--resume", str(folder), "--threads", str(args.threads)]
+        mode = "a"
+    else:
+        cmd, mode = command(name, args.data, args.output, seed, threads=args.threads), "w"
     print("$", " ".join(cmd[1:]), flush=True)
     # not with_suffix: "drop-path0.2-seed0" would lose ".2-seed0"
-    with open(f"{run_dir(args.output, name, seed)}.log", "w") as log:
+    with open(f"{folder}.log", mode) as log:
         status = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=log, check=False).returncode
     if status != 0:
         print(f"{name}: train.py exited with {status}; see {log.name}", flush=True)

@@ -1232,6 +1232,9 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     mimetic, mimetic200 = settings["mimetic"], settings["mimetic-epochs200"]
     assert mimetic.mimetic_init and not recipe.mimetic_init and mimetic.opt == recipe.opt == "muon"
     assert mimetic200.mimetic_init and mimetic200.epochs == settings["epochs200"].epochs == 200
+    mimetic300 = settings["mimetic-epochs300"]
+    planned = (mimetic300.epochs, mimetic300.warmup_epochs, mimetic300.mixup_off_epoch)
+    assert planned == (300, 5, 290) and mimetic300.mimetic_init
     for name, init in (("epochs134", False), ("mimetic-epochs134", True)):
         row = settings[name]
         planned = (row.epochs, row.warmup_epochs, row.mixup_off_epoch)
@@ -1335,6 +1338,52 @@ def test_the_speedrun_proxy_starts_the_next_run_as_soon_as_any_one_ends(monkeypa
     args = argparse.Namespace(data="data", output=tmp_path, threads=1)
     real_run_one(args, "recipe", 0)
     assert (tmp_path / "recipe-seed0.log").read_text() == "ran\n"
+
+
+def test_the_speedrun_proxy_resumes_a_run_stopped_part_way_and_keeps_a_finished_one(
+    monkeypatch, tmp_path, capsys
+):
+    """A 300-epoch row outlasts a session: run again, a run folder with a checkpoint continues
+    with train.py --resume (its log appended to, not overwritten), where it had failed on the
+    folder it found; a run that has done its epochs is kept, and nothing is started for it."""
+    import argparse
+    import importlib
+
+    from vit.training.checkpoint import write_metrics_csv
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    proxy = importlib.import_module("speedrun_proxy")
+    assert proxy.planned_epochs_of("recipe") == 100  # BASE's --epochs
+    assert proxy.planned_epochs_of("mimetic-epochs300") == 300  # the row's own, after BASE's
+    commands = []
+
+    def run(cmd, stdout, **kwargs):
+        commands.append(cmd)
+        stdout.write("resumed\n")
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(proxy.subprocess, "run", run)
+
+    def checkpointed(name, last_epoch):
+        folder = tmp_path / f"{name}-seed0"
+        folder.mkdir()
+        (folder / "training_state.pt").write_bytes(b"")
+        history = [dict(epoch=e, ema_top1=0.5, train_loss=1.0) for e in range(1, last_epoch + 1)]
+        write_metrics_csv(history, folder / "metrics.csv")
+        (tmp_path / f"{name}-seed0.log").write_text("epoch 1\n")
+        return folder
+
+    args = argparse.Namespace(data="data", output=tmp_path, threads=2)
+    stopped = checkpointed("mimetic-epochs300", last_epoch=145)
+    proxy.run_one(args, "mimetic-epochs300", 0)
+    assert commands == [[sys.executable, "train.py", "--resume", str(stopped), "--threads", "2"]]
+    assert (tmp_path / "mimetic-epochs300-seed0.log").read_text() == "epoch 1\nresumed\n"
+
+    checkpointed("recipe", last_epoch=100)
+    proxy.run_one(args, "recipe", 0)
+    assert len(commands) == 1  # nothing started for it
+    assert "recipe seed 0: done (100 epochs), kept" in capsys.readouterr().out
+    assert (tmp_path / "recipe-seed0.log").read_text() == "epoch 1\n"
 
 
 def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(monkeypatch):
