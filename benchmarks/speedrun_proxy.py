@@ -34,6 +34,10 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import yaml
+
+from vit.training.checkpoint import CONFIG_FILE, STATE_FILE
+
 ROOT = Path(__file__).resolve().parents[1]
 BASE = [
     "--config",
@@ -257,21 +261,15 @@ def run_rows(args: argparse.Namespace) -> None:
             future.result()
 
 
-def planned_epochs_of(name: str) -> int:
-    """The epochs a row's command asks for (its last --epochs: the row's own, else BASE's)."""
-    flags = [*BASE, *ROWS[name][0]]
-    last = max(i for i, flag in enumerate(flags) if flag == "--epochs")
-    return int(flags[last + 1])
-
-
 def run_one(args: argparse.Namespace, name: str, seed: int) -> None:
     """One row's train.py command for one seed, its output in the log beside its run folder. A
     run stopped part-way (a session's end) continues from its last checkpoint (train.py --resume,
     the log appended to); a finished one is kept as it is."""
     folder = run_dir(args.output, name, seed)
-    if (folder / "training_state.pt").is_file():
+    if (folder / STATE_FILE).is_file():
         done = max(read_metrics(folder)[1], default=0)
-        if done >= planned_epochs_of(name):
+        # the epochs the run was started with, as it recorded them
+        if done >= yaml.safe_load((folder / CONFIG_FILE).read_text())["epochs"]:
             print(f"{name} seed {seed}: done ({done} epochs), kept", flush=True)
             return
         cmd = [sys.executable, "train.py", "--resume", str(folder), "--threads", str(args.threads)]

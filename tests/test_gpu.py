@@ -1349,12 +1349,10 @@ def test_the_speedrun_proxy_resumes_a_run_stopped_part_way_and_keeps_a_finished_
     import argparse
     import importlib
 
-    from vit.training.checkpoint import write_metrics_csv
+    from vit.training.checkpoint import save_yaml, write_metrics_csv
 
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     proxy = importlib.import_module("speedrun_proxy")
-    assert proxy.planned_epochs_of("recipe") == 100  # BASE's --epochs
-    assert proxy.planned_epochs_of("mimetic-epochs300") == 300  # the row's own, after BASE's
     commands = []
 
     def run(cmd, stdout, **kwargs):
@@ -1364,9 +1362,10 @@ def test_the_speedrun_proxy_resumes_a_run_stopped_part_way_and_keeps_a_finished_
 
     monkeypatch.setattr(proxy.subprocess, "run", run)
 
-    def checkpointed(name, last_epoch):
+    def checkpointed(name, last_epoch, planned_epochs):
         folder = tmp_path / f"{name}-seed0"
         folder.mkdir()
+        save_yaml(dict(epochs=planned_epochs), folder / "config.yaml")  # as train.py records it
         (folder / "training_state.pt").write_bytes(b"")
         history = [dict(epoch=e, ema_top1=0.5, train_loss=1.0) for e in range(1, last_epoch + 1)]
         write_metrics_csv(history, folder / "metrics.csv")
@@ -1374,12 +1373,12 @@ def test_the_speedrun_proxy_resumes_a_run_stopped_part_way_and_keeps_a_finished_
         return folder
 
     args = argparse.Namespace(data="data", output=tmp_path, threads=2)
-    stopped = checkpointed("mimetic-epochs300", last_epoch=145)
+    stopped = checkpointed("mimetic-epochs300", last_epoch=145, planned_epochs=300)
     proxy.run_one(args, "mimetic-epochs300", 0)
     assert commands == [[sys.executable, "train.py", "--resume", str(stopped), "--threads", "2"]]
     assert (tmp_path / "mimetic-epochs300-seed0.log").read_text() == "epoch 1\nresumed\n"
 
-    checkpointed("recipe", last_epoch=100)
+    checkpointed("recipe", last_epoch=100, planned_epochs=100)
     proxy.run_one(args, "recipe", 0)
     assert len(commands) == 1  # nothing started for it
     assert "recipe seed 0: done (100 epochs), kept" in capsys.readouterr().out
