@@ -118,6 +118,15 @@ ROWS = {
     # and scripts/choose_speedrun_flags.py adds it from 180. Does it still gain at 300, or does
     # the model need capacity or regularisation there?
     "mimetic-epochs300": ([*planned_epochs(300), "--mimetic-init"], "mimetic, 300 epochs"),
+    # the same arithmetic spent on capacity instead: 192 wide does ~2.2x the arithmetic a step of
+    # 128 (the linear layers' width squared), so where the GPU sets the step's pace 150 epochs of
+    # it take about what 300 of the proxy's model take. Does width buy more than the passes past
+    # 150? (and the proxy's model at 150 epochs, to tell the width from the passes)
+    "mimetic-epochs150": ([*planned_epochs(150), "--mimetic-init"], "mimetic, 150 epochs"),
+    "width192-mimetic-epochs150": (
+        [*planned_epochs(150), "--mimetic-init"],
+        "192 wide, 6 heads of 32, mimetic, 150 epochs",
+    ),
     # the passes the speedrun plans at the fourth GPU run's pace (~134 epochs, docs/gpu.md), with
     # and without it: level at 100 and ahead at 200, so which is it where the recipe runs?
     "epochs134": (planned_epochs(134), "134 epochs, as the time budget plans them"),
@@ -185,6 +194,7 @@ ROWS = {
 # row -> PROXY_MODEL's changes
 MODEL_CHANGES = {
     "width192": dict(embed_dim=192, num_heads=6),
+    "width192-mimetic-epochs150": dict(embed_dim=192, num_heads=6),
     "patch2-epochs50": dict(patch_size=2),
     "heads8-epochs134": dict(num_heads=8),
     "heads8-mimetic-epochs134": dict(num_heads=8),

@@ -1235,6 +1235,10 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     mimetic300 = settings["mimetic-epochs300"]
     planned = (mimetic300.epochs, mimetic300.warmup_epochs, mimetic300.mixup_off_epoch)
     assert planned == (300, 5, 290) and mimetic300.mimetic_init
+    wide150 = settings["width192-mimetic-epochs150"]
+    planned = (wide150.epochs, wide150.warmup_epochs, wide150.mixup_off_epoch)
+    assert planned == (150, 5, 140) and wide150.mimetic_init
+    assert wide150.model_kwargs == settings["width192"].model_kwargs
     for name, init in (("epochs134", False), ("mimetic-epochs134", True)):
         row = settings[name]
         planned = (row.epochs, row.warmup_epochs, row.mixup_off_epoch)
