@@ -1239,6 +1239,9 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     planned = (wide150.epochs, wide150.warmup_epochs, wide150.mixup_off_epoch)
     assert planned == (150, 5, 140) and wide150.mimetic_init
     assert wide150.model_kwargs == settings["width192"].model_kwargs
+    narrow150 = settings["mimetic-epochs150"]  # the same passes on the proxy's model
+    assert (narrow150.epochs, narrow150.mixup_off_epoch, narrow150.mimetic_init) == (150, 140, True)
+    assert narrow150.model_kwargs == recipe.model_kwargs
     for name, init in (("epochs134", False), ("mimetic-epochs134", True)):
         row = settings[name]
         planned = (row.epochs, row.warmup_epochs, row.mixup_off_epoch)
