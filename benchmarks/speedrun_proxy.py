@@ -191,10 +191,12 @@ ROWS = {
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),
 }
+# 192 wide with 6 heads of 32 (1.81M parameters): the proxy's heads kept 32 wide
+WIDTH192 = dict(embed_dim=192, num_heads=6)
 # row -> PROXY_MODEL's changes
 MODEL_CHANGES = {
-    "width192": dict(embed_dim=192, num_heads=6),
-    "width192-mimetic-epochs150": dict(embed_dim=192, num_heads=6),
+    "width192": WIDTH192,
+    "width192-mimetic-epochs150": WIDTH192,
     "patch2-epochs50": dict(patch_size=2),
     "heads8-epochs134": dict(num_heads=8),
     "heads8-mimetic-epochs134": dict(num_heads=8),
