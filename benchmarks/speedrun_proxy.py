@@ -127,6 +127,18 @@ ROWS = {
         [*planned_epochs(150), "--mimetic-init"],
         "192 wide, 6 heads of 32, mimetic, 150 epochs",
     ),
+    # past 150 epochs the proxy's model gained little (78.01 -> 79.96 at 300, its training loss
+    # 0.60 near label smoothing's floor) and width little more at 150: is it short of
+    # regularisation there? The model's (stochastic depth 0.2, where 0 was level at 100 epochs)
+    # against the images' (the two augmentation leads of 100 epochs: RandAugment 3 ops, erasing)
+    "mimetic-epochs300-drop-path0.2": (
+        [*planned_epochs(300), "--mimetic-init", "--drop-path", "0.2"],
+        "mimetic, 300 epochs, stochastic depth 0.2",
+    ),
+    "mimetic-epochs300-randaug3-reprob": (
+        [*planned_epochs(300), "--mimetic-init", "--aa-n", "3", "--reprob", "0.25"],
+        "mimetic, 300 epochs, RandAugment 3 ops and erasing 0.25",
+    ),
     # the passes the speedrun plans at the fourth GPU run's pace (~134 epochs, docs/gpu.md), with
     # and without it: level at 100 and ahead at 200, so which is it where the recipe runs?
     "epochs134": (planned_epochs(134), "134 epochs, as the time budget plans them"),

@@ -1235,6 +1235,14 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     mimetic300 = settings["mimetic-epochs300"]
     planned = (mimetic300.epochs, mimetic300.warmup_epochs, mimetic300.mixup_off_epoch)
     assert planned == (300, 5, 290) and mimetic300.mimetic_init
+    for name, drop_path, aa_n, reprob in (
+        ("mimetic-epochs300-drop-path0.2", 0.2, recipe.aa_n, recipe.reprob),
+        ("mimetic-epochs300-randaug3-reprob", recipe.drop_path, 3, 0.25),
+    ):
+        row = settings[name]  # mimetic-epochs300 with one kind of regularisation more
+        assert (row.drop_path, row.aa_n, row.reprob) == (drop_path, aa_n, reprob)
+        same = dict(drop_path=0.1, aa_n=2, reprob=0.0, output_dir=mimetic300.output_dir)
+        assert dataclasses.replace(row, **same) == mimetic300
     wide150 = settings["width192-mimetic-epochs150"]
     planned = (wide150.epochs, wide150.warmup_epochs, wide150.mixup_off_epoch)
     assert planned == (150, 5, 140) and wide150.mimetic_init
