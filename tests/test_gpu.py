@@ -1282,6 +1282,10 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert (chunked.augment_batches, recipe.augment_batches, chunked.batch_augment) == (16, 1, True)
     same_run = dict(augment_batches=1, output_dir=recipe.output_dir)
     assert dataclasses.replace(chunked, **same_run) == recipe  # that flag only
+    whitened = settings["whiten"]
+    assert (whitened.patch_embed_init, recipe.patch_embed_init) == ("whiten", "default")
+    same_run = dict(patch_embed_init="default", output_dir=recipe.output_dir)
+    assert dataclasses.replace(whitened, **same_run) == recipe  # that flag only
     for name, init in (("adamw", False), ("adamw-mimetic", True)):
         row = settings[name]
         assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)

@@ -16,7 +16,13 @@ from vit.data.datasets import ImageDataset
 from vit.data.mixup import MixupCutmix, one_hot
 from vit.data.repeated_augmentation import RepeatAugSampler
 from vit.data.transforms import AugmentConfig, train_transform
-from vit.models.initializers import mimetic_init_, sincos_2d, sincos_pos_embed_
+from vit.models.initializers import (
+    mimetic_init_,
+    patch_moments,
+    sincos_2d,
+    sincos_pos_embed_,
+    whiten_patch_embed_,
+)
 from vit.training.optimizers import (
     Muon,
     build_optimizer,
@@ -114,6 +120,75 @@ def test_sincos_position_embeddings_are_fixed_and_encode_row_and_column():
 def test_sincos_needs_a_width_divisible_by_four():
     with pytest.raises(ValueError, match="divisible by 4"):
         sincos_2d((8, 8), 30)
+
+
+# -- whitened patch embedding ----------------------------------------------------------------------
+def smooth_images(count: int, seed: int = 0) -> torch.Tensor:
+    """Images (N, 3, 32, 32) whose neighbouring pixels and channels are strongly correlated, as
+    photographs' are: noise at 8x8, mostly shared by the channels, upsampled, and a little noise
+    of their own."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.randn(count, 3, 8, 8, generator=generator)
+    coarse = coarse.mean(1, keepdim=True) + 0.3 * coarse  # (N, 3, 8, 8)
+    images = torch.nn.functional.interpolate(coarse, size=32, mode="bilinear")
+    return images + 0.05 * torch.randn(count, 3, 32, 32, generator=generator)
+
+
+def token_moments(model: vit.VisionTransformer, images: torch.Tensor) -> tuple:
+    with torch.no_grad():
+        tokens = model.patch_embed(images).flatten(0, 1).double()  # (N*L, D)
+    return tokens.mean(0), torch.cov(tokens.T)  # (D,), (D, D)
+
+
+def test_patch_moments_are_the_patches_own_batch_by_batch():
+    images = smooth_images(12)
+    patches = torch.nn.functional.unfold(images.double(), kernel_size=4, stride=4)  # (N, 48, 64)
+    patches = patches.transpose(1, 2).reshape(-1, 48)  # (N*64, 48): as the conv's weight, (C, p, p)
+    assert torch.equal(patches[1], images[0, :, 0:4, 4:8].reshape(48).double())
+    mean, cov = patch_moments(images.split(5), (4, 4))  # batches of 5, 5 and 2
+    torch.testing.assert_close(mean, patches.mean(0))
+    torch.testing.assert_close(cov, torch.cov(patches.T, correction=0))
+    with pytest.raises(ValueError, match="no images"):
+        patch_moments([], (4, 4))
+
+
+@pytest.mark.parametrize("embed_dim", [64, 32])  # more channels than a patch's 48 values, fewer
+def test_whitened_patch_embedding_makes_the_tokens_white_at_the_default_size(embed_dim):
+    torch.manual_seed(0)
+    images = smooth_images(64)
+    plain = small_model(embed_dim=embed_dim)
+    plain_mean, plain_cov = token_moments(plain, images)
+    whitened = whiten_patch_embed_(small_model(embed_dim=embed_dim), images.split(16), eps=1e-9)
+    mean, cov = token_moments(whitened, images)
+    spectrum = torch.linalg.eigvalsh(cov).flip(0)
+    before = torch.linalg.eigvalsh(plain_cov).flip(0)
+    kept = min(embed_dim, 48)
+    assert before[0] > 100 * before[kept - 1]  # a few loud directions, many quiet ones
+    # whitened: the kept directions equally loud, none besides them, the tokens centred
+    torch.testing.assert_close(
+        spectrum[:kept], spectrum[:kept].mean().expand(kept), rtol=1e-4, atol=0
+    )
+    assert all(spectrum[kept:].abs() < 1e-5 * spectrum[0])  # (none where D <= 48)
+    assert mean.abs().max() < 1e-6 and plain_mean.abs().max() > 1e-3
+    # the tokens' expected squared size is the default initialisation's, D * 0.02^2 * trace
+    _, patch_cov = patch_moments([images], (4, 4))
+    size = (mean.square().sum() + cov.trace() * (len(images) * 64 - 1) / (len(images) * 64)).item()
+    assert size == pytest.approx(embed_dim * 0.02**2 * patch_cov.trace().item(), rel=1e-6)
+    assert plain.patch_embed.proj.weight.std().item() == pytest.approx(0.02, rel=0.1)  # its std
+
+
+def test_whitening_damps_the_directions_quieter_than_eps():
+    torch.manual_seed(0)
+    images = smooth_images(64)
+    _, patch_cov = patch_moments([images], (4, 4))
+    values = torch.linalg.eigvalsh(patch_cov).flip(0)  # (48,)
+    eps = values[10].item()  # the 11th loudest direction
+    model = whiten_patch_embed_(small_model(), [images], eps=eps)
+    _, cov = token_moments(model, images)
+    spectrum = torch.linalg.eigvalsh(cov).flip(0)[:48]
+    # each direction keeps values / (values + eps) of the loudest one's scale
+    share = values / (values + eps)
+    torch.testing.assert_close(spectrum / spectrum[0], share / share[0], rtol=1e-3, atol=1e-7)
 
 
 # -- Muon -----------------------------------------------------------------------------------------

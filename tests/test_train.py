@@ -567,6 +567,7 @@ ROUND_TWO = (
     "--batch-augment", "--opt", "muon", "--muon-lr", "3e-3", "--mimetic-init",
     "--pos-embed", "sincos", "--patch-drop", "0.5", "--patch-drop-anneal", "2",
     "--hflip-alternate", "--eval-interval", "2", "--muon-ns-dtype", "bfloat16",
+    "--patch-embed-init", "whiten",
 )  # fmt: skip
 
 
@@ -574,8 +575,8 @@ def test_second_round_cpu_levers_train_and_resume_exactly(
     image_folder, tmp_path, train_script, tiny_args, monkeypatch
 ):
     """Muon (its Newton-Schulz in bfloat16), mimetic init, fixed sin-cos positions, annealed
-    patch dropout and alternating flips together: a killed run resumes to the uninterrupted
-    run's weights, bit for bit."""
+    patch dropout, alternating flips and the whitened patch embedding together: a killed run
+    resumes to the uninterrupted run's weights, bit for bit."""
     reference = tmp_path / "reference"
     assert train_script.main(tiny_args(image_folder, reference, 4, *ROUND_TWO)) == 0
     model = vit.load_model(reference / "model.safetensors")
@@ -587,6 +588,43 @@ def test_second_round_cpu_levers_train_and_resume_exactly(
         assert train_script.main(tiny_args(image_folder, run, 4, *ROUND_TWO)) == 130
     assert train_script.main(["--resume", str(run)]) == 0
     assert_same_weights(run / "model.safetensors", reference / "model.safetensors")
+
+
+def test_a_run_starts_from_the_patch_embedding_that_whitens_its_training_images(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch
+):
+    """--patch-embed-init whiten: the weights the optimizer starts from hold the patch embedding
+    that whitens the run's training images, drawn with the run's seed; every other weight is
+    the one a run without it starts from."""
+    from vit.data.datasets import load_split
+    from vit.models.initializers import whiten_patch_embed_
+    from vit.training import build
+
+    starts = {}  # run folder -> the model's weights as its optimizer is built
+    build_training_state = build.build_training_state
+
+    def recording(cfg, model, **kwargs):
+        starts[cfg.output_dir] = {k: v.clone() for k, v in model.state_dict().items()}
+        return build_training_state(cfg, model, **kwargs)
+
+    monkeypatch.setattr(build, "build_training_state", recording)
+    plain, whitened = str(tmp_path / "plain"), str(tmp_path / "whitened")
+    assert train_script.main(tiny_args(image_folder, plain, 1, "--seed", "3")) == 0
+    flags = ("--seed", "3", "--patch-embed-init", "whiten")
+    assert train_script.main(tiny_args(image_folder, whitened, 1, *flags)) == 0
+    expected = vit.load_model(Path(plain) / "model.safetensors")  # its architecture
+    expected.load_state_dict(starts[plain])
+    train_set = load_split(str(image_folder), "train", download=False, cache=False)
+    batches = build.whitening_batches(train_set, expected.preprocess)
+    whiten_patch_embed_(expected, batches, generator=torch.Generator().manual_seed(3))
+    assert not torch.equal(
+        starts[plain]["patch_embed.proj.weight"], expected.patch_embed.proj.weight
+    )
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(starts[whitened][name], tensor), name
+    assert (
+        yaml.safe_load((Path(whitened) / "config.yaml").read_text())["patch_embed_init"] == "whiten"
+    )
 
 
 @pytest.mark.parametrize(

@@ -200,6 +200,8 @@ def test_settings_at_odds_with_each_other_are_refused(
     err = refused(train_script, args + nested, capsys)
     assert "--graph-step with --compile-mode reduce-overhead" in err
     assert "use --compile-mode default" in err
+    err = refused(train_script, args + ["--patch-embed-init", "whiten", "--pretrained"], capsys)
+    assert "--patch-embed-init whiten starts a model from scratch" in err
     assert not (tmp_path / "run").exists()
 
 
