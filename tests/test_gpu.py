@@ -1286,6 +1286,8 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert (whitened.patch_embed_init, recipe.patch_embed_init) == ("whiten", "default")
     same_run = dict(patch_embed_init="default", output_dir=recipe.output_dir)
     assert dataclasses.replace(whitened, **same_run) == recipe  # that flag only
+    same_run = dict(patch_embed_init="default", output_dir=shorter.output_dir)
+    assert dataclasses.replace(settings["whiten-epochs50"], **same_run) == shorter
     for name, init in (("adamw", False), ("adamw-mimetic", True)):
         row = settings[name]
         assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)
