@@ -180,7 +180,7 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
 
 
 # The images --patch-embed-init whiten measures the patches of: 32,000 patches of CIFAR's 4x4
-# (48 values each) at 32 px, 98,000 of 16x16 (768 values) at 224; ~1 s of the start on a CPU
+# (48 values each) at 32 px, 98,000 of 16x16 (768 values) at 224; a fraction of a second
 WHITEN_IMAGES = 500
 
 
