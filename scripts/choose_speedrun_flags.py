@@ -15,7 +15,8 @@ more images (on the CPU proxy twice the batch cost 0.19 points at the same epoch
 epochs gained 1.2: docs/gpu.md). The row's settings become train.py flags; at several times the
 recipe's epochs the evaluations and checkpoints are spaced out to keep about EVALUATIONS of each a
 run (0.4 s and 0.2 s each on an H200), and from MIMETIC_FROM_EPOCHS epochs on the run starts with
-mimetic initialisation, which pays with passes. Seeds side by side where the chosen step leaves the
+mimetic initialisation, which pays with passes (and timm's patch embedding, not the recipe's
+whitened one: the two together are unmeasured). Seeds side by side where the chosen step leaves the
 GPU idle most of the time (busy under TOGETHER_BELOW of it), one after the other where it does not:
 the goal's runs are timed alone.
 
