@@ -132,14 +132,11 @@ def patch_moments(
     """The mean (K,) and covariance (K, K) of the non-overlapping patches of images (B, C, H, W),
     each patch flattened as the patch embedding's weight is, (C, p, p); in float64, summed batch
     by batch so that the patches of all the images are never in memory at once."""
-    count, total, products = 0, None, None
+    count, total, products = 0, 0.0, 0.0  # the sums become (K,) and (K, K) at the first batch
     for images in batches:
         patches = F.unfold(images.double(), kernel_size=patch_size, stride=patch_size)  # (B, K, L)
         patches = patches.transpose(1, 2).flatten(0, 1)  # (B*L, K)
-        if total is None:
-            total, products = patches.sum(0), patches.T @ patches
-        else:
-            total, products = total + patches.sum(0), products + patches.T @ patches
+        total, products = total + patches.sum(0), products + patches.T @ patches
         count += len(patches)
     if not count:
         raise ValueError("no images to measure the patches of")
