@@ -1288,6 +1288,10 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert dataclasses.replace(whitened, **same_run) == recipe  # that flag only
     same_run = dict(patch_embed_init="default", output_dir=shorter.output_dir)
     assert dataclasses.replace(settings["whiten-epochs50"], **same_run) == shorter
+    same_run = dict(patch_embed_init="default", output_dir=longer.output_dir)
+    whitened200 = settings["whiten-epochs200"]
+    assert whitened200.patch_embed_init == "whiten"
+    assert dataclasses.replace(whitened200, **same_run) == longer  # that flag only
     both = settings["whiten-mimetic-epochs200"]
     assert dataclasses.replace(both, patch_embed_init="default") == dataclasses.replace(
         mimetic200, output_dir=both.output_dir
