@@ -144,6 +144,12 @@ ROWS = {
         [*planned_epochs(300), "--mimetic-init", "--aa-n", "3", "--reprob", "0.25"],
         "mimetic, 300 epochs, RandAugment 3 ops and erasing 0.25",
     ),
+    # the images' regularisation led at 300 epochs (+0.99, ahead from epoch 110; docs/gpu.md), and
+    # the chooser adds it with mimetic from 180: does it pay there? beside mimetic-epochs200
+    "mimetic-epochs200-randaug3-reprob": (
+        [*planned_epochs(200), "--mimetic-init", "--aa-n", "3", "--reprob", "0.25"],
+        "mimetic, 200 epochs, RandAugment 3 ops and erasing 0.25",
+    ),
     # the passes the speedrun plans at the fourth GPU run's pace (~134 epochs, docs/gpu.md), with
     # and without it: level at 100 and ahead at 200, so which is it where the recipe runs?
     "epochs134": (planned_epochs(134), "134 epochs, as the time budget plans them"),

@@ -1243,6 +1243,10 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         assert (row.drop_path, row.aa_n, row.reprob) == (drop_path, aa_n, reprob)
         same = dict(drop_path=0.1, aa_n=2, reprob=0.0, output_dir=mimetic300.output_dir)
         assert dataclasses.replace(row, **same) == mimetic300
+    row = settings["mimetic-epochs200-randaug3-reprob"]  # the same at 200 epochs
+    assert (row.aa_n, row.reprob, row.drop_path) == (3, 0.25, recipe.drop_path)
+    same = dict(aa_n=2, reprob=0.0, output_dir=mimetic200.output_dir)
+    assert dataclasses.replace(row, **same) == mimetic200
     wide150 = settings["width192-mimetic-epochs150"]
     planned = (wide150.epochs, wide150.warmup_epochs, wide150.mixup_off_epoch)
     assert planned == (150, 5, 140) and wide150.mimetic_init
@@ -1658,11 +1662,16 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     idle = chooser.choose({"rows": [idle]}, RECIPE_TIMES)
     assert idle["flags"] == [] and idle["together"]
     # a pace that fits 180 epochs: mimetic initialisation too (it pays with passes), with
-    # timm's patch embedding (whitened and mimetic together gained nothing over mimetic alone)
+    # timm's patch embedding (whitened and mimetic together gained nothing over mimetic alone),
+    # and more augmentation (it paid over 300 epochs, not over 100)
     fast = pipeline_row("graph_step=true", 40_000, 45.0)
     fast = chooser.choose({"rows": [fast]}, RECIPE_TIMES)
     assert fast["expected_epochs"] == 180.0
-    assert fast["flags"][-3:] == ["--mimetic-init", "--patch-embed-init", "default"]
+    assert fast["flags"][-7:] == [
+        "--mimetic-init", "--patch-embed-init", "default", "--aa-n", "3", "--reprob", "0.25",
+    ]  # fmt: skip
+    slower = pipeline_row("graph_step=true", 39_000, 45.0)  # 175.5 epochs: none of them
+    assert "--aa-n" not in chooser.choose({"rows": [slower]}, RECIPE_TIMES)["flags"]
 
 
 def test_the_speedruns_choice_refuses_a_row_whose_loss_strays_from_its_batchs(monkeypatch):
