@@ -79,6 +79,8 @@ LARGER_BATCH = ["--batch-size", "256", "--lr", "2.8e-3"]
 # the CPU recipe's patch dropout: a random half of the 64 patch tokens per training image, the
 # last two epochs dropping a quarter, then none (three static shapes: three compilations on a GPU)
 PATCH_DROP = ["--patch-drop", "0.5", "--patch-drop-anneal", "2"]
+# the two augmentation leads of 100 epochs together: RandAugment with 3 ops, random erasing 0.25
+MORE_AUGMENTATION = ["--aa-n", "3", "--reprob", "0.25"]
 
 # name -> (flags added to BASE, what the row is)
 ROWS = {
@@ -90,7 +92,7 @@ ROWS = {
     "drop-path0.2": (["--drop-path", "0.2"], "stochastic depth 0.2 instead of 0.1"),
     "drop-path0": (["--drop-path", "0"], "no stochastic depth (RandAugment may regularise enough)"),
     "randaug3": (["--aa-n", "3"], "RandAugment with 3 ops an image instead of 2"),
-    "randaug3-reprob": (["--aa-n", "3", "--reprob", "0.25"], "the two leads of seed 0 together"),
+    "randaug3-reprob": (MORE_AUGMENTATION, "the two leads of seed 0 together"),
     # half the steps at the same epochs: what a GPU's larger batch (1,024) costs per epoch, where
     # a host-bound step of twice the images takes less than twice the time
     "batch256": (["--batch-size", "256"], "batches of 256, the learning rate as it is"),
@@ -141,13 +143,13 @@ ROWS = {
         "mimetic, 300 epochs, stochastic depth 0.2",
     ),
     "mimetic-epochs300-randaug3-reprob": (
-        [*planned_epochs(300), "--mimetic-init", "--aa-n", "3", "--reprob", "0.25"],
+        [*planned_epochs(300), "--mimetic-init", *MORE_AUGMENTATION],
         "mimetic, 300 epochs, RandAugment 3 ops and erasing 0.25",
     ),
     # the images' regularisation led at 300 epochs (+0.99, ahead from epoch 110; docs/gpu.md), and
     # the chooser adds it with mimetic from 180: does it pay there? beside mimetic-epochs200
     "mimetic-epochs200-randaug3-reprob": (
-        [*planned_epochs(200), "--mimetic-init", "--aa-n", "3", "--reprob", "0.25"],
+        [*planned_epochs(200), "--mimetic-init", *MORE_AUGMENTATION],
         "mimetic, 200 epochs, RandAugment 3 ops and erasing 0.25",
     ),
     # the passes the speedrun plans at the fourth GPU run's pace (~134 epochs, docs/gpu.md), with

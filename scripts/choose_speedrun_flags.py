@@ -17,9 +17,9 @@ recipe's epochs the evaluations and checkpoints are spaced out to keep about EVA
 run (0.4 s and 0.2 s each on an H200), and from MIMETIC_FROM_EPOCHS epochs on the run starts with
 mimetic initialisation, which pays with passes (and timm's patch embedding, not the recipe's
 whitened one: the two together ended level with mimetic alone), and more augmentation of the
-images, which pays where the passes are many. Seeds side by side where the
-chosen step leaves the GPU idle most of the time (busy under TOGETHER_BELOW of it), one after the
-other where it does not: the goal's runs are timed alone.
+images, which pays where the passes are many. Seeds side by side where the chosen step leaves the
+GPU idle most of the time (busy under TOGETHER_BELOW of it), one after the other where it does not:
+the goal's runs are timed alone.
 
 Prints two lines: 1 (side by side) or 0 (one after the other), then the flags (an empty line: the
 recipe as it is); the reasons and every row's figures on stderr. Exit status 2 when no row
