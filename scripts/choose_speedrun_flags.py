@@ -57,8 +57,9 @@ MIMETIC = ["--mimetic-init", "--patch-embed-init", "default"]
 # ... and with RandAugment's third op and random erasing 0.25: on the proxy, with mimetic over
 # 300 epochs, they ended +0.99 (one seed), behind until epoch 80 and ahead at every evaluation
 # from 110 on, where at 100 epochs they were level (+0.17 and +0.27 alone, +0.19 together);
-# stochastic depth 0.2 there ended 0.61 behind. A run long enough for the initialisation is long
-# enough for them (not measured between 100 and 300: row mimetic-epochs200-randaug3-reprob)
+# stochastic depth 0.2 there ended 0.61 behind; over 200 epochs they ended +0.78 (two seeds,
+# behind until 120, ahead from 130). A run long enough for the initialisation is long enough
+# for them
 LONG_RUN_AUGMENTATION = ["--aa-n", "3", "--reprob", "0.25"]
 # Rows of one batch size train on the same images from the same seed; they differ in rounding
 # (compiled or eager kernels, graphs or not) and at most in which augmentations they draw
