@@ -58,7 +58,7 @@ MIMETIC = ["--mimetic-init", "--patch-embed-init", "default"]
 # 300 epochs, they ended +0.99 (one seed), behind until epoch 80 and ahead at every evaluation
 # from 110 on, where at 100 epochs they were level (+0.17 and +0.27 alone, +0.19 together);
 # stochastic depth 0.2 there ended 0.61 behind; over 200 epochs they ended +0.78 (two seeds,
-# behind until 120, ahead from 130). A run long enough for the initialisation is long enough
+# behind until 120, ahead at 130-200). A run long enough for the initialisation is long enough
 # for them
 LONG_RUN_AUGMENTATION = ["--aa-n", "3", "--reprob", "0.25"]
 # Rows of one batch size train on the same images from the same seed; they differ in rounding
