@@ -54,12 +54,11 @@ MIMETIC_FROM_EPOCHS = 180
 # together ended level with mimetic alone at 200 epochs (78.40 against 78.64, two seeds each),
 # so the run starts as the measured mimetic rows did
 MIMETIC = ["--mimetic-init", "--patch-embed-init", "default"]
-# ... and with RandAugment's third op and random erasing 0.25: on the proxy, with mimetic over
-# 300 epochs, they ended +0.99 (one seed), behind until epoch 80 and ahead at every evaluation
-# from 110 on, where at 100 epochs they were level (+0.17 and +0.27 alone, +0.19 together);
-# stochastic depth 0.2 there ended 0.61 behind; over 200 epochs they ended +0.78 (two seeds,
-# behind until 120, ahead at 130-200). A run long enough for the initialisation is long enough
-# for them
+# ... and with RandAugment's third op and random erasing 0.25: on the proxy, with mimetic, they
+# ended +0.78 over 200 epochs (two seeds; behind until epoch 120, ahead from 130) and +0.99 over
+# 300 (one seed; behind until 80, ahead from 110), where over 100 epochs without mimetic they were
+# level (+0.17 and +0.27 alone, +0.19 together); stochastic depth 0.2 over 300 ended 0.61 behind.
+# A run long enough for the initialisation is long enough for them
 LONG_RUN_AUGMENTATION = ["--aa-n", "3", "--reprob", "0.25"]
 # Rows of one batch size train on the same images from the same seed; they differ in rounding
 # (compiled or eager kernels, graphs or not) and at most in which augmentations they draw

@@ -1663,7 +1663,7 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     assert idle["flags"] == [] and idle["together"]
     # a pace that fits 180 epochs: mimetic initialisation too (it pays with passes), with
     # timm's patch embedding (whitened and mimetic together gained nothing over mimetic alone),
-    # and more augmentation (it paid over 300 epochs, not over 100)
+    # and more augmentation (it paid over 200 and 300 epochs, not over 100)
     fast = pipeline_row("graph_step=true", 40_000, 45.0)
     fast = chooser.choose({"rows": [fast]}, RECIPE_TIMES)
     assert fast["expected_epochs"] == 180.0
