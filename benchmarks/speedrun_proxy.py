@@ -235,6 +235,18 @@ ROWS = {
         [*planned_epochs(200), "--patch-embed-init", "whiten"],
         "the patch embedding started whitened, 200 epochs",
     ),
+    # below 180 epochs the chooser keeps the recipe's whitened embedding and 2 RandAugment ops,
+    # the long run's augmentation (3 ops, erasing 0.25) level at 100 epochs (+0.19) and ahead at
+    # 200 (+0.78) and 300 (+0.99) with mimetic: does it pay with whitening at the ~134 epochs a
+    # GPU step between the fifth run's and one the GPU sets would give the five minutes?
+    "whiten-epochs134": (
+        [*planned_epochs(134), "--patch-embed-init", "whiten"],
+        "the patch embedding started whitened, 134 epochs",
+    ),
+    "whiten-epochs134-randaug3-reprob": (
+        [*planned_epochs(134), "--patch-embed-init", "whiten", *MORE_AUGMENTATION],
+        "whitened, 134 epochs, RandAugment 3 ops and erasing 0.25",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),

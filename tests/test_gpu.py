@@ -1296,6 +1296,13 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     whitened200 = settings["whiten-epochs200"]
     assert whitened200.patch_embed_init == "whiten"
     assert dataclasses.replace(whitened200, **same_run) == longer  # that flag only
+    whitened134 = settings["whiten-epochs134"]  # epochs134 with that flag only
+    same_run = dict(patch_embed_init="default", output_dir=settings["epochs134"].output_dir)
+    assert dataclasses.replace(whitened134, **same_run) == settings["epochs134"]
+    row = settings["whiten-epochs134-randaug3-reprob"]  # and the long run's augmentation
+    assert (row.aa_n, row.reprob, whitened134.aa_n, whitened134.reprob) == (3, 0.25, 2, 0.0)
+    same_run = dict(aa_n=2, reprob=0.0, output_dir=whitened134.output_dir)
+    assert dataclasses.replace(row, **same_run) == whitened134
     both = settings["whiten-mimetic-epochs200"]
     assert dataclasses.replace(both, patch_embed_init="default") == dataclasses.replace(
         mimetic200, output_dir=both.output_dir
