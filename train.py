@@ -45,7 +45,7 @@ from vit.utils import locks
 if typing.TYPE_CHECKING:
     from vit.training.errors import TrainingInterrupted
 
-GROUPS = ("data", "model", "fine-tuning", "optimisation", "augmentation", "run")
+GROUPS = ("data", "model", "fine-tuning", "optimisation", "augmentation", "distillation", "run")
 NOTHING_WRITTEN = "train.py: interrupted before training started; nothing was written"
 
 
@@ -364,7 +364,7 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         info.is_main,
         f"train.py: wrote {cfg.output_dir}/: model.safetensors (the final weights), "
         f"best.safetensors, metrics.csv, curves.png, tensorboard/, config.yaml, "
-        f"training_state.pt",
+        f"training_state.pt{', teacher.safetensors' if cfg.distillation_type != 'none' else ''}",
         status=0,
     )
 

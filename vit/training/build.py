@@ -32,6 +32,7 @@ from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
 from ..inference.probe import stratified_holdout
 from ..interop.weights import WeightsMismatchError, names_in_source
+from ..models.cnn_teacher import CnnTeacher
 from ..models.families import fine_tuning_pool
 from ..models.initializers import mimetic_init_, sincos_pos_embed_, whiten_patch_embed_
 from ..models.registry import Preprocess
@@ -47,6 +48,7 @@ from .checkpoint import (
     save_yaml,
     seed_everything,
 )
+from .distillation import build_teacher, distillation_loss, teacher_loader_settings
 from .ema import ModelEma
 from .errors import START_ERRORS
 from .finetune import describe_layer_decay, freeze_below, layer_lr_scales, probe_head
@@ -205,16 +207,52 @@ def make_loaders(
 ) -> tuple[EpochDataLoader | InMemoryBatches, DataLoader | InMemoryEvalBatches]:
     """Training and test loaders over datasets made with the model's transforms (or, in
     memory, over the images themselves)."""
-    if not cfg.batch_augment:  # in-memory batches augment the raw images themselves
-        train_set = train_set.with_transform(train_transform(model.preprocess, cfg.augment()))
     test_set = test_set.with_transform(EvalTransform(model.preprocess))
-    train_loader = build_train_loader(
-        cfg, train_set=train_set, preprocess=model.preprocess, info=info, device=device
-    )
     test_loader = build_test_loader(
         cfg, test_set=test_set, preprocess=model.preprocess, info=info, device=device
     )
-    return train_loader, test_loader
+    return make_train_loader(cfg, train_set, model, info, device), test_loader
+
+
+def make_train_loader(
+    cfg: TrainConfig,
+    train_set: ImageDataset,
+    model: VisionTransformer,
+    info: DistInfo,
+    device: torch.device,
+) -> EpochDataLoader | InMemoryBatches:
+    """The training loader `cfg` asks for, over `train_set` with the model's transforms."""
+    if not cfg.batch_augment:  # in-memory batches augment the raw images themselves
+        train_set = train_set.with_transform(train_transform(model.preprocess, cfg.augment()))
+    return build_train_loader(
+        cfg, train_set=train_set, preprocess=model.preprocess, info=info, device=device
+    )
+
+
+def make_teacher(
+    cfg: TrainConfig,
+    train_set: ImageDataset,
+    test_loader: DataLoader | InMemoryEvalBatches,
+    model: VisionTransformer,
+    info: DistInfo,
+    device: torch.device,
+) -> tuple[CnnTeacher | None, dict | None]:
+    """--distillation-type's teacher and its facts (`distillation.build_teacher`): trained
+    here over batches of its own unless --resume or --teacher-path gives it; (None, None)
+    without distillation."""
+    if cfg.distillation_type == "none":
+        return None, None
+    trains = not cfg.resume and cfg.teacher_path is None
+    settings = teacher_loader_settings(cfg)
+    loader = make_train_loader(settings, train_set, model, info, device) if trains else None
+    return build_teacher(
+        cfg,
+        num_classes=train_set.num_classes,
+        train_loader=loader,
+        test_loader=test_loader,
+        info=info,
+        device=device,
+    )
 
 
 def build_training_state(
@@ -284,12 +322,18 @@ RECOMPILE_LIMIT = 32
 
 
 def build_forward_loss(
-    train_model: nn.Module, cfg: TrainConfig, device: torch.device, soft_targets: bool
+    train_model: nn.Module,
+    cfg: TrainConfig,
+    device: torch.device,
+    soft_targets: bool,
+    teacher: CnnTeacher | None = None,
 ) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """(images (B, 3, H, W), targets) -> (logits (B, K), loss): the forward pass under --amp's
     autocast and the loss, on soft targets (B, K) where MixUp/CutMix mixes, else on labels (B,)
-    with label smoothing. With --compile, model and loss are one compiled graph (and its
-    backward), in --compile-mode: reduce-overhead replays them as CUDA graphs on a GPU."""
+    with label smoothing; with a `teacher`, that loss and the teacher's on the same images
+    (`distillation.distillation_loss`). With --compile, model, teacher and loss are one
+    compiled graph (and its backward), in --compile-mode: reduce-overhead replays them as CUDA
+    graphs on a GPU."""
 
     # --graph-step captures this function: without autocast's cache, the weights' casts are
     # kernels of the graph, made again at each replay from the weights as they are then, never
@@ -304,6 +348,17 @@ def build_forward_loss(
                 loss = soft_target_cross_entropy(logits.float(), targets)
             else:
                 loss = F.cross_entropy(logits.float(), targets, label_smoothing=cfg.label_smoothing)
+            if teacher is not None:
+                with torch.no_grad():
+                    teacher_logits = teacher(images).float()  # (B, K)
+                loss = distillation_loss(
+                    logits.float(),
+                    teacher_logits,
+                    loss,
+                    kind=cfg.distillation_type,
+                    alpha=cfg.distillation_alpha,
+                    tau=cfg.distillation_tau,
+                )
         return logits, loss
 
     if not cfg.compile:
@@ -349,6 +404,9 @@ class Run:
     update: UpdateGraph | None = None
     # --graph-step: forward, backward and `update` as one graph
     step: StepGraph | None = None
+    # --distillation-type: the frozen teacher, and what is known of it (epochs, test top-1)
+    teacher: CnnTeacher | None = None
+    teacher_facts: dict | None = None
 
 
 def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: CheckpointSaver) -> Run:
@@ -377,6 +435,7 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
     )
     if cfg.head_init == "probe" and not cfg.resume:  # a resumed run's head is in its state
         init_head_by_probe(cfg, model, train_set, test_loader, info=info, device=device)
+    teacher, teacher_facts = make_teacher(cfg, train_set, test_loader, model, info, device)
     state = build_training_state(
         cfg, model, steps_per_epoch=len(train_loader), device=device, info=info
     )
@@ -384,7 +443,9 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
         resume(saver, state, cfg, info)
     train_model = wrap_model(model, cfg, info, device)
     mixup = build_mixup(cfg, train_set.num_classes)
-    forward_loss = build_forward_loss(train_model, cfg, device, soft_targets=mixup is not None)
+    forward_loss = build_forward_loss(
+        train_model, cfg, device, soft_targets=mixup is not None, teacher=teacher
+    )
     update = build_update(cfg, state)  # after resume: it holds the loaded state's tensors
     return Run(
         cfg=cfg,
@@ -400,6 +461,8 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
         num_images=len(train_set),
         update=update,
         step=build_step(cfg, forward_loss, model, update),
+        teacher=teacher,
+        teacher_facts=teacher_facts,
     )
 
 

@@ -35,6 +35,7 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.csv"
 LAST_WEIGHTS, BEST_WEIGHTS = "model.safetensors", "best.safetensors"
 CURVES_FILE, TENSORBOARD_DIR = "curves.png", "tensorboard"
+TEACHER_FILE = "teacher.safetensors"  # --distillation-type's teacher (vit.training.distillation)
 # What a run folder holds once a run wrote into it (evaluate.py adds eval-DATA/ folders).
 RUN_FILES = (
     CONFIG_FILE,
@@ -44,6 +45,7 @@ RUN_FILES = (
     STATE_FILE,
     LAST_WEIGHTS,
     BEST_WEIGHTS,
+    TEACHER_FILE,
 )
 METRIC_KEYS = (
     "epoch",

@@ -33,7 +33,15 @@ from ..inference.evaluation import evaluate
 from ..utils import locks, process_group
 from ..utils.process_group import DistInfo
 from .build import Run, build_schedule, default_run_dir, start, start_run_dir
-from .checkpoint import CONFIG_FILE, STATE_FILE, CheckpointSaver, TrainingState, save_yaml
+from .checkpoint import (
+    CONFIG_FILE,
+    STATE_FILE,
+    TEACHER_FILE,
+    CheckpointSaver,
+    TrainingState,
+    save_yaml,
+)
+from .distillation import save_teacher
 from .errors import START_ERRORS, NonFiniteLossError, TrainingError, TrainingInterrupted
 from .run_log import RunLog
 from .settings import (
@@ -114,6 +122,8 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
         if info.is_main:  # everything is ready, on every process: the run folder can be written
             start_run_dir(run_dir, cfg, overwrite)
             started = True
+            if run.teacher is not None and not cfg.resume:  # what --resume distils from
+                save_teacher(run.teacher, run_dir / TEACHER_FILE, run.teacher_facts)
         split = evaluation_split(cfg)
         log = RunLog(run_dir, info, cfg.epochs, start_epoch=run.state.epoch, split=split)
         try:

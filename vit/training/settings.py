@@ -120,6 +120,13 @@ class TrainConfig:
     mixup_switch_prob: float = setting(0.5, "augmentation", "probability of CutMix rather than MixUp when both are on")
     mixup_off_epoch: int = setting(0, "augmentation", "train the epochs from this one on (counted from 0, as timm's flag) without MixUp/CutMix; 0: mix to the end")
 
+    distillation_type: str = setting("none", "distillation", "learn from a teacher's predictions of each augmented image as well as from the labels (DeiT): hard takes the teacher's class as a second label, soft its probabilities at --distillation-tau; the teacher, a small CNN, is trained first in the same command (or read from --teacher-path); the ViT trained is the plain model all the same", choices=("none", "soft", "hard"))
+    distillation_alpha: float = setting(0.5, "distillation", "the teacher's share of the loss: (1 - ALPHA) x the labels' + ALPHA x the teacher's (DeiT's 0.5)", metavar="ALPHA")
+    distillation_tau: float = setting(1.0, "distillation", "soft distillation's temperature")
+    teacher_path: str | None = setting(None, "distillation", "the teacher's weights: a teacher.safetensors an earlier run wrote (default: train one for --teacher-epochs)", metavar="PATH")
+    teacher_epochs: int = setting(20, "distillation", "epochs the teacher trains over the training images (pad-crop and flips; SGD, one cycle) before the ViT's first step", metavar="N")
+    teacher_width: int = setting(64, "distillation", "the teacher's channels in its first stage (its later two stages double them each; 64: 1.19M parameters)", metavar="W")
+
     seed: int = setting(0, "run", "random seed")
     threads: int | None = setting(None, "run", "PyTorch threads per process (default: torch's own choice)")
     eval_interval: int = setting(1, "run", "evaluate every N epochs and after the last")
@@ -198,6 +205,10 @@ LIMITS: dict[str, Range] = {
     "mixup_prob": PROBABILITY,
     "mixup_switch_prob": PROBABILITY,
     "mixup_off_epoch": AT_LEAST_0,
+    "distillation_alpha": PROBABILITY,
+    "distillation_tau": POSITIVE,
+    "teacher_epochs": AT_LEAST_1,
+    "teacher_width": AT_LEAST_1,
     "threads": AT_LEAST_1,
     "eval_interval": AT_LEAST_1,
     "checkpoint_interval": AT_LEAST_1,

@@ -1,0 +1,209 @@
+"""--distillation-type: the CNN teacher, its loss, its training before the ViT's, and the run
+folder's teacher.safetensors that --resume and --teacher-path read."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_resumes_exactly, tiny_train_args
+from safetensors.torch import load_file
+
+import vit
+from vit.data.batch_pipeline import InMemoryBatches
+from vit.models.cnn_teacher import CnnTeacher
+from vit.training.build import build_forward_loss
+from vit.training.distillation import (
+    distillation_loss,
+    load_teacher,
+    save_teacher,
+    train_teacher,
+)
+from vit.training.settings import TrainConfig
+from vit.utils.process_group import DistInfo
+
+# a teacher of 4 channels trained 3 epochs: seconds on a CPU
+TEACHER = ("--distillation-type", "hard", "--teacher-width", "4", "--teacher-epochs", "3")
+
+
+def test_the_teacher_maps_images_of_any_multiple_of_8_to_logits():
+    teacher = CnnTeacher(num_classes=7, width=8)
+    assert teacher(torch.randn(2, 3, 32, 32)).shape == (2, 7)
+    assert teacher(torch.randn(1, 3, 48, 40)).shape == (1, 7)
+    # the docstring's count at width 64: convs (no bias), norms, head
+    assert sum(p.numel() for p in CnnTeacher(10, width=64).parameters()) == 1_185_866
+
+
+def test_hard_distillation_takes_the_teachers_class_as_a_second_label():
+    torch.manual_seed(0)
+    logits, teacher_logits = torch.randn(6, 5), torch.randn(6, 5)
+    base = torch.tensor(1.7)
+    loss = distillation_loss(logits, teacher_logits, base, kind="hard", alpha=0.25)
+    by_hand = 0.75 * 1.7 + 0.25 * F.cross_entropy(logits, teacher_logits.argmax(1))
+    assert torch.allclose(loss, by_hand)
+    assert distillation_loss(logits, teacher_logits, base, kind="hard", alpha=0.0) == base
+
+
+def test_soft_distillation_is_tau_squared_times_the_kl_divergence_per_image():
+    torch.manual_seed(0)
+    logits, teacher_logits = torch.randn(4, 3), torch.randn(4, 3)
+    tau = 2.0
+    p_teacher = F.softmax(teacher_logits / tau, dim=1)
+    kl = (p_teacher * (p_teacher.log() - F.log_softmax(logits / tau, dim=1))).sum(1).mean()
+    loss = distillation_loss(
+        logits, teacher_logits, torch.tensor(0.0), kind="soft", alpha=1.0, tau=tau
+    )
+    assert torch.allclose(loss, tau**2 * kl)
+    # a student that agrees with its teacher has nothing to learn from it
+    same = distillation_loss(logits, logits, torch.tensor(0.5), kind="soft", alpha=0.5, tau=tau)
+    assert torch.allclose(same, torch.tensor(0.25), atol=1e-6)
+    with pytest.raises(ValueError, match="'hard' or 'soft'"):
+        distillation_loss(logits, logits, torch.tensor(0.0), kind="none", alpha=0.5)
+
+
+def test_the_forward_loss_adds_the_frozen_teachers_loss_on_the_same_images():
+    torch.manual_seed(0)
+    model = vit.create_model(
+        "vit_cifar_patch4_32", embed_dim=32, depth=1, num_heads=2, num_classes=4
+    )
+    teacher = CnnTeacher(num_classes=4, width=4).eval().requires_grad_(False)
+    cfg = TrainConfig(distillation_type="hard", distillation_alpha=0.5, label_smoothing=0.0)
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 4, (8,))
+    forward_loss = build_forward_loss(model, cfg, torch.device("cpu"), False, teacher=teacher)
+    logits, loss = forward_loss(images, labels)
+    expected = 0.5 * F.cross_entropy(logits, labels) + 0.5 * F.cross_entropy(
+        logits, teacher(images).argmax(1)
+    )
+    assert torch.allclose(loss, expected)
+    loss.backward()
+    assert all(p.grad is None for p in teacher.parameters())  # the teacher learns nothing
+    assert model.head.weight.grad.abs().sum() > 0
+
+
+def coloured_images(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(count, 32, 32, 3) uint8 noise whose label (0-2) is its strongest colour channel."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 3, count)
+    images = rng.integers(0, 110, (count, 32, 32, 3)).astype(np.uint8)
+    images[np.arange(count), :, :, labels] += 120
+    return images, labels
+
+
+def test_a_teacher_trained_a_few_epochs_learns_the_images_and_ends_frozen():
+    torch.manual_seed(0)
+    images, labels = coloured_images(256)
+    loader = InMemoryBatches(images, labels, batch_size=32, mean=(0.5,) * 3, std=(0.25,) * 3)
+    teacher = CnnTeacher(num_classes=3, width=4)
+    loss = train_teacher(
+        teacher, loader, epochs=3, device=torch.device("cpu"), amp=False, amp_dtype="bfloat16",
+        info=DistInfo(),
+    )  # fmt: skip
+    assert loss < 0.9  # chance is log(3) = 1.10; the floor of label smoothing 0.2 ~0.47
+    held, held_labels = coloured_images(96, seed=1)
+    batch = (torch.from_numpy(held).permute(0, 3, 1, 2) / 255 - 0.5) / 0.25
+    accuracy = (teacher(batch).argmax(1).numpy() == held_labels).mean()
+    assert accuracy > 0.9
+    assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+
+
+def test_a_saved_teacher_loads_as_it_was_and_a_wrong_file_is_named(tmp_path):
+    torch.manual_seed(0)
+    teacher = CnnTeacher(num_classes=3, width=4).eval()
+    save_teacher(teacher, tmp_path / "teacher.safetensors", {"epochs": 2})
+    loaded, facts = load_teacher(tmp_path / "teacher.safetensors", num_classes=3)
+    images = torch.randn(2, 3, 32, 32)
+    assert torch.equal(loaded(images), teacher(images)) and facts["epochs"] == 2
+    with pytest.raises(ValueError, match="a teacher of 3 classes, and the data has 10"):
+        load_teacher(tmp_path / "teacher.safetensors", num_classes=10)
+    with pytest.raises(ValueError, match="no such file"):
+        load_teacher(tmp_path / "missing.safetensors", num_classes=3)
+    student = vit.create_model(
+        "vit_cifar_patch4_32", embed_dim=32, depth=1, num_heads=2, num_classes=3
+    )
+    vit.save_weights(student, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="no teacher's metadata"):
+        load_teacher(tmp_path / "model.safetensors", num_classes=3)
+
+
+def test_train_py_distils_into_a_plain_vit_and_resumes_exactly(
+    train_script, monkeypatch, tmp_path, image_folder
+):
+    reference = assert_resumes_exactly(train_script, monkeypatch, tmp_path, image_folder, *TEACHER)
+    model = vit.load_model(reference / "model.safetensors")  # the student alone, a plain ViT
+    assert type(model) is vit.VisionTransformer
+    assert (reference / "teacher.safetensors").is_file()
+    # without distillation the same seed ends elsewhere: the teacher's loss trained it
+    plain = tmp_path / "plain"
+    assert train_script.main(tiny_train_args(image_folder, plain, 2)) == 0
+    ours, theirs = (
+        load_file(reference / "model.safetensors"),
+        load_file(plain / "model.safetensors"),
+    )
+    assert not torch.equal(ours["head.weight"], theirs["head.weight"])
+
+
+def test_a_teacher_read_from_teacher_path_teaches_as_the_one_trained_in_the_run(
+    train_script, tmp_path, image_folder
+):
+    trained = tmp_path / "trained"
+    assert train_script.main(tiny_train_args(image_folder, trained, 2, *TEACHER)) == 0
+    read = tmp_path / "read"
+    flags = ("--distillation-type", "hard", "--teacher-path", str(trained / "teacher.safetensors"))
+    assert train_script.main(tiny_train_args(image_folder, read, 2, *flags)) == 0
+    # training the teacher took none of the student's random draws: the same student
+    ours, theirs = load_file(read / "model.safetensors"), load_file(trained / "model.safetensors")
+    assert all(torch.equal(ours[k], theirs[k]) for k in theirs)
+
+
+def test_a_teacher_path_that_is_no_teacher_stops_with_one_line(
+    train_script, tmp_path, image_folder, capsys
+):
+    flags = ("--distillation-type", "soft", "--teacher-path", str(tmp_path / "nothing.safetensors"))
+    assert train_script.main(tiny_train_args(image_folder, tmp_path / "run", 1, *flags)) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("train.py: error: --teacher-path") and "no such file" in err[-1]
+    assert not (tmp_path / "run").exists()  # a failed start writes nothing
+
+
+def test_two_processes_train_one_teacher_and_resume_against_it(tmp_path, image_folder):
+    """Under torchrun each process trains the teacher on its share of the images (DDP), then
+    takes rank 0's batch-norm statistics; rank 0 saves it, and a resumed run reads it."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    run = tmp_path / "ddp"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node"]
+    args = tiny_train_args(image_folder, run, 1, *TEACHER, "--batch-size", "4")
+    for command in (
+        [*torchrun, "2", str(root / "train.py"), *args],
+        [*torchrun, "2", str(root / "train.py"), "--resume", str(run), "--epochs", "2"],
+    ):
+        done = subprocess.run(command, env=env, capture_output=True, timeout=300)
+        assert done.returncode == 0, done.stderr.decode()[-3000:]
+    facts = load_teacher(run / "teacher.safetensors", num_classes=3)[1]
+    assert facts["epochs"] == 3 and 0 <= facts["test_top1"] <= 1
+    assert len(_rows(run)) == 2  # the resumed epoch, after the first
+
+
+def _rows(run: Path) -> list[dict]:
+    with open(run / "metrics.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_a_run_whose_teacher_is_gone_is_not_resumed_against_another(
+    train_script, tmp_path, image_folder, capsys
+):
+    run = tmp_path / "run"
+    assert train_script.main(tiny_train_args(image_folder, run, 1, *TEACHER)) == 0
+    (run / "teacher.safetensors").unlink()
+    state = (run / "training_state.pt").read_bytes()
+    assert train_script.main(["--resume", str(run), "--epochs", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"train.py: error: --resume {run}") and "teacher.safetensors" in err
+    assert (run / "training_state.pt").read_bytes() == state  # the run is left as it was

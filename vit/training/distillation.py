@@ -1,0 +1,273 @@
+"""Distillation from a CNN teacher: `--distillation-type hard|soft` (DeiT, Touvron et al. 2021).
+
+The teacher (`vit.models.cnn_teacher.CnnTeacher`) is trained first, from scratch, on the run's
+training images (pad-crop and flips, nothing else: a CNN needs no more for a few epochs), in
+the same command and within its --time-budget; or read from --teacher-path. It is saved in the
+run folder (`teacher.safetensors`), so that --resume learns from the very teacher the run began
+with. Then every training step asks it, frozen, for its logits on the step's own images
+(augmented and mixed as the student sees them: DeiT's, and Beyer et al. 2022's "consistent
+teaching") and the student's loss becomes
+
+    (1 - alpha) * loss(student, labels) + alpha * distill(student, teacher)
+
+    hard:  cross-entropy with the teacher's class as the label (DeiT's hard distillation, its
+           best; here through the one head, without DeiT's distillation token: the student
+           stays the plain ViT)
+    soft:  tau^2 * KL(softmax(teacher / tau) || softmax(student / tau)), per image (Hinton et
+           al. 2015)
+
+Nothing of the teacher is in the student's weights: model.safetensors and best.safetensors are
+the plain ViT, and evaluate.py, predict and export read them as any other.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch.nn.parallel import DistributedDataParallel
+
+from ..inference.evaluation import evaluate
+from ..inference.precision import autocast
+from ..models.cnn_teacher import CnnTeacher
+from ..utils.files import atomic_write
+from ..utils.process_group import DistInfo
+from .checkpoint import TEACHER_FILE
+from .settings import TrainConfig
+
+logger = logging.getLogger("vit")
+
+METADATA_KEY = "vit.teacher"
+
+# The teacher's own recipe, fixed: SGD with Nesterov momentum, a learning rate rising linearly
+# over the first fifth of the steps and falling linearly to 0 (the DAWNBench CIFAR-10 ResNets'
+# one cycle), 0.4 for batches of 512 and in proportion to the batch size, weight decay on the
+# convolutions' and the head's weights, label smoothing 0.2.
+TEACHER_LR_PER_512 = 0.4
+TEACHER_MOMENTUM = 0.9
+TEACHER_WEIGHT_DECAY = 5e-4
+TEACHER_WARMUP = 0.2
+TEACHER_LABEL_SMOOTHING = 0.2
+
+
+def distillation_loss(
+    logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    base_loss: torch.Tensor,
+    *,
+    kind: str,
+    alpha: float,
+    tau: float = 1.0,
+) -> torch.Tensor:
+    """(1 - alpha) * base_loss + alpha * the loss of `logits` (B, K) against `teacher_logits`
+    (B, K), per `kind` ("hard" or "soft"; see the module's notes). float32 in, float32 out."""
+    if kind == "hard":
+        distill = F.cross_entropy(logits, teacher_logits.argmax(dim=1))
+    elif kind == "soft":
+        distill = F.kl_div(
+            F.log_softmax(logits / tau, dim=1),
+            F.log_softmax(teacher_logits / tau, dim=1),
+            reduction="batchmean",
+            log_target=True,
+        ) * (tau * tau)  # the gradients' size kept as tau changes (Hinton et al.)
+    else:
+        raise ValueError(f"distillation kind must be 'hard' or 'soft', got {kind!r}")
+    return (1.0 - alpha) * base_loss + alpha * distill
+
+
+def teacher_loader_settings(cfg: TrainConfig) -> TrainConfig:
+    """The run's settings for the teacher's training batches: its crop and flips, none of
+    RandAugment, erasing, repeats or resizing (MixUp/CutMix are the loop's, not the loader's)."""
+    return replace(
+        cfg, aa="none", reprob=0.0, aug_repeats=0, augment_batches=1, progressive_size=None
+    )
+
+
+def train_teacher(
+    teacher: CnnTeacher,
+    loader,
+    *,
+    epochs: int,
+    device: torch.device,
+    amp: bool,
+    amp_dtype: str,
+    info: DistInfo,
+) -> float:
+    """Train `teacher` in place for `epochs` over `loader` (an EpochDataLoader or
+    InMemoryBatches of (images (B, 3, H, W), labels (B,))), every process its share under DDP;
+    returns the last epoch's mean training loss. Leaves it in eval mode, frozen, with rank 0's
+    batch-norm statistics on every process."""
+    model = (
+        DistributedDataParallel(teacher, device_ids=device_ids(device)) if info.enabled else teacher
+    )
+    decayed = [p for p in teacher.parameters() if p.ndim > 1]  # conv and head weights
+    others = [p for p in teacher.parameters() if p.ndim <= 1]  # norms' scales and shifts, biases
+    peak = TEACHER_LR_PER_512 * loader.batch_size / 512
+    optimizer = torch.optim.SGD(
+        [{"params": decayed, "weight_decay": TEACHER_WEIGHT_DECAY}, {"params": others}],
+        lr=peak,
+        momentum=TEACHER_MOMENTUM,
+        nesterov=True,
+        weight_decay=0.0,
+    )
+    total = epochs * len(loader)
+    warmup = max(1, round(TEACHER_WARMUP * total))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min((step + 1) / warmup, (total - step) / (total - warmup + 1))
+    )
+    teacher.train()
+    loss_sum = torch.zeros((), device=device)
+    for epoch in range(epochs):
+        began = time.perf_counter()
+        loader.set_epoch(epoch)
+        loss_sum.zero_()
+        for images, labels in loader:
+            images = images.to(device, non_blocking=True)
+            labels = labels.to(device, non_blocking=True)
+            with autocast(device, amp, amp_dtype):
+                logits = model(images)  # (B, K)
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=TEACHER_LABEL_SMOOTHING)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            loss_sum += loss.detach()
+        if info.is_main:
+            logger.info(
+                "teacher epoch %d/%d: train loss %.4f, %.1f s",
+                epoch + 1,
+                epochs,
+                loss_sum.item() / len(loader),
+                time.perf_counter() - began,
+            )
+    if info.enabled:  # each process's norms saw its own share of the images: take rank 0's
+        for buffer in teacher.buffers():
+            torch.distributed.broadcast(buffer, src=0)
+    freeze(teacher)
+    return loss_sum.item() / max(1, len(loader))
+
+
+def device_ids(device: torch.device) -> list[int] | None:
+    return [device.index] if device.type == "cuda" else None
+
+
+def freeze(teacher: CnnTeacher) -> CnnTeacher:
+    """Eval mode (batch norm from its running statistics) and no gradients: a teacher."""
+    teacher.eval()
+    teacher.requires_grad_(False)
+    return teacher
+
+
+def save_teacher(teacher: CnnTeacher, path: Path, facts: dict) -> None:
+    """The teacher's weights, with its architecture and `facts` (epochs, test top-1) in the
+    file's metadata; atomic."""
+    metadata = {"num_classes": teacher.num_classes, "width": teacher.width, **facts}
+    tensors = {k: v.detach().cpu().contiguous() for k, v in teacher.state_dict().items()}
+    atomic_write(
+        path, lambda tmp: save_file(tensors, str(tmp), {METADATA_KEY: json.dumps(metadata)})
+    )
+
+
+def load_teacher(path: str | Path, num_classes: int) -> tuple[CnnTeacher, dict]:
+    """(the teacher in `path`, frozen, on the CPU; its metadata). ValueError, naming the file,
+    for one that is not a teacher this run can use."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"--teacher-path {path}: no such file; give a {TEACHER_FILE} a run wrote")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = json.loads((f.metadata() or {}).get(METADATA_KEY, "null"))
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
+    except Exception as e:  # safetensors' own errors name no file
+        raise ValueError(f"--teacher-path {path}: not a safetensors file ({e})") from None
+    if not isinstance(metadata, dict):
+        raise ValueError(
+            f"--teacher-path {path}: no teacher's metadata ({METADATA_KEY}) in the file; give "
+            f"a {TEACHER_FILE} that a run with --distillation-type wrote"
+        )
+    if metadata["num_classes"] != num_classes:
+        raise ValueError(
+            f"--teacher-path {path}: a teacher of {metadata['num_classes']} classes, and the "
+            f"data has {num_classes}; give a teacher trained on these classes"
+        )
+    teacher = CnnTeacher(num_classes, width=metadata["width"])
+    teacher.load_state_dict(tensors)
+    return freeze(teacher), metadata
+
+
+def build_teacher(
+    cfg: TrainConfig,
+    *,
+    num_classes: int,
+    train_loader,
+    test_loader,
+    info: DistInfo,
+    device: torch.device,
+) -> tuple[CnnTeacher, dict]:
+    """The run's teacher on `device`, frozen, with its facts: the run folder's own on --resume,
+    else --teacher-path's, else a CnnTeacher of --teacher-width trained for --teacher-epochs
+    over `train_loader` (the teacher's batches: `teacher_loader_settings`); the last two
+    evaluated on `test_loader` (its top-1 logged and kept in the facts)."""
+    if cfg.resume:
+        saved = Path(cfg.resume) / TEACHER_FILE
+        if not saved.is_file():
+            raise ValueError(
+                f"--resume {cfg.resume}: the run distils from a teacher and its {TEACHER_FILE} "
+                f"is missing; the run cannot continue against the same teacher"
+            )
+        teacher, facts = load_teacher(saved, num_classes)
+        log_teacher(teacher, facts, f"from {saved}", info)
+        return teacher.to(device), facts
+    if cfg.teacher_path is not None:
+        teacher, facts = load_teacher(cfg.teacher_path, num_classes)
+        teacher, where = teacher.to(device), f"from {cfg.teacher_path}"
+    else:
+        # The teacher's initial weights from a generator of its own: the student's stream of
+        # draws (stochastic depth, MixUp) stays what it is in the same run without a teacher.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed + 1)
+            teacher = CnnTeacher(num_classes, width=cfg.teacher_width)
+        teacher = teacher.to(device, memory_format=torch.channels_last)
+        began = time.perf_counter()
+        train_loss = train_teacher(
+            teacher,
+            train_loader,
+            epochs=cfg.teacher_epochs,
+            device=device,
+            amp=cfg.amp,
+            amp_dtype=cfg.amp_dtype,
+            info=info,
+        )
+        seconds = time.perf_counter() - began
+        facts = {"epochs": cfg.teacher_epochs, "train_loss": train_loss, "train_seconds": seconds}
+        where = f"trained here, {cfg.teacher_epochs} epochs in {seconds:.1f} s"
+    scores = evaluate(
+        teacher,
+        test_loader,
+        num_classes=num_classes,
+        device=device,
+        amp=cfg.amp,
+        amp_dtype=cfg.amp_dtype,
+    )
+    facts["test_top1"] = scores["top1"]
+    log_teacher(teacher, facts, where, info)
+    return teacher, facts
+
+
+def log_teacher(teacher: CnnTeacher, facts: dict, where: str, info: DistInfo) -> None:
+    """One line: the teacher, where it comes from, its top-1 on the run's evaluation images."""
+    if info.is_main:
+        logger.info(
+            "teacher: CnnTeacher of width %d (%.2fM parameters), %s: top-1 %.2f%%",
+            teacher.width,
+            sum(p.numel() for p in teacher.parameters()) / 1e6,
+            where,
+            100 * facts["test_top1"],
+        )
