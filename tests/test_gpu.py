@@ -28,6 +28,7 @@ from safetensors.torch import load_file
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit
+from vit.models.cnn_teacher import CnnTeacher
 from vit.training import build, engine
 from vit.training.settings import TrainConfig
 from vit.utils.process_group import DistInfo
@@ -196,8 +197,11 @@ def engine_run(device: torch.device, **settings) -> build.Run:
     state = build.build_training_state(cfg, model, steps_per_epoch=8, device=device, info=info)
     train_model = build.wrap_model(model, cfg, info, device)
     mixup = build.build_mixup(cfg, len(CLASSES))
+    teacher = None
+    if cfg.distillation_type != "none":  # a random teacher, drawn on the CPU: alike everywhere
+        teacher = CnnTeacher(len(CLASSES), width=4).to(device).eval().requires_grad_(False)
     forward_loss = build.build_forward_loss(
-        train_model, cfg, device, soft_targets=mixup is not None
+        train_model, cfg, device, soft_targets=mixup is not None, teacher=teacher
     )
     update = build.build_update(cfg, state)
     return build.Run(
@@ -480,6 +484,23 @@ def test_step_graph_takes_the_update_graphs_steps(device, opt):
             assert all(torch.equal(value, theirs[key]) for key, value in ours.items())
     assert losses["stepped"] == pytest.approx(losses["updated"], rel=1e-4)
     assert_the_same_steps(updated.state, stepped.state)
+
+
+@pytest.mark.parametrize("kind", ["hard", "soft"])
+def test_step_graph_takes_the_teacher_into_its_graph(device, kind):
+    """--distillation-type: the frozen teacher's forward pass is part of the step (a CUDA
+    graph's on a GPU), and the step takes --graph-update's steps with it (on the CPU to the
+    bit); the teacher's loss changes the steps (a teacher left out would not)."""
+    settings = dict(opt="muon", model_ema=True, amp=True, distillation_type=kind)
+    updated = engine_run(device, **settings, graph_update=True)
+    stepped = engine_run(device, **settings, graph_step=True)
+    losses = {"updated": train_steps(updated, 4), "stepped": train_steps(stepped, 4)}
+    assert (stepped.step.captured is not None) is (device.type == "cuda")
+    if device.type == "cpu":
+        assert losses["stepped"] == losses["updated"]
+    assert losses["stepped"] == pytest.approx(losses["updated"], rel=1e-4)
+    plain = engine_run(device, **{**settings, "distillation_type": "none"}, graph_step=True)
+    assert train_steps(plain, 4) != pytest.approx(losses["stepped"], rel=1e-3)
 
 
 @pytest.mark.skipif(not CUDA, reason=NO_CUDA)
