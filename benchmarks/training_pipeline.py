@@ -140,6 +140,10 @@ def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
         "data_wait_share": statistics.median(waits),
         # the first epoch's seconds: a timed epoch's and what compiling and capturing cost once
         "warm_up_seconds": warm_up_seconds,
+        # --distillation-type: the seconds its teacher trained before the first step, over
+        # this row's training images (a run of the whole split takes about as many times more)
+        "teacher_seconds": (run.teacher_facts or {}).get("train_seconds", 0.0),
+        "train_images": run.num_images,
         "train_loss": losses[-1],  # finite and falling where the step trains
         # whether the step's and the update's graphs were captured (None: not asked for, or
         # a CPU, which has none); a refused capture leaves the row timing the uncaptured steps

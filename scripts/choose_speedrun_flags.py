@@ -8,8 +8,8 @@ then trains the seeds with what this prints, in the same call (a device machine 
 Of the rows that train the recipe (configs/cifar10_gpu_speedrun.yaml, with settings of their own
 after a colon, the YAML's model), finished with a finite loss near the others' (LOSS_SPREAD of the
 median of three or more of one batch size), it takes the one that trains the most images inside the
-recipe's time budget: its images/s times the seconds left once the start (STARTUP_S) and its first
-epoch's compiling and capturing are paid. So a row without compilation wins where its slower step
+recipe's time budget: its images/s times the seconds left once the start (STARTUP_S), its first
+epoch's compiling and capturing and, with --distillation-type, its teacher's training are paid. So a row without compilation wins where its slower step
 still trains more images in the seconds the compiler would take, and a larger batch where it buys
 more images (on the CPU proxy twice the batch cost 0.19 points at the same epochs, and twice the
 epochs gained 1.2: docs/gpu.md). The row's settings become train.py flags; at several times the
@@ -120,8 +120,11 @@ def trains_otherwise(candidates: list[dict]) -> dict[int, str]:
 
 
 def images_in_budget(row: dict, budget: float) -> float:
-    """The training images a run of `row`'s pipeline fits in `budget` seconds."""
-    training_seconds = budget - STARTUP_S - row.get("warm_up_seconds", 0.0)
+    """The training images a run of `row`'s pipeline fits in `budget` seconds: after the start,
+    its first epoch, and (--distillation-type) its teacher's training, which the row timed over
+    its own images and a run does over all TRAIN_IMAGES."""
+    teacher = row.get("teacher_seconds", 0.0) * TRAIN_IMAGES / row.get("train_images", TRAIN_IMAGES)
+    training_seconds = budget - STARTUP_S - row.get("warm_up_seconds", 0.0) - teacher
     return row["images_per_s"] * max(0.0, training_seconds)
 
 

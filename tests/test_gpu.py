@@ -1698,6 +1698,9 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     assert fast["flags"][-7:] == [
         "--mimetic-init", "--patch-embed-init", "default", "--aa-n", "3", "--reprob", "0.25",
     ]  # fmt: skip
+    # a teacher that trained 4 s over a fifth of the images takes 20 s of a whole run's budget
+    taught = pipeline_row("graph_step=true", 40_000, 45.0, teacher_seconds=4.0, train_images=10_000)
+    assert chooser.choose({"rows": [taught]}, RECIPE_TIMES)["expected_images"] == 40_000 * 205
     slower = pipeline_row("graph_step=true", 39_000, 45.0)  # 175.5 epochs: none of them
     assert "--aa-n" not in chooser.choose({"rows": [slower]}, RECIPE_TIMES)["flags"]
 
