@@ -9,17 +9,17 @@ Of the rows that train the recipe (configs/cifar10_gpu_speedrun.yaml, with setti
 after a colon, the YAML's model), finished with a finite loss near the others' (LOSS_SPREAD of the
 median of three or more of one batch size), it takes the one that trains the most images inside the
 recipe's time budget: its images/s times the seconds left once the start (STARTUP_S), its first
-epoch's compiling and capturing and, with --distillation-type, its teacher's training are paid.
-So a row without compilation wins where its slower step still trains more images in the seconds
-the compiler would take, and a larger batch where it buys more images (on the CPU proxy twice the batch cost 0.19 points at the same epochs, and twice the
-epochs gained 1.2: docs/gpu.md). The row's settings become train.py flags; at several times the
-recipe's epochs the evaluations and checkpoints are spaced out to keep about EVALUATIONS of each a
-run (0.4 s and 0.2 s each on an H200), and from MIMETIC_FROM_EPOCHS epochs on the run starts with
-mimetic initialisation, which pays with passes (and timm's patch embedding, not the recipe's
-whitened one: the two together ended level with mimetic alone), and more augmentation of the
-images, which pays where the passes are many. Seeds side by side where the chosen step leaves the
-GPU idle most of the time (busy under TOGETHER_BELOW of it), one after the other where it does not:
-the goal's runs are timed alone.
+epoch's compiling and capturing and, with --distillation-type, its teacher's training are paid. So a
+row without compilation wins where its slower step still trains more images in the seconds the
+compiler would take, and a larger batch where it buys more images (on the CPU proxy twice the batch
+cost 0.19 points at the same epochs, and twice the epochs gained 1.2: docs/gpu.md). The row's
+settings become train.py flags; at several times the recipe's epochs the evaluations and checkpoints
+are spaced out to keep about EVALUATIONS of each a run (0.4 s and 0.2 s each on an H200), and from
+MIMETIC_FROM_EPOCHS epochs on the run starts with mimetic initialisation, which pays with passes
+(and timm's patch embedding, not the recipe's whitened one: the two together ended level with
+mimetic alone), and more augmentation of the images, which pays where the passes are many. Seeds
+side by side where the chosen step leaves the GPU idle most of the time (busy under TOGETHER_BELOW
+of it), one after the other where it does not: the goal's runs are timed alone.
 
 Prints two lines: 1 (side by side) or 0 (one after the other), then the flags (an empty line: the
 recipe as it is); the reasons and every row's figures on stderr. Exit status 2 when no row
