@@ -42,7 +42,11 @@ pytestmark = pytest.mark.gpu
 # The model of the engine-level tests: the CIFAR geometry, small enough for seconds on a CPU;
 # head dim 32, which the flash and memory-efficient kernels take.
 TINY = dict(img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=2, num_classes=3)
-TINY_KWARGS = ("--model-kwargs", "depth=2", "embed_dim=64", "num_heads=2")
+# the model's size, and (for the speedrun's recipe, which distils) a teacher of seconds
+TINY_KWARGS = (
+    *("--teacher-width", "4", "--teacher-epochs", "1"),
+    *("--model-kwargs", "depth=2", "embed_dim=64", "num_heads=2"),
+)
 
 # bf16 autocast against the float32 reference, relative to the largest logit: bf16 keeps 8 bits
 # of mantissa (rounding 2^-9 = 2e-3 per operand); measured on this CPU with TINY: 4e-3 to
@@ -1330,6 +1334,25 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     )
     speedrun = train_script.parse_config(["--config", "configs/cifar10_gpu_speedrun.yaml"])
     assert speedrun.patch_embed_init == "whiten"  # the rows pin timm's: measured before it
+    # ... and no teacher, which the recipe took after them; the distillation rows are `whiten`
+    # with a teacher of their own, soft or hard, and at 50 epochs whiten-epochs50 with it
+    assert speedrun.distillation_type == "soft" and recipe.distillation_type == "none"
+    whitened = settings["whiten"]
+    for name, kind in (("whiten-distill-soft", "soft"), ("whiten-distill-hard", "hard")):
+        row = settings[name]
+        assert (row.distillation_type, row.teacher_width, row.teacher_epochs) == (kind, 32, 20)
+        same = dict(distillation_type="none", output_dir=whitened.output_dir)
+        assert dataclasses.replace(row, **same) == dataclasses.replace(whitened, teacher_width=32)
+    short = settings["whiten-distill-soft-epochs50"]
+    same = dict(
+        distillation_type="none",
+        teacher_width=64,
+        output_dir=settings["whiten-epochs50"].output_dir,
+    )
+    assert dataclasses.replace(short, **same) == settings["whiten-epochs50"]
+    longer_taught = settings["whiten-distill-soft-epochs50-teacher40"]
+    same = dict(teacher_epochs=20, output_dir=short.output_dir)
+    assert dataclasses.replace(longer_taught, **same) == short
     for name, init in (("adamw", False), ("adamw-mimetic", True)):
         row = settings[name]
         assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)
@@ -1541,7 +1564,8 @@ def test_gpu_check_speedrun_times_the_whole_command_and_records_every_epoch(imag
         image_folder,
         tmp_path,
         VIT_GPU_PIPELINE_ARGS="--images 24 --epochs 1 --shapes 64d-2L-2h-r2 --cache-dir none "
-        "--set compile=false graph_update=false threads=1 batch_size=8 workers=0",
+        "--set compile=false graph_update=false threads=1 batch_size=8 workers=0 teacher_width=4 "
+        "teacher_epochs=1",
         VIT_GPU_SEEDS="3",
         VIT_GPU_SPEEDRUN_ARGS=" ".join([*tiny, "--eval-interval", "1", heads_3]),
         VIT_GPU_FALLBACKS=" ".join(TINY_KWARGS),
@@ -1619,7 +1643,7 @@ def test_gpu_check_pipeline_stage_runs_the_benchmark_alone(image_folder, tmp_pat
         "pipeline",
         VIT_GPU_PIPELINE_ARGS="--configs configs/cifar10_gpu_speedrun.yaml --images 24 --epochs 1 "
         "--shapes 64d-2L-2h-r2 --cache-dir none --set compile=false graph_update=false "
-        "threads=1 batch_size=8",
+        "threads=1 batch_size=8 teacher_width=4 teacher_epochs=1",
     )
     assert done.returncode == 0, done.stdout[-3000:]
     assert "speedrun" not in records and not (tmp_path / "machine" / "speedrun-0").exists()
@@ -1752,7 +1776,8 @@ def test_gpu_check_speedrun_auto_measures_the_pipeline_then_trains_with_its_choi
         tmp_path,
         VIT_GPU_PIPELINE_ARGS=f"--configs {SPEEDRUN}:graph_update=false "
         f"{SPEEDRUN}:graph_step=true,compile=false --images 24 --epochs 1 --shapes config "
-        f"--cache-dir none --set compile=false threads=1 batch_size=8 model_kwargs={model}",
+        f"--cache-dir none --set compile=false threads=1 batch_size=8 teacher_width=4 "
+        f"teacher_epochs=1 model_kwargs={model}",
         VIT_GPU_SEEDS="0 1",
         VIT_GPU_FALLBACKS="",
         VIT_GPU_SPEEDRUN_ARGS=f"auto {tiny} {' '.join(TINY_KWARGS)}",
@@ -1762,7 +1787,15 @@ def test_gpu_check_speedrun_auto_measures_the_pipeline_then_trains_with_its_choi
     assert len(rows) == 2 and all(row["train_loss"] > 0 for row in rows)
     assert done.stdout.count("model config: batch 8") == 2  # measured once, two rows
     choice = records["speedrun_choice"]
-    best = max(rows, key=lambda row: row["images_per_s"] * (290 - 20 - row["warm_up_seconds"]))
+    # the recipe's teacher trained over the row's 24 images; a run's, over all 50,000
+    teacher = {row["config"]: row["teacher_seconds"] * 50_000 / row["train_images"] for row in rows}
+    assert all(row["teacher_seconds"] > 0 and row["train_images"] == 24 for row in rows)
+    best = max(
+        rows,
+        key=lambda row: (
+            row["images_per_s"] * (290 - 20 - row["warm_up_seconds"] - teacher[row["config"]])
+        ),
+    )
     assert choice["row"] == best["config"] and not choice["together"]
     expected = ["--no-graph-update"] if "graph_update" in best["config"] else ["--graph-step"]
     expected += ["--no-compile"] if "compile=false" in best["config"] else []
