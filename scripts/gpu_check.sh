@@ -49,7 +49,8 @@
 # final weights evaluated with --tta flip beside; a run that fails (not one its time box stops) is
 # tried again with each of VIT_GPU_FALLBACKS (default "--no-graph-step --compile-mode
 # reduce-overhead --no-graph-update;--no-graph-step --compile-mode default
-# --no-graph-update;--no-graph-step --no-compile --no-graph-update") added. Then
+# --no-graph-update;--no-graph-step --no-compile --no-graph-update;--no-graph-step --compile-mode
+# reduce-overhead --no-graph-update --distillation-type none") added. Then
 # benchmarks/training_pipeline.py (today's pipeline against the speedrun's, model by model:
 # images/s, ms per step, the GPU's busy share, the kernels and host operations that take the
 # epoch's time; VIT_GPU_PIPELINE_ARGS adds flags, e.g. "--configs
@@ -548,10 +549,13 @@ TTA_SECONDS=45  # what a seed's flip-TTA evaluation after its run is given (it t
 
 # the recipe without what was new in it last, one thing at a time: the step's or the update's
 # graph (back to the fifth run's way: reduce-overhead's graphs, the update eager), then CUDA
-# graphs, then compilation
+# graphs, then compilation; last the fifth run's way without the teacher (one that fails to
+# train fails every attempt above)
 DEFAULT_FALLBACKS="--no-graph-step --compile-mode reduce-overhead --no-graph-update"
 DEFAULT_FALLBACKS+=";--no-graph-step --compile-mode default --no-graph-update"
 DEFAULT_FALLBACKS+=";--no-graph-step --no-compile --no-graph-update"
+DEFAULT_FALLBACKS+=";--no-graph-step --compile-mode reduce-overhead --no-graph-update"
+DEFAULT_FALLBACKS+=" --distillation-type none"
 
 speedrun_seed() {  # speedrun_seed SEED [NAME]: the recipe's whole command, timed; TTA beside it
     # A run that fails (not one its time box stops) is tried again with each of
