@@ -18,7 +18,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from ..data.batch_pipeline import InMemoryBatches, InMemoryEvalBatches
@@ -310,10 +309,7 @@ def wrap_model(model: nn.Module, cfg: TrainConfig, info: DistInfo, device: torch
         # a step took 0.72x float32's time, against 1.30x with the fused path
         # (docs/cpu-experiments.md).
         model.set_fused_attn(False)
-    if info.enabled:
-        device_ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
-    return model
+    return process_group.distributed(model, info, device)
 
 
 # Graphs one run may compile: one per image size of progressive resizing (5 in the recipes)

@@ -32,11 +32,11 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
-from torch.nn.parallel import DistributedDataParallel
 
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
 from ..models.cnn_teacher import CnnTeacher
+from ..utils import process_group
 from ..utils.files import atomic_write
 from ..utils.process_group import DistInfo
 from .checkpoint import TEACHER_FILE
@@ -104,9 +104,7 @@ def train_teacher(
     InMemoryBatches of (images (B, 3, H, W), labels (B,))), every process its share under DDP;
     returns the last epoch's mean training loss. Leaves it in eval mode, frozen, with rank 0's
     batch-norm statistics on every process."""
-    model = (
-        DistributedDataParallel(teacher, device_ids=device_ids(device)) if info.enabled else teacher
-    )
+    model = process_group.distributed(teacher, info, device)
     decayed = [p for p in teacher.parameters() if p.ndim > 1]  # conv and head weights
     others = [p for p in teacher.parameters() if p.ndim <= 1]  # norms' scales and shifts, biases
     peak = TEACHER_LR_PER_512 * loader.batch_size / 512
@@ -152,10 +150,6 @@ def train_teacher(
             torch.distributed.broadcast(buffer, src=0)
     freeze(teacher)
     return loss_sum.item() / max(1, len(loader))
-
-
-def device_ids(device: torch.device) -> list[int] | None:
-    return [device.index] if device.type == "cuda" else None
 
 
 def freeze(teacher: CnnTeacher) -> CnnTeacher:

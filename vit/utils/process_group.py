@@ -81,6 +81,15 @@ def setup(info: DistInfo, device: torch.device) -> None:
         dist.init_process_group(backend, rank=info.rank, world_size=info.world_size)
 
 
+def distributed(module: torch.nn.Module, info: DistInfo, device: torch.device) -> torch.nn.Module:
+    """`module` DDP-wrapped under torchrun (its gradients averaged over the processes), else as
+    it is."""
+    if not info.enabled:
+        return module
+    device_ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
+
+
 def cleanup() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
