@@ -152,6 +152,12 @@ def train_teacher(
     return loss_sum.item() / max(1, len(loader))
 
 
+def on_device(teacher: CnnTeacher, device: torch.device) -> CnnTeacher:
+    """`teacher` on `device` in channels-last layout (the one convolutions run fastest in), the
+    same however the run got it: trained here, read for --resume or from --teacher-path."""
+    return teacher.to(device, memory_format=torch.channels_last)
+
+
 def freeze(teacher: CnnTeacher) -> CnnTeacher:
     """Eval mode (batch norm from its running statistics) and no gradients: a teacher."""
     teacher.eval()
@@ -169,26 +175,28 @@ def save_teacher(teacher: CnnTeacher, path: Path, facts: dict) -> None:
     )
 
 
-def load_teacher(path: str | Path, num_classes: int) -> tuple[CnnTeacher, dict]:
-    """(the teacher in `path`, frozen, on the CPU; its metadata). ValueError, naming the file,
-    for one that is not a teacher this run can use."""
+def load_teacher(
+    path: str | Path, num_classes: int, flag: str = "--teacher-path"
+) -> tuple[CnnTeacher, dict]:
+    """(the teacher in `path`, frozen, on the CPU; its metadata). ValueError, naming `flag` (what
+    gave the file) and the file, for one that is not a teacher this run can use."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--teacher-path {path}: no such file; give a {TEACHER_FILE} a run wrote")
+        raise ValueError(f"{flag} {path}: no such file; give a {TEACHER_FILE} a run wrote")
     try:
         with safe_open(str(path), framework="pt") as f:
             metadata = json.loads((f.metadata() or {}).get(METADATA_KEY, "null"))
             tensors = {key: f.get_tensor(key) for key in f.keys()}
     except Exception as e:  # safetensors' own errors name no file
-        raise ValueError(f"--teacher-path {path}: not a safetensors file ({e})") from None
+        raise ValueError(f"{flag} {path}: not a safetensors file ({e})") from None
     if not isinstance(metadata, dict):
         raise ValueError(
-            f"--teacher-path {path}: no teacher's metadata ({METADATA_KEY}) in the file; give "
+            f"{flag} {path}: no teacher's metadata ({METADATA_KEY}) in the file; give "
             f"a {TEACHER_FILE} that a run with --distillation-type wrote"
         )
     if metadata["num_classes"] != num_classes:
         raise ValueError(
-            f"--teacher-path {path}: a teacher of {metadata['num_classes']} classes, and the "
+            f"{flag} {path}: a teacher of {metadata['num_classes']} classes, and the "
             f"data has {num_classes}; give a teacher trained on these classes"
         )
     teacher = CnnTeacher(num_classes, width=metadata["width"])
@@ -216,19 +224,19 @@ def build_teacher(
                 f"--resume {cfg.resume}: the run distils from a teacher and its {TEACHER_FILE} "
                 f"is missing; the run cannot continue against the same teacher"
             )
-        teacher, facts = load_teacher(saved, num_classes)
+        teacher, facts = load_teacher(saved, num_classes, flag="--resume")
         log_teacher(teacher, facts, f"from {saved}", info)
-        return teacher.to(device), facts
+        return on_device(teacher, device), facts
     if cfg.teacher_path is not None:
         teacher, facts = load_teacher(cfg.teacher_path, num_classes)
-        teacher, where = teacher.to(device), f"from {cfg.teacher_path}"
+        teacher, where = on_device(teacher, device), f"from {cfg.teacher_path}"
     else:
         # The teacher's initial weights from a generator of its own: the student's stream of
         # draws (stochastic depth, MixUp) stays what it is in the same run without a teacher.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed + 1)
             teacher = CnnTeacher(num_classes, width=cfg.teacher_width)
-        teacher = teacher.to(device, memory_format=torch.channels_last)
+        teacher = on_device(teacher, device)
         began = time.perf_counter()
         train_loss = train_teacher(
             teacher,
