@@ -74,6 +74,8 @@ def flag_options(f: dataclasses.Field, annotation) -> dict:
         return options
     if base is dict:
         options["type"] = key_value
+    elif typing.get_origin(base) is list:  # nargs from the field's metadata: its items' type
+        options["type"] = typing.get_args(base)[0]
     else:
         options["type"] = _none_or(base) if optional else base
     if default is not None and "default:" not in meta["help"] and base is not dict:

@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_resumes_exactly, tiny_train_args
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import vit
 from vit.data.batch_pipeline import InMemoryBatches
-from vit.models.cnn_teacher import CnnTeacher
+from vit.models.cnn_teacher import CnnTeacher, whiten_stem_
 from vit.training.build import build_forward_loss
 from vit.training.distillation import (
     distillation_loss,
@@ -31,6 +31,8 @@ from vit.utils.process_group import DistInfo
 
 # a teacher of 4 channels trained 3 epochs: seconds on a CPU
 TEACHER = ("--distillation-type", "hard", "--teacher-width", "4", "--teacher-epochs", "3")
+# ... and one with a whitening stem and stages of its own widths
+WHITENED_TEACHER = (*TEACHER, "--teacher-stem", "whiten", "--teacher-widths", "4", "8", "8")
 
 
 def test_the_teacher_maps_images_of_any_multiple_of_8_to_logits():
@@ -39,6 +41,35 @@ def test_the_teacher_maps_images_of_any_multiple_of_8_to_logits():
     assert teacher(torch.randn(1, 3, 48, 40)).shape == (1, 7)
     # the docstring's count at width 64: convs (no bias), norms, head
     assert sum(p.numel() for p in CnnTeacher(10, width=64).parameters()) == 1_185_866
+    # airbench's widths after a whitening stem: 2x2 to 24 channels, then 31 -> 15 -> 7 -> 3 px
+    whitened = CnnTeacher(num_classes=7, widths=(8, 16, 16), stem="whiten")
+    assert whitened(torch.randn(2, 3, 32, 32)).shape == (2, 7)
+    assert whitened.stages[0].conv1[0].in_channels == 24 and whitened.head.in_features == 16
+    with pytest.raises(ValueError, match="three stage widths"):
+        CnnTeacher(num_classes=7, widths=(8, 16))
+    with pytest.raises(ValueError, match="stem must be one of"):
+        CnnTeacher(num_classes=7, stem="patchify")
+
+
+def test_a_whitening_stem_decorrelates_the_patches_it_was_measured_on():
+    torch.manual_seed(0)
+    # images whose neighbouring pixels and channels are correlated, as photographs' are
+    smooth = F.interpolate(torch.randn(16, 1, 9, 9), size=32, mode="bilinear")
+    images = smooth * torch.tensor([1.0, 0.8, 0.5]).view(1, 3, 1, 1) + 0.3
+    images = images + 0.2 * torch.randn(16, 3, 32, 32)
+    teacher = CnnTeacher(num_classes=3, widths=(4, 8, 8), stem="whiten")
+    whiten_stem_(teacher, [images[:8], images[8:]])
+    with torch.no_grad():
+        out = teacher.stem.conv(images)  # (16, 24, 31, 31), before the GELU
+    # the non-overlapping 2x2 patches, those it measured: (16 * 16 * 16, 12)
+    directions = out[:, :12, ::2, ::2].permute(0, 2, 3, 1).reshape(-1, 12).double()
+    assert directions.mean(0).abs().max() < 1e-4  # centred by the bias
+    # unit variance and no correlation (the eps shrinks the faintest direction by a few %)
+    assert torch.allclose(torch.cov(directions.T), torch.eye(12, dtype=torch.double), atol=0.03)
+    assert torch.allclose(out[:, 12:], -out[:, :12], atol=1e-5)  # the negatives: GELU sees both
+    assert not teacher.stem.conv.weight.requires_grad and teacher.stem.conv.bias.requires_grad
+    with pytest.raises(ValueError, match="stem='whiten'"):
+        whiten_stem_(CnnTeacher(num_classes=3, width=4), [images])
 
 
 def test_hard_distillation_takes_the_teachers_class_as_a_second_label():
@@ -96,11 +127,15 @@ def coloured_images(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def test_a_teacher_trained_a_few_epochs_learns_the_images_and_ends_frozen():
+@pytest.mark.parametrize("stem", ["conv", "whiten"])
+def test_a_teacher_trained_a_few_epochs_learns_the_images_and_ends_frozen(stem):
     torch.manual_seed(0)
     images, labels = coloured_images(256)
     loader = InMemoryBatches(images, labels, batch_size=32, mean=(0.5,) * 3, std=(0.25,) * 3)
-    teacher = CnnTeacher(num_classes=3, width=4)
+    teacher = CnnTeacher(num_classes=3, widths=(4, 8, 16), stem=stem)
+    if stem == "whiten":
+        whiten_stem_(teacher, [(torch.from_numpy(images).permute(0, 3, 1, 2) / 255 - 0.5) / 0.25])
+    stem_before = {k: v.clone() for k, v in teacher.stem.state_dict().items()}
     loss = train_teacher(
         teacher, loader, epochs=3, device=torch.device("cpu"), amp=False, amp_dtype="bfloat16",
         info=DistInfo(),
@@ -111,6 +146,9 @@ def test_a_teacher_trained_a_few_epochs_learns_the_images_and_ends_frozen():
     accuracy = (teacher(batch).argmax(1).numpy() == held_labels).mean()
     assert accuracy > 0.9
     assert not teacher.training and not any(p.requires_grad for p in teacher.parameters())
+    if stem == "whiten":  # its filters stay what the images measured; its bias learnt
+        assert torch.equal(teacher.stem.conv.weight, stem_before["conv.weight"])
+        assert not torch.equal(teacher.stem.conv.bias, stem_before["conv.bias"])
 
 
 def test_a_saved_teacher_loads_as_it_was_and_a_wrong_file_is_named(tmp_path):
@@ -132,6 +170,27 @@ def test_a_saved_teacher_loads_as_it_was_and_a_wrong_file_is_named(tmp_path):
         load_teacher(tmp_path / "model.safetensors", num_classes=3)
 
 
+def test_a_saved_whitened_teacher_loads_with_its_stem_and_widths_and_a_first_file_still_loads(
+    tmp_path,
+):
+    torch.manual_seed(0)
+    teacher = CnnTeacher(num_classes=3, widths=(4, 8, 16), stem="whiten")
+    whiten_stem_(teacher, [torch.randn(4, 3, 32, 32) * 2 + 1])
+    teacher.eval()
+    save_teacher(teacher, tmp_path / "teacher.safetensors", {"epochs": 2})
+    loaded, _ = load_teacher(tmp_path / "teacher.safetensors", num_classes=3)
+    images = torch.randn(2, 3, 32, 32)
+    assert loaded.stem_kind == "whiten" and loaded.widths == (4, 8, 16)
+    assert torch.equal(loaded(images), teacher(images))
+    # the first teachers' files name their width only: a conv stem, stages (w, 2w, 4w)
+    first = CnnTeacher(num_classes=3, width=4).eval()
+    tensors = {k: v.contiguous() for k, v in first.state_dict().items()}
+    save_file(tensors, str(tmp_path / "first.safetensors"),
+              {"vit.teacher": '{"num_classes": 3, "width": 4, "epochs": 1}'})  # fmt: skip
+    loaded, _ = load_teacher(tmp_path / "first.safetensors", num_classes=3)
+    assert loaded.stem_kind == "conv" and torch.equal(loaded(images), first(images))
+
+
 def test_train_py_distils_into_a_plain_vit_and_resumes_exactly(
     train_script, monkeypatch, tmp_path, image_folder
 ):
@@ -149,11 +208,12 @@ def test_train_py_distils_into_a_plain_vit_and_resumes_exactly(
     assert not torch.equal(ours["head.weight"], theirs["head.weight"])
 
 
+@pytest.mark.parametrize("teacher", [TEACHER, WHITENED_TEACHER], ids=["conv", "whiten"])
 def test_a_teacher_read_from_teacher_path_teaches_as_the_one_trained_in_the_run(
-    train_script, tmp_path, image_folder
+    train_script, tmp_path, image_folder, teacher
 ):
     trained = tmp_path / "trained"
-    assert train_script.main(tiny_train_args(image_folder, trained, 2, *TEACHER)) == 0
+    assert train_script.main(tiny_train_args(image_folder, trained, 2, *teacher)) == 0
     read = tmp_path / "read"
     flags = ("--distillation-type", "hard", "--teacher-path", str(trained / "teacher.safetensors"))
     assert train_script.main(tiny_train_args(image_folder, read, 2, *flags)) == 0
@@ -207,3 +267,27 @@ def test_a_run_whose_teacher_is_gone_is_not_resumed_against_another(
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"train.py: error: --resume {run}") and "teacher.safetensors" in err
     assert (run / "training_state.pt").read_bytes() == state  # the run is left as it was
+
+
+def test_the_teacher_screen_trains_each_rows_teacher_as_a_run_does(
+    monkeypatch, tmp_path, image_folder, capsys
+):
+    """benchmarks/teacher_screen.py: a row per teacher, trained through the run's own path
+    (`make_teacher`), its top-1 single view and with flip TTA, written to --json."""
+    import importlib
+    import json
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    screen = importlib.import_module("teacher_screen")
+    out = tmp_path / "teachers.json"
+    flags = ["--data", str(image_folder), "--epochs", "2", "--batch-size", "16"]
+    screen.main([*flags, "--device", "cpu", "--rows", "w32", "whiten-wide", "--json", str(out)])
+    rows = json.loads(out.read_text())
+    assert [r["row"] for r in rows] == ["w32", "whiten-wide"]
+    assert rows[0]["params_m"] == round(sum(
+        p.numel() for p in CnnTeacher(3, width=32).parameters()) / 1e6, 3)  # fmt: skip
+    assert rows[1]["params_m"] > rows[0]["params_m"] and rows[1]["train_images"] == 48
+    for row in rows:
+        assert 0 <= row["top1"] <= 100 and 0 <= row["top1_flip_tta"] <= 100
+        assert row["epochs"] == 2 and row["gflop_forward"] > 0
+    assert "| `whiten-wide` |" in capsys.readouterr().out

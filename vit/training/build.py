@@ -249,6 +249,7 @@ def make_teacher(
         num_classes=train_set.num_classes,
         train_loader=loader,
         test_loader=test_loader,
+        whitening=whitening_batches(train_set, model.preprocess),  # lazy: read if whitening
         info=info,
         device=device,
     )

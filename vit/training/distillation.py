@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from safetensors.torch import save_file
 
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
-from ..models.cnn_teacher import CnnTeacher
+from ..models.cnn_teacher import CnnTeacher, whiten_stem_
 from ..utils import process_group
 from ..utils.files import atomic_write
 from ..utils.process_group import DistInfo
@@ -168,7 +169,13 @@ def freeze(teacher: CnnTeacher) -> CnnTeacher:
 def save_teacher(teacher: CnnTeacher, path: Path, facts: dict) -> None:
     """The teacher's weights, with its architecture and `facts` (epochs, test top-1) in the
     file's metadata; atomic."""
-    metadata = {"num_classes": teacher.num_classes, "width": teacher.width, **facts}
+    metadata = {
+        "num_classes": teacher.num_classes,
+        "width": teacher.width,
+        "widths": list(teacher.widths),
+        "stem": teacher.stem_kind,
+        **facts,
+    }
     tensors = {k: v.detach().cpu().contiguous() for k, v in teacher.state_dict().items()}
     atomic_write(
         path, lambda tmp: save_file(tensors, str(tmp), {METADATA_KEY: json.dumps(metadata)})
@@ -199,7 +206,13 @@ def load_teacher(
             f"{flag} {path}: a teacher of {metadata['num_classes']} classes, and the "
             f"data has {num_classes}; give a teacher trained on these classes"
         )
-    teacher = CnnTeacher(num_classes, width=metadata["width"])
+    # a file of the first teachers says their width only: stages (w, 2w, 4w), a conv stem
+    teacher = CnnTeacher(
+        num_classes,
+        width=metadata["width"],
+        widths=metadata.get("widths"),
+        stem=metadata.get("stem", "conv"),
+    )
     teacher.load_state_dict(tensors)
     return freeze(teacher), metadata
 
@@ -210,13 +223,16 @@ def build_teacher(
     num_classes: int,
     train_loader,
     test_loader,
+    whitening: Iterable[torch.Tensor],
     info: DistInfo,
     device: torch.device,
 ) -> tuple[CnnTeacher, dict]:
     """The run's teacher on `device`, frozen, with its facts: the run folder's own on --resume,
-    else --teacher-path's, else a CnnTeacher of --teacher-width trained for --teacher-epochs
-    over `train_loader` (the teacher's batches: `teacher_loader_settings`); the last two
-    evaluated on `test_loader` (its top-1 logged and kept in the facts)."""
+    else --teacher-path's, else a CnnTeacher of --teacher-width (or --teacher-widths) and
+    --teacher-stem trained for --teacher-epochs over `train_loader` (the teacher's batches:
+    `teacher_loader_settings`), a whitening stem first measured on `whitening` (training
+    images (B, C, H, W), normalised; read only for that stem); the last two evaluated on
+    `test_loader` (its top-1 logged and kept in the facts)."""
     if cfg.resume:
         saved = Path(cfg.resume) / TEACHER_FILE
         if not saved.is_file():
@@ -235,7 +251,14 @@ def build_teacher(
         # draws (stochastic depth, MixUp) stays what it is in the same run without a teacher.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed + 1)
-            teacher = CnnTeacher(num_classes, width=cfg.teacher_width)
+            teacher = CnnTeacher(
+                num_classes,
+                width=cfg.teacher_width,
+                widths=cfg.teacher_widths,
+                stem=cfg.teacher_stem,
+            )
+        if cfg.teacher_stem == "whiten":  # measured on every process alike: no draws
+            whiten_stem_(teacher, whitening)
         teacher = on_device(teacher, device)
         began = time.perf_counter()
         train_loss = train_teacher(
@@ -267,8 +290,9 @@ def log_teacher(teacher: CnnTeacher, facts: dict, where: str, info: DistInfo) ->
     """One line: the teacher, where it comes from, its top-1 on the run's evaluation images."""
     if info.is_main:
         logger.info(
-            "teacher: CnnTeacher of width %d (%.2fM parameters), %s: top-1 %.2f%%",
-            teacher.width,
+            "teacher: CnnTeacher of stages %s, %s stem (%.2fM parameters), %s: top-1 %.2f%%",
+            "/".join(map(str, teacher.widths)),
+            teacher.stem_kind,
             sum(p.numel() for p in teacher.parameters()) / 1e6,
             where,
             100 * facts["test_top1"],

@@ -126,6 +126,8 @@ class TrainConfig:
     teacher_path: str | None = setting(None, "distillation", "the teacher's weights: a teacher.safetensors an earlier run wrote (default: train one for --teacher-epochs)", metavar="PATH")
     teacher_epochs: int = setting(20, "distillation", "epochs the teacher trains over the training images (pad-crop and flips; SGD, one cycle) before the ViT's first step", metavar="N")
     teacher_width: int = setting(64, "distillation", "the teacher's channels in its first stage (its later two stages double them each; 64: 1.19M parameters)", metavar="W")
+    teacher_widths: list[int] | None = setting(None, "distillation", "the teacher's three stages' channels instead, e.g. 64 256 256 (airbench's; default: W, 2W, 4W of --teacher-width)", metavar="W", nargs=3)
+    teacher_stem: str = setting("conv", "distillation", "the teacher's first layer: conv (3x3, batch norm, GELU) or whiten (2x2 filters measured from the training images' patches to whiten them, never trained: hlb-cifar10's and airbench's)", choices=("conv", "whiten"))
 
     seed: int = setting(0, "run", "random seed")
     threads: int | None = setting(None, "run", "PyTorch threads per process (default: torch's own choice)")
@@ -271,6 +273,13 @@ def check_settings(cfg: TrainConfig) -> None:
             "--patch-embed-init whiten starts a model from scratch from the training images' "
             "patches, and with --pretrained the patch embedding comes from the weights; "
             "leave out one of the two"
+        )
+    if cfg.teacher_widths is not None and (
+        len(cfg.teacher_widths) != 3 or min(cfg.teacher_widths) < 1
+    ):
+        raise ValueError(
+            f"--teacher-widths {' '.join(map(str, cfg.teacher_widths))}: the teacher has three "
+            f"stages; give three channel counts of 1 or more, e.g. --teacher-widths 64 256 256"
         )
     fine_tuning = {"--trainable-blocks": cfg.trainable_blocks is not None}
     fine_tuning["--head-init probe"] = cfg.head_init == "probe"

@@ -1,0 +1,169 @@
+"""The distillation teacher alone: how accurate each CNN teacher gets, and how fast it trains,
+on the run's own images, batches and recipe (`vit.training.distillation`), rows side by side.
+
+    python benchmarks/teacher_screen.py --data ../shared/data/cifar10-jpg --rows w64 whiten-wide
+    python benchmarks/teacher_screen.py --data DATA --train-subset 10000 --threads 1 --rows w64
+    python benchmarks/teacher_screen.py --data DATA --device cuda --json teachers.json
+
+The speedrun's students ended level with their teacher on the CPU proxy (docs/gpu.md): the
+teacher's own top-1 may be the ceiling of the ViT's, and it costs a fraction of the student's
+arithmetic, so it is screened alone. Each row trains a teacher as `train.py
+--distillation-type` does before the ViT's first step: from the run's seed, over the loader the
+run gives its teacher (configs/cifar10_gpu_speedrun.yaml's batches, pad-crop and flips), with the
+teacher's fixed recipe (SGD Nesterov, one cycle, label smoothing 0.2); then evaluates it on the
+test images, single view and with flip TTA. Prints a row per teacher: parameters, GFLOP a forward
+pass per image, training seconds and images/s, top-1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import yaml
+
+from vit.inference.evaluation import evaluate
+from vit.training.build import build_training_model, load_data, make_loaders, make_teacher
+from vit.training.settings import TrainConfig
+from vit.utils.process_group import DistInfo, resolve_device
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> (train.py's teacher settings, what the row is)
+ROWS = {
+    "w32": ({"teacher_width": 32}, "the CPU proxy's teacher: conv stem, stages 32, 64, 128"),
+    "w64": ({"teacher_width": 64}, "the speedrun's teacher: conv stem, stages 64, 128, 256"),
+    "w96": ({"teacher_width": 96}, "wider: conv stem, stages 96, 192, 384"),
+    "whiten": (
+        {"teacher_width": 64, "teacher_stem": "whiten"},
+        "the speedrun's widths after a whitening stem (2x2, 24 filters, frozen)",
+    ),
+    "wide": (
+        {"teacher_width": 64, "teacher_widths": [64, 256, 256]},
+        "conv stem, airbench's stage widths 64, 256, 256",
+    ),
+    "whiten-wide": (
+        {"teacher_width": 64, "teacher_widths": [64, 256, 256], "teacher_stem": "whiten"},
+        "whitening stem, stages 64, 256, 256 (airbench's network, without its other tricks)",
+    ),
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="cifar10, cifar100 or an image folder")
+    parser.add_argument("--config", default="configs/cifar10_gpu_speedrun.yaml")
+    parser.add_argument("--rows", nargs="+", default=["w64", "whiten-wide"], choices=list(ROWS))
+    parser.add_argument("--epochs", type=int, default=None, help="default: the YAML's")
+    parser.add_argument("--train-subset", type=int, default=None, help="N images, stratified")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: the YAML's")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="PyTorch's threads")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
+    return parser.parse_args(argv)
+
+
+def row_config(args: argparse.Namespace, settings: dict, device: torch.device) -> TrainConfig:
+    """The run's TrainConfig as the YAML gives it, on this data and device, with a row's teacher."""
+    cfg = TrainConfig(**yaml.safe_load((ROOT / args.config).read_text()))
+    run = {
+        "data": args.data,
+        "device": str(device),
+        "amp": cfg.amp or device.type == "cuda",
+        "train_subset": args.train_subset,
+        "distillation_type": "soft",
+        "seed": args.seed,
+        "compile": False,  # the teacher trains eagerly in a run too; nothing else runs here
+        "resume": None,
+        "teacher_path": None,
+        "output_dir": None,
+    }
+    if args.epochs is not None:
+        run["teacher_epochs"] = args.epochs
+    if args.batch_size is not None:
+        run["batch_size"] = args.batch_size
+    return replace(cfg, **{**run, **settings})
+
+
+def forward_gflop(teacher: torch.nn.Module, size: int, device: torch.device) -> float:
+    """GFLOP of one image's forward pass (two per multiply-add), from torch's counter."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    images = torch.zeros(1, 3, size, size, device=device)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        teacher(images)
+    return counter.get_total_flops() / 1e9
+
+
+def measure(args: argparse.Namespace, name: str, device: torch.device) -> dict:
+    settings, what = ROWS[name]
+    cfg = row_config(args, settings, device)
+    info = DistInfo()
+    torch.manual_seed(cfg.seed)
+    train_set, test_set = load_data(cfg, info)
+    model = build_training_model(cfg, train_set.class_names)  # its preprocessing, nothing more
+    _, test_loader = make_loaders(
+        cfg, train_set=train_set, test_set=test_set, model=model, info=info, device=device
+    )
+    began = time.perf_counter()
+    teacher, facts = make_teacher(cfg, train_set, test_loader, model, info, device)
+    total = time.perf_counter() - began
+    flipped = evaluate(
+        teacher,
+        test_loader,
+        num_classes=train_set.num_classes,
+        device=device,
+        amp=cfg.amp,
+        amp_dtype=cfg.amp_dtype,
+        tta="flip",
+    )
+    size = cfg.img_size or 32
+    return {
+        "row": name,
+        "what": what,
+        "device": str(device),
+        "train_images": len(train_set),
+        "epochs": cfg.teacher_epochs,
+        "batch_size": cfg.batch_size,
+        "params_m": round(sum(p.numel() for p in teacher.parameters()) / 1e6, 3),
+        "gflop_forward": round(forward_gflop(teacher, size, device), 3),
+        "train_seconds": round(facts["train_seconds"], 1),
+        "images_per_s": round(cfg.teacher_epochs * len(train_set) / facts["train_seconds"], 1),
+        "build_and_eval_seconds": round(total, 1),
+        "top1": round(100 * facts["test_top1"], 2),
+        "top1_flip_tta": round(100 * flipped["tta"]["top1"], 2),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    # the teacher's epochs and its top-1 as train.py logs them: a long row shows its progress
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device, DistInfo())
+    rows = []
+    for name in args.rows:
+        rows.append(measure(args, name, device))
+        print(json.dumps(rows[-1]), flush=True)
+        if args.json:  # after every row: a stopped screen keeps what it measured
+            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    print("\n| row | params | GFLOP | epochs x images | seconds | images/s | top-1 | flip TTA |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| `{r['row']}` | {r['params_m']}M | {r['gflop_forward']} | {r['epochs']} x "
+            f"{r['train_images']} | {r['train_seconds']} | {r['images_per_s']} | {r['top1']} | "
+            f"{r['top1_flip_tta']} |"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
