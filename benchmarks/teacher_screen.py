@@ -45,11 +45,11 @@ ROWS = {
         "the speedrun's widths after a whitening stem (2x2, 24 filters, frozen)",
     ),
     "wide": (
-        {"teacher_width": 64, "teacher_widths": [64, 256, 256]},
+        {"teacher_width": 64, "teacher_channel_mult": [1, 4, 4]},
         "conv stem, airbench's stage widths 64, 256, 256",
     ),
     "whiten-wide": (
-        {"teacher_width": 64, "teacher_widths": [64, 256, 256], "teacher_stem": "whiten"},
+        {"teacher_width": 64, "teacher_channel_mult": [1, 4, 4], "teacher_stem": "whiten"},
         "whitening stem, stages 64, 256, 256 (airbench's network, without its other tricks)",
     ),
 }

@@ -31,8 +31,8 @@ from vit.utils.process_group import DistInfo
 
 # a teacher of 4 channels trained 3 epochs: seconds on a CPU
 TEACHER = ("--distillation-type", "hard", "--teacher-width", "4", "--teacher-epochs", "3")
-# ... and one with a whitening stem and stages of its own widths
-WHITENED_TEACHER = (*TEACHER, "--teacher-stem", "whiten", "--teacher-widths", "4", "8", "8")
+# ... and one with a whitening stem and airbench's stages, (w, 4w, 4w)
+WHITENED_TEACHER = (*TEACHER, "--teacher-stem", "whiten", "--teacher-channel-mult", "1", "4", "4")
 
 
 def test_the_teacher_maps_images_of_any_multiple_of_8_to_logits():
@@ -42,11 +42,15 @@ def test_the_teacher_maps_images_of_any_multiple_of_8_to_logits():
     # the docstring's count at width 64: convs (no bias), norms, head
     assert sum(p.numel() for p in CnnTeacher(10, width=64).parameters()) == 1_185_866
     # airbench's widths after a whitening stem: 2x2 to 24 channels, then 31 -> 15 -> 7 -> 3 px
-    whitened = CnnTeacher(num_classes=7, widths=(8, 16, 16), stem="whiten")
+    whitened = CnnTeacher(num_classes=7, width=4, channel_mult=(1, 4, 4), stem="whiten")
     assert whitened(torch.randn(2, 3, 32, 32)).shape == (2, 7)
     assert whitened.stages[0].conv1[0].in_channels == 24 and whitened.head.in_features == 16
-    with pytest.raises(ValueError, match="three stage widths"):
-        CnnTeacher(num_classes=7, widths=(8, 16))
+    assert whitened.widths == (4, 16, 16)
+    # the docstring's count for airbench's network
+    airbench = CnnTeacher(10, width=64, channel_mult=(1, 4, 4), stem="whiten")
+    assert sum(p.numel() for p in airbench.parameters()) == 1_972_802
+    with pytest.raises(ValueError, match="three multipliers"):
+        CnnTeacher(num_classes=7, channel_mult=(1, 2))
     with pytest.raises(ValueError, match="stem must be one of"):
         CnnTeacher(num_classes=7, stem="patchify")
 
@@ -57,7 +61,7 @@ def test_a_whitening_stem_decorrelates_the_patches_it_was_measured_on():
     smooth = F.interpolate(torch.randn(16, 1, 9, 9), size=32, mode="bilinear")
     images = smooth * torch.tensor([1.0, 0.8, 0.5]).view(1, 3, 1, 1) + 0.3
     images = images + 0.2 * torch.randn(16, 3, 32, 32)
-    teacher = CnnTeacher(num_classes=3, widths=(4, 8, 8), stem="whiten")
+    teacher = CnnTeacher(num_classes=3, width=4, stem="whiten")
     whiten_stem_(teacher, [images[:8], images[8:]])
     with torch.no_grad():
         out = teacher.stem.conv(images)  # (16, 24, 31, 31), before the GELU
@@ -132,7 +136,7 @@ def test_a_teacher_trained_a_few_epochs_learns_the_images_and_ends_frozen(stem):
     torch.manual_seed(0)
     images, labels = coloured_images(256)
     loader = InMemoryBatches(images, labels, batch_size=32, mean=(0.5,) * 3, std=(0.25,) * 3)
-    teacher = CnnTeacher(num_classes=3, widths=(4, 8, 16), stem=stem)
+    teacher = CnnTeacher(num_classes=3, width=4, stem=stem)
     if stem == "whiten":
         whiten_stem_(teacher, [(torch.from_numpy(images).permute(0, 3, 1, 2) / 255 - 0.5) / 0.25])
     stem_before = {k: v.clone() for k, v in teacher.stem.state_dict().items()}
@@ -170,17 +174,17 @@ def test_a_saved_teacher_loads_as_it_was_and_a_wrong_file_is_named(tmp_path):
         load_teacher(tmp_path / "model.safetensors", num_classes=3)
 
 
-def test_a_saved_whitened_teacher_loads_with_its_stem_and_widths_and_a_first_file_still_loads(
+def test_a_saved_whitened_teacher_loads_with_its_stem_and_stages_and_a_first_file_still_loads(
     tmp_path,
 ):
     torch.manual_seed(0)
-    teacher = CnnTeacher(num_classes=3, widths=(4, 8, 16), stem="whiten")
+    teacher = CnnTeacher(num_classes=3, width=2, channel_mult=(1, 4, 4), stem="whiten")
     whiten_stem_(teacher, [torch.randn(4, 3, 32, 32) * 2 + 1])
     teacher.eval()
     save_teacher(teacher, tmp_path / "teacher.safetensors", {"epochs": 2})
     loaded, _ = load_teacher(tmp_path / "teacher.safetensors", num_classes=3)
     images = torch.randn(2, 3, 32, 32)
-    assert loaded.stem_kind == "whiten" and loaded.widths == (4, 8, 16)
+    assert loaded.stem_kind == "whiten" and loaded.widths == (2, 8, 8)
     assert torch.equal(loaded(images), teacher(images))
     # the first teachers' files name their width only: a conv stem, stages (w, 2w, 4w)
     first = CnnTeacher(num_classes=3, width=4).eval()

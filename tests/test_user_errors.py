@@ -202,8 +202,8 @@ def test_settings_at_odds_with_each_other_are_refused(
     assert "use --compile-mode default" in err
     err = refused(train_script, args + ["--patch-embed-init", "whiten", "--pretrained"], capsys)
     assert "--patch-embed-init whiten starts a model from scratch" in err
-    err = refused(train_script, args + ["--teacher-widths", "64", "0", "256"], capsys)
-    assert "--teacher-widths 64 0 256: the teacher has three stages" in err
+    err = refused(train_script, args + ["--teacher-channel-mult", "1", "0", "4"], capsys)
+    assert "--teacher-channel-mult 1 0 4: the teacher has three stages" in err
     assert not (tmp_path / "run").exists()
 
 

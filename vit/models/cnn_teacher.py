@@ -16,9 +16,10 @@ command, then the ViT against it; the ViT stays the plain model it was.
 
 Each conv is followed by batch norm and GELU; the pool comes right after a stage's first conv,
 so that its second conv runs at the smaller size (the DAWNBench ResNets' habit: the same depth
-for a quarter of the arithmetic). The stages' widths are (w, 2w, 4w) of one width w by
-default: at w = 64 and 32 px, 1.19M parameters and 0.21 GFLOP a forward pass per image,
-against the speedrun ViT's 0.55.
+for a quarter of the arithmetic). The stages' widths are w times `channel_mult` (as a
+diffusion U-Net's `ch` and `ch_mult`): (1, 2, 4) by default, (w, 2w, 4w), 1.19M parameters
+and 0.21 GFLOP a forward pass per image at w = 64 and 32 px, against the speedrun ViT's 0.55;
+(1, 4, 4) is airbench's (64, 256, 256), 1.97M and 0.24 GFLOP after a whitening stem.
 
 The whitening stem (hlb-cifar10's and airbench's, Keller Jordan's CIFAR-10 speedruns): a
 2x2 convolution whose 24 filters are the 12 principal directions of the training images' 2x2
@@ -91,19 +92,15 @@ class Stage(nn.Module):
         return self.conv2(self.pool(self.conv1(x)))
 
 
-def stage_widths(width: int, widths: Sequence[int] | None) -> tuple[int, int, int]:
-    """The three stages' channels: `widths` where given, else (width, 2 width, 4 width)."""
-    chosen = tuple(widths) if widths else (width, 2 * width, 4 * width)
-    if len(chosen) != 3 or min(chosen) < 1:
-        raise ValueError(f"CnnTeacher needs three stage widths >= 1, got {list(chosen)}")
-    return chosen  # type: ignore[return-value]
+CHANNEL_MULT = (1, 2, 4)  # the stages' widths per unit of width: (w, 2w, 4w)
 
 
 class CnnTeacher(nn.Module):
     """The teacher: (B, 3, H, W) normalised images -> (B, K) logits.
 
-    width: channels of the conv stem and the first stage, whose later two stages double them
-        each; widths: the three stages' channels instead (e.g. airbench's (64, 256, 256)).
+    width: the unit of the stages' channels, w; channel_mult: the three stages' widths in
+        units of it, (w1, w2, w3) = w x channel_mult (airbench's network: 64, (1, 4, 4)); a
+        conv stem has w1.
     stem: "conv" (3x3, batch norm, GELU) or "whiten" (see the module's notes; call
         `whiten_stem_` with training images before training).
     """
@@ -113,7 +110,7 @@ class CnnTeacher(nn.Module):
         num_classes: int,
         width: int = 64,
         *,
-        widths: Sequence[int] | None = None,
+        channel_mult: Sequence[int] = CHANNEL_MULT,
         stem: str = "conv",
     ) -> None:
         super().__init__()
@@ -123,8 +120,13 @@ class CnnTeacher(nn.Module):
             )
         if stem not in STEMS:
             raise ValueError(f"CnnTeacher's stem must be one of {list(STEMS)}, got {stem!r}")
-        w1, w2, w3 = stage_widths(width, widths)
-        self.num_classes, self.width, self.widths = num_classes, width, (w1, w2, w3)
+        if len(channel_mult) != 3 or min(channel_mult) < 1:
+            raise ValueError(
+                f"CnnTeacher's channel_mult needs three multipliers >= 1, got {list(channel_mult)}"
+            )
+        w1, w2, w3 = (width * m for m in channel_mult)
+        self.num_classes, self.width = num_classes, width
+        self.channel_mult, self.widths = tuple(channel_mult), (w1, w2, w3)
         self.stem_kind = stem
         self.stem = ConvBnAct(3, w1) if stem == "conv" else WhitenStem(3)
         stem_out = w1 if stem == "conv" else self.stem.conv.out_channels

@@ -36,7 +36,7 @@ from safetensors.torch import save_file
 
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
-from ..models.cnn_teacher import CnnTeacher, whiten_stem_
+from ..models.cnn_teacher import CHANNEL_MULT, CnnTeacher, whiten_stem_
 from ..utils import process_group
 from ..utils.files import atomic_write
 from ..utils.process_group import DistInfo
@@ -172,7 +172,7 @@ def save_teacher(teacher: CnnTeacher, path: Path, facts: dict) -> None:
     metadata = {
         "num_classes": teacher.num_classes,
         "width": teacher.width,
-        "widths": list(teacher.widths),
+        "channel_mult": list(teacher.channel_mult),
         "stem": teacher.stem_kind,
         **facts,
     }
@@ -210,7 +210,7 @@ def load_teacher(
     teacher = CnnTeacher(
         num_classes,
         width=metadata["width"],
-        widths=metadata.get("widths"),
+        channel_mult=metadata.get("channel_mult", CHANNEL_MULT),
         stem=metadata.get("stem", "conv"),
     )
     teacher.load_state_dict(tensors)
@@ -228,7 +228,7 @@ def build_teacher(
     device: torch.device,
 ) -> tuple[CnnTeacher, dict]:
     """The run's teacher on `device`, frozen, with its facts: the run folder's own on --resume,
-    else --teacher-path's, else a CnnTeacher of --teacher-width (or --teacher-widths) and
+    else --teacher-path's, else a CnnTeacher of --teacher-width, --teacher-channel-mult and
     --teacher-stem trained for --teacher-epochs over `train_loader` (the teacher's batches:
     `teacher_loader_settings`), a whitening stem first measured on `whitening` (training
     images (B, C, H, W), normalised; read only for that stem); the last two evaluated on
@@ -254,7 +254,7 @@ def build_teacher(
             teacher = CnnTeacher(
                 num_classes,
                 width=cfg.teacher_width,
-                widths=cfg.teacher_widths,
+                channel_mult=cfg.teacher_channel_mult,
                 stem=cfg.teacher_stem,
             )
         if cfg.teacher_stem == "whiten":  # measured on every process alike: no draws

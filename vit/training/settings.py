@@ -125,8 +125,8 @@ class TrainConfig:
     distillation_tau: float = setting(1.0, "distillation", "soft distillation's temperature")
     teacher_path: str | None = setting(None, "distillation", "the teacher's weights: a teacher.safetensors an earlier run wrote (default: train one for --teacher-epochs)", metavar="PATH")
     teacher_epochs: int = setting(20, "distillation", "epochs the teacher trains over the training images (pad-crop and flips; SGD, one cycle) before the ViT's first step", metavar="N")
-    teacher_width: int = setting(64, "distillation", "the teacher's channels in its first stage (its later two stages double them each; 64: 1.19M parameters)", metavar="W")
-    teacher_widths: list[int] | None = setting(None, "distillation", "the teacher's three stages' channels instead, e.g. 64 256 256 (airbench's; default: W, 2W, 4W of --teacher-width)", metavar="W", nargs=3)
+    teacher_width: int = setting(64, "distillation", "the teacher's unit of width: its three stages have W x --teacher-channel-mult channels (64: 64, 128, 256, 1.19M parameters)", metavar="W")
+    teacher_channel_mult: list[int] = setting(None, "distillation", "the teacher's three stages' widths in units of --teacher-width (as a U-Net's channel_mult; 1 4 4: airbench's 64, 256, 256 at W 64)", factory=lambda: [1, 2, 4], metavar="M", nargs=3)
     teacher_stem: str = setting("conv", "distillation", "the teacher's first layer: conv (3x3, batch norm, GELU) or whiten (2x2 filters measured from the training images' patches to whiten them, never trained: hlb-cifar10's and airbench's)", choices=("conv", "whiten"))
 
     seed: int = setting(0, "run", "random seed")
@@ -274,12 +274,10 @@ def check_settings(cfg: TrainConfig) -> None:
             "patches, and with --pretrained the patch embedding comes from the weights; "
             "leave out one of the two"
         )
-    if cfg.teacher_widths is not None and (
-        len(cfg.teacher_widths) != 3 or min(cfg.teacher_widths) < 1
-    ):
+    if len(cfg.teacher_channel_mult) != 3 or min(cfg.teacher_channel_mult) < 1:
         raise ValueError(
-            f"--teacher-widths {' '.join(map(str, cfg.teacher_widths))}: the teacher has three "
-            f"stages; give three channel counts of 1 or more, e.g. --teacher-widths 64 256 256"
+            f"--teacher-channel-mult {' '.join(map(str, cfg.teacher_channel_mult))}: the "
+            f"teacher has three stages; give three multipliers of 1 or more, e.g. 1 4 4"
         )
     fine_tuning = {"--trainable-blocks": cfg.trainable_blocks is not None}
     fine_tuning["--head-init probe"] = cfg.head_init == "probe"
