@@ -84,8 +84,10 @@ LARGER_BATCH = ["--batch-size", "256", "--lr", "2.8e-3"]
 PATCH_DROP = ["--patch-drop", "0.5", "--patch-drop-anneal", "2"]
 # the two augmentation leads of 100 epochs together: RandAugment with 3 ops, random erasing 0.25
 MORE_AUGMENTATION = ["--aa-n", "3", "--reprob", "0.25"]
-# the proxy's CNN teacher for the distillation rows: half the GPU recipe's width (64)
-TEACHER = ["--teacher-width", "32", "--teacher-epochs", "20"]
+# the proxy's CNN teacher for the distillation rows: half the width (64) of the GPU recipe's
+# first teacher, whose conv stem and stages (w, 2w, 4w) they pin (the recipe's may change)
+FIRST_TEACHER = ["--teacher-stem", "conv", "--teacher-channel-mult", "1", "2", "4"]
+TEACHER = ["--teacher-width", "32", "--teacher-epochs", "20", *FIRST_TEACHER]
 
 # name -> (flags added to BASE, what the row is)
 ROWS = {
@@ -290,6 +292,7 @@ ROWS = {
             "32",
             "--teacher-epochs",
             "40",
+            *FIRST_TEACHER,
             "--distillation-type",
             "soft",
         ],
