@@ -298,6 +298,29 @@ ROWS = {
         ],
         "the patch embedding whitened, soft distillation from a teacher of 40 epochs, 50 epochs",
     ),
+    # is the teacher the student's ceiling? `whiten-distill-soft` with airbench's network as the
+    # teacher at the proxy's width (a whitening stem, stages 32, 128, 128: 0.50M parameters),
+    # which alone beat the first teacher by 2.6 points over 10,000 images (64 wide, batches of
+    # 512; docs/gpu.md)
+    "whiten-distill-soft-airbench-teacher": (
+        [
+            "--patch-embed-init",
+            "whiten",
+            "--teacher-width",
+            "32",
+            "--teacher-epochs",
+            "20",
+            "--teacher-stem",
+            "whiten",
+            "--teacher-channel-mult",
+            "1",
+            "4",
+            "4",
+            "--distillation-type",
+            "soft",
+        ],
+        "the patch embedding whitened, soft distillation from airbench's network as the teacher",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),

@@ -203,7 +203,10 @@ def engine_run(device: torch.device, **settings) -> build.Run:
     mixup = build.build_mixup(cfg, len(CLASSES))
     teacher = None
     if cfg.distillation_type != "none":  # a random teacher, drawn on the CPU: alike everywhere
-        teacher = CnnTeacher(len(CLASSES), width=4).to(device).eval().requires_grad_(False)
+        teacher = CnnTeacher(
+            len(CLASSES), width=4, channel_mult=cfg.teacher_channel_mult, stem=cfg.teacher_stem
+        )
+        teacher = teacher.to(device).eval().requires_grad_(False)
     forward_loss = build.build_forward_loss(
         train_model, cfg, device, soft_targets=mixup is not None, teacher=teacher
     )
@@ -490,12 +493,15 @@ def test_step_graph_takes_the_update_graphs_steps(device, opt):
     assert_the_same_steps(updated.state, stepped.state)
 
 
-@pytest.mark.parametrize("kind", ["hard", "soft"])
-def test_step_graph_takes_the_teacher_into_its_graph(device, kind):
+@pytest.mark.parametrize(("kind", "stem"), [("hard", "conv"), ("soft", "whiten")])
+def test_step_graph_takes_the_teacher_into_its_graph(device, kind, stem):
     """--distillation-type: the frozen teacher's forward pass is part of the step (a CUDA
     graph's on a GPU), and the step takes --graph-update's steps with it (on the CPU to the
-    bit); the teacher's loss changes the steps (a teacher left out would not)."""
+    bit); the teacher's loss changes the steps (a teacher left out would not). Either stem:
+    the whitening stem's 2x2 convolution too (airbench's stages, the recipe's teacher)."""
     settings = dict(opt="muon", model_ema=True, amp=True, distillation_type=kind)
+    if stem == "whiten":
+        settings.update(teacher_stem="whiten", teacher_channel_mult=[1, 4, 4])
     updated = engine_run(device, **settings, graph_update=True)
     stepped = engine_run(device, **settings, graph_step=True)
     losses = {"updated": train_steps(updated, 4), "stepped": train_steps(stepped, 4)}
