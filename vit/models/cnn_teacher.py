@@ -21,13 +21,13 @@ diffusion U-Net's `ch` and `ch_mult`): (1, 2, 4) by default, (w, 2w, 4w), 1.19M 
 and 0.21 GFLOP a forward pass per image at w = 64 and 32 px, against the speedrun ViT's 0.55;
 (1, 4, 4) is airbench's (64, 256, 256), 1.97M and 0.24 GFLOP after a whitening stem.
 
-The whitening stem (hlb-cifar10's and airbench's, Keller Jordan's CIFAR-10 speedruns): a
-2x2 convolution whose 24 filters are the 12 principal directions of the training images' 2x2
-patches, each scaled to unit variance, and their negatives (GELU keeps both signs), followed by
-GELU without a norm; its weights are measured from the images (`whiten_stem_`) and never
-trained, its bias is. The first stage then starts from decorrelated inputs instead of learning
-to decorrelate them, which airbench's ablations credit with reaching 94% in 21 epochs instead of
-35 (CIFAR-10, with flip TTA).
+The whitening stem (hlb-cifar10's and airbench's, the CIFAR-10 speedruns of tysam-code and
+Keller Jordan): a 2x2 convolution whose 24 filters are the 12 principal directions of the
+training images' 2x2 patches, each scaled to unit variance, and their negatives (GELU keeps
+both signs), followed by GELU without a norm; its weights are measured from the images
+(`whiten_stem_`) and never trained, its bias is. The first stage then starts from decorrelated
+inputs instead of learning to decorrelate them, which airbench's ablations credit with reaching
+94% in 21 epochs instead of 35 (CIFAR-10, with flip TTA).
 
 Shape legend: B batch, C channels, H/W image height/width, w width, K classes.
 """
