@@ -35,21 +35,24 @@ from vit.utils.process_group import DistInfo, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# name -> (train.py's teacher settings, what the row is)
+# name -> (train.py's teacher settings, what the row is); each row gives its width, stages and
+# stem, so that it measures the same teacher whatever the YAML's teacher is
+FIRST = {"teacher_stem": "conv", "teacher_channel_mult": [1, 2, 4]}  # the first teacher's shape
+AIRBENCH = {"teacher_stem": "whiten", "teacher_channel_mult": [1, 4, 4]}
 ROWS = {
-    "w32": ({"teacher_width": 32}, "the CPU proxy's teacher: conv stem, stages 32, 64, 128"),
-    "w64": ({"teacher_width": 64}, "the speedrun's teacher: conv stem, stages 64, 128, 256"),
-    "w96": ({"teacher_width": 96}, "wider: conv stem, stages 96, 192, 384"),
+    "w32": ({"teacher_width": 32, **FIRST}, "the proxy's teacher: conv stem, stages 32, 64, 128"),
+    "w64": ({"teacher_width": 64, **FIRST}, "the first teacher: conv stem, stages 64, 128, 256"),
+    "w96": ({"teacher_width": 96, **FIRST}, "wider: conv stem, stages 96, 192, 384"),
     "whiten": (
-        {"teacher_width": 64, "teacher_stem": "whiten"},
-        "the speedrun's widths after a whitening stem (2x2, 24 filters, frozen)",
+        {"teacher_width": 64, **FIRST, "teacher_stem": "whiten"},
+        "the first teacher's stages after a whitening stem (2x2, 24 filters, frozen)",
     ),
     "wide": (
-        {"teacher_width": 64, "teacher_channel_mult": [1, 4, 4]},
+        {"teacher_width": 64, **AIRBENCH, "teacher_stem": "conv"},
         "conv stem, airbench's stage widths 64, 256, 256",
     ),
     "whiten-wide": (
-        {"teacher_width": 64, "teacher_channel_mult": [1, 4, 4], "teacher_stem": "whiten"},
+        {"teacher_width": 64, **AIRBENCH},
         "whitening stem, stages 64, 256, 256 (airbench's network, without its other tricks)",
     ),
 }
