@@ -85,8 +85,11 @@ PATCH_DROP = ["--patch-drop", "0.5", "--patch-drop-anneal", "2"]
 # the two augmentation leads of 100 epochs together: RandAugment with 3 ops, random erasing 0.25
 MORE_AUGMENTATION = ["--aa-n", "3", "--reprob", "0.25"]
 # the proxy's CNN teacher for the distillation rows: half the width (64) of the GPU recipe's
-# first teacher, whose conv stem and stages (w, 2w, 4w) they pin (the recipe's may change)
-FIRST_TEACHER = ["--teacher-stem", "conv", "--teacher-channel-mult", "1", "2", "4"]
+# first teacher, whose conv stem, stages (w, 2w, 4w) and recipe they pin (the recipe's may change)
+FIRST_TEACHER = [
+    *("--teacher-stem", "conv", "--teacher-channel-mult", "1", "2", "4"),
+    *("--teacher-recipe", "dawnbench"),
+]
 TEACHER = ["--teacher-width", "32", "--teacher-epochs", "20", *FIRST_TEACHER]
 
 # name -> (flags added to BASE, what the row is)
@@ -316,6 +319,8 @@ ROWS = {
             "1",
             "4",
             "4",
+            "--teacher-recipe",
+            "dawnbench",
             "--distillation-type",
             "soft",
         ],

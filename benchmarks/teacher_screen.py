@@ -2,6 +2,7 @@
 on the run's own images, batches and recipe (`vit.training.distillation`), rows side by side.
 
     python benchmarks/teacher_screen.py --data ../shared/data/cifar10-jpg --rows w64 whiten-wide
+    python benchmarks/teacher_screen.py --data ../shared/data/cifar10-jpg --rows airbench --epochs 8
     python benchmarks/teacher_screen.py --data DATA --train-subset 10000 --threads 1 --rows w64
     python benchmarks/teacher_screen.py --data DATA --device cuda --json teachers.json
 
@@ -9,10 +10,11 @@ The speedrun's students ended level with their teacher on the CPU proxy (docs/gp
 teacher's own top-1 may be the ceiling of the ViT's, and it costs a fraction of the student's
 arithmetic, so it is screened alone. Each row trains a teacher as `train.py
 --distillation-type` does before the ViT's first step: from the run's seed, over the loader the
-run gives its teacher (configs/cifar10_gpu_speedrun.yaml's batches, pad-crop and flips), with the
-teacher's fixed recipe (SGD Nesterov, one cycle, label smoothing 0.2); then evaluates it on the
-test images, single view and with flip TTA. Prints a row per teacher: parameters, GFLOP a forward
-pass per image, training seconds and images/s, top-1.
+run gives its teacher (configs/cifar10_gpu_speedrun.yaml's batches, pad-crop and flips), by the
+row's --teacher-recipe (`vit.training.teacher_recipe`: dawnbench or airbench, some rows less one
+of airbench's parts); then evaluates it on the test images, single view and with flip TTA.
+Prints a row per teacher: parameters, GFLOP a forward pass per image, training seconds and
+images/s, top-1.
 """
 
 from __future__ import annotations
@@ -31,30 +33,41 @@ import yaml
 from vit.inference.evaluation import evaluate
 from vit.training.build import build_training_model, load_data, make_loaders, make_teacher
 from vit.training.settings import TrainConfig
+from vit.training.teacher_recipe import RECIPES
 from vit.utils.process_group import DistInfo, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# name -> (train.py's teacher settings, what the row is); each row gives its width, stages and
-# stem, so that it measures the same teacher whatever the YAML's teacher is
+# name -> (train.py's teacher settings, changes to its --teacher-recipe, what the row is); each
+# row gives its width, stages, stem and recipe, so that it measures the same teacher whatever
+# the YAML's teacher is
 FIRST = {"teacher_stem": "conv", "teacher_channel_mult": [1, 2, 4]}  # the first teacher's shape
 AIRBENCH = {"teacher_stem": "whiten", "teacher_channel_mult": [1, 4, 4]}
+DAWNBENCH = {"teacher_recipe": "dawnbench"}  # the first recipe
+AIRBENCH_NET = {"teacher_width": 64, **AIRBENCH, "teacher_recipe": "airbench"}
 ROWS = {
-    "w32": ({"teacher_width": 32, **FIRST}, "the proxy's teacher: conv stem, stages 32, 64, 128"),
-    "w64": ({"teacher_width": 64, **FIRST}, "the first teacher: conv stem, stages 64, 128, 256"),
-    "w96": ({"teacher_width": 96, **FIRST}, "wider: conv stem, stages 96, 192, 384"),
+    "w32": ({"teacher_width": 32, **FIRST, **DAWNBENCH}, {}, "the proxy's: conv stem, 32, 64, 128"),
+    "w64": ({"teacher_width": 64, **FIRST, **DAWNBENCH}, {}, "the first: conv stem, 64, 128, 256"),
+    "w96": ({"teacher_width": 96, **FIRST, **DAWNBENCH}, {}, "wider: conv stem, 96, 192, 384"),
     "whiten": (
-        {"teacher_width": 64, **FIRST, "teacher_stem": "whiten"},
+        {"teacher_width": 64, **FIRST, "teacher_stem": "whiten", **DAWNBENCH},
+        {},
         "the first teacher's stages after a whitening stem (2x2, 24 filters, frozen)",
     ),
     "wide": (
-        {"teacher_width": 64, **AIRBENCH, "teacher_stem": "conv"},
+        {"teacher_width": 64, **AIRBENCH, "teacher_stem": "conv", **DAWNBENCH},
+        {},
         "conv stem, airbench's stage widths 64, 256, 256",
     ),
     "whiten-wide": (
-        {"teacher_width": 64, **AIRBENCH},
-        "whitening stem, stages 64, 256, 256 (airbench's network, without its other tricks)",
+        {"teacher_width": 64, **AIRBENCH, **DAWNBENCH},
+        {},
+        "whitening stem, stages 64, 256, 256 (airbench's network, the first recipe)",
     ),
+    "airbench": (AIRBENCH_NET, {}, "airbench's network by airbench's recipe"),
+    "airbench-no-lookahead": (AIRBENCH_NET, {"lookahead_start": None}, "... without lookahead"),
+    "airbench-random-init": (AIRBENCH_NET, {"dirac_init": False}, "... convs started at random"),
+    "airbench-logits-x1": (AIRBENCH_NET, {"logit_scale": 1.0}, "... logits not scaled by 1/9"),
 }
 
 
@@ -106,8 +119,9 @@ def forward_gflop(teacher: torch.nn.Module, size: int, device: torch.device) -> 
 
 
 def measure(args: argparse.Namespace, name: str, device: torch.device) -> dict:
-    settings, what = ROWS[name]
+    settings, changes, what = ROWS[name]
     cfg = row_config(args, settings, device)
+    recipe = replace(RECIPES[cfg.teacher_recipe], **changes)
     info = DistInfo()
     torch.manual_seed(cfg.seed)
     train_set, test_set = load_data(cfg, info)
@@ -116,7 +130,7 @@ def measure(args: argparse.Namespace, name: str, device: torch.device) -> dict:
         cfg, train_set=train_set, test_set=test_set, model=model, info=info, device=device
     )
     began = time.perf_counter()
-    teacher, facts = make_teacher(cfg, train_set, test_loader, model, info, device)
+    teacher, facts = make_teacher(cfg, train_set, test_loader, model, info, device, recipe=recipe)
     total = time.perf_counter() - began
     flipped = evaluate(
         teacher,
@@ -131,6 +145,7 @@ def measure(args: argparse.Namespace, name: str, device: torch.device) -> dict:
     return {
         "row": name,
         "what": what,
+        "recipe": {"name": cfg.teacher_recipe, **changes},
         "device": str(device),
         "train_images": len(train_set),
         "epochs": cfg.teacher_epochs,

@@ -20,13 +20,9 @@ import vit
 from vit.data.batch_pipeline import InMemoryBatches
 from vit.models.cnn_teacher import CnnTeacher, whiten_stem_
 from vit.training.build import build_forward_loss
-from vit.training.distillation import (
-    distillation_loss,
-    load_teacher,
-    save_teacher,
-    train_teacher,
-)
+from vit.training.distillation import distillation_loss, load_teacher, save_teacher
 from vit.training.settings import TrainConfig
+from vit.training.teacher_recipe import RECIPES, train_teacher
 from vit.utils.process_group import DistInfo
 
 # a teacher of 4 channels trained 3 epochs: seconds on a CPU
@@ -131,18 +127,25 @@ def coloured_images(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-@pytest.mark.parametrize("stem", ["conv", "whiten"])
-def test_a_teacher_trained_a_few_epochs_learns_the_images_and_ends_frozen(stem):
+# airbench's logits x1/9 need larger head weights than 4 channels give in 3 epochs
+@pytest.mark.parametrize(
+    ("stem", "recipe", "width", "epochs"),
+    [("conv", "dawnbench", 4, 3), ("whiten", "airbench", 8, 4)],
+)
+def test_a_teacher_trained_a_few_epochs_learns_the_images_and_ends_frozen(
+    stem, recipe, width, epochs
+):
     torch.manual_seed(0)
     images, labels = coloured_images(256)
     loader = InMemoryBatches(images, labels, batch_size=32, mean=(0.5,) * 3, std=(0.25,) * 3)
-    teacher = CnnTeacher(num_classes=3, width=4, stem=stem)
+    recipe = RECIPES[recipe]
+    teacher = CnnTeacher(num_classes=3, width=width, stem=stem, **recipe.network)
     if stem == "whiten":
         whiten_stem_(teacher, [(torch.from_numpy(images).permute(0, 3, 1, 2) / 255 - 0.5) / 0.25])
     stem_before = {k: v.clone() for k, v in teacher.stem.state_dict().items()}
     loss = train_teacher(
-        teacher, loader, epochs=3, device=torch.device("cpu"), amp=False, amp_dtype="bfloat16",
-        info=DistInfo(),
+        teacher, loader, recipe=recipe, epochs=epochs, device=torch.device("cpu"), amp=False,
+        amp_dtype="bfloat16", info=DistInfo(),
     )  # fmt: skip
     assert loss < 0.9  # chance is log(3) = 1.10; the floor of label smoothing 0.2 ~0.47
     held, held_labels = coloured_images(96, seed=1)
@@ -162,6 +165,11 @@ def test_a_saved_teacher_loads_as_it_was_and_a_wrong_file_is_named(tmp_path):
     loaded, facts = load_teacher(tmp_path / "teacher.safetensors", num_classes=3)
     images = torch.randn(2, 3, 32, 32)
     assert torch.equal(loaded(images), teacher(images)) and facts["epochs"] == 2
+    # airbench's recipe scales the logits by 1/9: the file says so, and it loads so
+    scaled = CnnTeacher(num_classes=3, width=4, logit_scale=1 / 9).eval()
+    save_teacher(scaled, tmp_path / "scaled.safetensors", {"epochs": 2})
+    loaded, _ = load_teacher(tmp_path / "scaled.safetensors", num_classes=3)
+    assert loaded.logit_scale == 1 / 9 and torch.equal(loaded(images), scaled(images))
     with pytest.raises(ValueError, match="a teacher of 3 classes, and the data has 10"):
         load_teacher(tmp_path / "teacher.safetensors", num_classes=10)
     with pytest.raises(ValueError, match="no such file"):

@@ -10,6 +10,8 @@ import torch
 import vit
 from vit.data.batch_pipeline import InMemoryBatches, random_crop
 from vit.data.batch_randaugment import apply_ops
+from vit.data.transforms import AugmentConfig, train_transform
+from vit.models.registry import Preprocess
 
 TINY = {"embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 5}
 
@@ -119,13 +121,32 @@ def test_epochs_are_reproducible_and_differ_and_ranks_split_the_data(images):
     assert sorted(torch.cat(shares).tolist()) == list(range(12))
 
 
-def test_random_crop_shifts_each_image_inside_its_zero_padding():
+@pytest.mark.parametrize("mode", ["constant", "reflect"])
+def test_random_crop_shifts_each_image_inside_its_padding(mode):
     x = torch.arange(2 * 1 * 5 * 5, dtype=torch.float32).view(2, 1, 5, 5) + 1
-    out = random_crop(x, pad=2, generator=torch.Generator().manual_seed(0))
-    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    out = random_crop(x, pad=2, generator=torch.Generator().manual_seed(0), mode=mode)
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2), mode=mode)
     for i in range(2):
         windows = [padded[i, :, dy : dy + 5, dx : dx + 5] for dy in range(5) for dx in range(5)]
         assert any(torch.equal(out[i], w) for w in windows)
+    if mode == "reflect":  # nothing black comes in from the edges: every pixel is the image's
+        assert set(out.unique().tolist()) <= set(x.unique().tolist())
+
+
+def test_the_per_image_crop_pads_as_the_batch_pipeline_does():
+    # --crop-pad-mode reflect is torch's reflect in both pipelines: the edge pixel not repeated
+    image = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(8, 8, 3)
+    preprocess = Preprocess(input_size=(8, 8), mean=(0.0,) * 3, std=(1 / 255,) * 3)
+    for mode in ("constant", "reflect"):
+        aug = AugmentConfig(crop="pad", crop_pad=3, crop_pad_mode=mode, aa="none", reprob=0)
+        pad_op = train_transform(preprocess, aug).transforms[1]  # Resize, PadIfNeeded, RandomCrop
+        padded = pad_op(image=image)["image"]  # (14, 14, 3)
+        expected = torch.nn.functional.pad(
+            torch.from_numpy(image).permute(2, 0, 1).float()[None], (3, 3, 3, 3), mode=mode
+        )[0].permute(1, 2, 0)
+        assert np.array_equal(padded, expected.numpy().astype(np.uint8))
+    with pytest.raises(ValueError, match="--crop-pad 8 with --crop-pad-mode reflect"):
+        train_transform(preprocess, AugmentConfig(crop="pad", crop_pad=8, crop_pad_mode="reflect"))
 
 
 def replayed_draws(images, index: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -37,7 +37,8 @@ class InMemoryBatches:
     """An iterable of (images (B, 3, S, S) float, labels (B,) int64) batches, one epoch each.
 
     images: (N, H, W, 3) uint8 (numpy, as decoded) or (N, 3, H, W) uint8 tensor.
-    pad: pixels of zero padding before the random crop back to (H, W) (0: no crop).
+    pad: pixels of padding before the random crop back to (H, W) (0: no crop); pad_mode:
+    "constant" (zeros) or "reflect" (the image mirrored at its edges).
     hflip: probability of a horizontal flip. hflip_alternate: instead, flip each image on
     alternate epochs, starting from a random half (airbench's derandomised flips: over any two
     epochs every image is seen both ways, where random flips miss a quarter of them).
@@ -71,6 +72,7 @@ class InMemoryBatches:
         mean: Sequence[float],
         std: Sequence[float],
         pad: int = 4,
+        pad_mode: str = "constant",
         hflip: float = 0.5,
         hflip_alternate: bool = False,
         randaug_ops: int = 0,
@@ -89,7 +91,7 @@ class InMemoryBatches:
         self.batch_size = batch_size
         self.mean = pixel_scaled(mean, self.device)
         self.std = pixel_scaled(std, self.device)
-        self.pad, self.hflip, self.reprob = pad, hflip, reprob
+        self.pad, self.pad_mode, self.hflip, self.reprob = pad, pad_mode, hflip, reprob
         self.randaug_ops = randaug_ops
         compiled = compile_randaug and randaug_ops > 0 and self.device.type != "cpu"
         self.apply_randaug = compiled_apply_ops() if compiled else None  # None: eager
@@ -170,7 +172,7 @@ class InMemoryBatches:
         x = batch.float()  # (B, 3, H, W), 0..255
         B, _, H, W = x.shape
         if self.pad > 0:
-            x = random_crop(x, self.pad, generator)
+            x = random_crop(x, self.pad, generator, mode=self.pad_mode)
         if self.flip_start is not None:
             flip = self.flip_start[index] ^ bool(self.epoch % 2)  # (B,)
             if copy is not None:
@@ -191,12 +193,15 @@ class InMemoryBatches:
         return x
 
 
-def random_crop(x: torch.Tensor, pad: int, generator: torch.Generator) -> torch.Tensor:
-    """Zero-pad (B, C, H, W) by `pad` on every side and crop each image back at its own offset.
-    `generator` lives on x's device."""
+def random_crop(
+    x: torch.Tensor, pad: int, generator: torch.Generator, mode: str = "constant"
+) -> torch.Tensor:
+    """Pad (B, C, H, W) by `pad` on every side, with zeros or (mode "reflect") the image
+    mirrored at its edges, and crop each image back at its own offset. `generator` lives on
+    x's device."""
     B, C, H, W = x.shape
     on = {"device": x.device}
-    padded = F.pad(x, (pad, pad, pad, pad))  # (B, C, H + 2p, W + 2p)
+    padded = F.pad(x, (pad, pad, pad, pad), mode=mode)  # (B, C, H + 2p, W + 2p)
     dy = torch.randint(0, 2 * pad + 1, (B,), generator=generator, **on)
     dx = torch.randint(0, 2 * pad + 1, (B,), generator=generator, **on)
     rows = (dy[:, None] + torch.arange(H, **on))[:, None, :, None]  # (B, 1, H, 1)

@@ -49,10 +49,24 @@ class AugmentConfig:
 
     crop: str = "auto"  # "pad": pad 4 + random crop; "rrc": random resized crop; auto: by size
     rrc_scale: float = 0.08  # smallest area fraction of random resized crop
+    crop_pad: int | None = None  # "pad"'s pixels a side (None: 1/8 of the size)
+    crop_pad_mode: str = "constant"  # ... filled with black, or "reflect": the image mirrored
     hflip: float = 0.5
     aa: str = "randaug"  # "none" or "randaug"
     aa_n: int = 2  # ops picked per image from the RandAugment menu
     reprob: float = 0.25  # random erasing probability
+
+
+def crop_padding(pad: int | None, size: tuple[int, int], mode: str) -> int:
+    """--crop-pad for images of `size` (H, W): `pad`, or 1/8 of the larger side where None.
+    ValueError for a padding a reflection cannot fill (as large as the image)."""
+    pad = max(size) // 8 if pad is None else pad
+    if mode == "reflect" and pad >= min(size):
+        raise ValueError(
+            f"--crop-pad {pad} with --crop-pad-mode reflect needs images larger than the "
+            f"padding, and the input is {size[0]}x{size[1]}; give a padding below {min(size)}"
+        )
+    return pad
 
 
 def train_transform(preprocess: Preprocess, aug: AugmentConfig) -> A.Compose:
@@ -64,10 +78,12 @@ def train_transform(preprocess: Preprocess, aug: AugmentConfig) -> A.Compose:
     crop = aug.crop if aug.crop != "auto" else ("pad" if max(h, w) <= CACHE_MAX_SIDE else "rrc")
     if crop == "pad":
         # The CIFAR standard: resize to the model size if needed, pad by 1/8, crop back.
-        pad = max(h, w) // 8
+        pad = crop_padding(aug.crop_pad, (h, w), aug.crop_pad_mode)
+        # torch's "reflect" (the edge pixel not repeated) is OpenCV's REFLECT_101
+        border = {"constant": cv2.BORDER_CONSTANT, "reflect": cv2.BORDER_REFLECT_101}
         ops = [
             A.Resize(h, w, interpolation=cv2.INTER_CUBIC),
-            A.PadIfNeeded(h + 2 * pad, w + 2 * pad, border_mode=cv2.BORDER_CONSTANT, fill=0),
+            A.PadIfNeeded(h + 2 * pad, w + 2 * pad, border_mode=border[aug.crop_pad_mode], fill=0),
             A.RandomCrop(h, w),
         ]
     elif crop == "rrc":

@@ -12,7 +12,7 @@ command, then the ViT against it; the ViT stays the plain model it was.
     stage 1 conv 3x3 (-> w1),     max-pool 2, conv 3x3   (B, w1, H/2, W/2)
     stage 2 conv 3x3 (w1 -> w2),  max-pool 2, conv 3x3   (B, w2, H/4, W/4)
     stage 3 conv 3x3 (w2 -> w3),  max-pool 2, conv 3x3   (B, w3, H/8, W/8)
-    head    global max-pool, linear                      (B, K)
+    head    global max-pool, linear, x logit_scale       (B, K)
 
 Each conv is followed by batch norm and GELU; the pool comes right after a stage's first conv,
 so that its second conv runs at the smaller size (the DAWNBench ResNets' habit: the same depth
@@ -80,15 +80,21 @@ class WhitenStem(nn.Module):
 
 
 class Stage(nn.Module):
-    """conv, 2x2 max-pool, conv: (B, C_in, H, W) -> (B, C_out, H/2, W/2)."""
+    """conv, 2x2 max-pool, conv: (B, C_in, H, W) -> (B, C_out, H/2, W/2). The pool comes after
+    the first conv's norm and GELU, or with pool_before_norm between the conv and its norm
+    (airbench's order: the norm's statistics are the pooled maxima's)."""
 
-    def __init__(self, in_channels: int, out_channels: int) -> None:
+    def __init__(self, in_channels: int, out_channels: int, pool_before_norm: bool = False) -> None:
         super().__init__()
         self.conv1 = ConvBnAct(in_channels, out_channels)
         self.pool = nn.MaxPool2d(2)
         self.conv2 = ConvBnAct(out_channels, out_channels)
+        self.pool_before_norm = pool_before_norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pool_before_norm:
+            conv, norm, act = self.conv1
+            return self.conv2(act(norm(self.pool(conv(x)))))
         return self.conv2(self.pool(self.conv1(x)))
 
 
@@ -103,6 +109,9 @@ class CnnTeacher(nn.Module):
         conv stem has w1.
     stem: "conv" (3x3, batch norm, GELU) or "whiten" (see the module's notes; call
         `whiten_stem_` with training images before training).
+    logit_scale: the head's output times this (airbench's 1/9: logits that start small and
+        grow slowly, so label smoothing's targets are reached late in training).
+    pool_before_norm: each stage's pool between its first conv and that conv's norm (`Stage`).
     """
 
     def __init__(
@@ -112,6 +121,8 @@ class CnnTeacher(nn.Module):
         *,
         channel_mult: Sequence[int] = CHANNEL_MULT,
         stem: str = "conv",
+        logit_scale: float = 1.0,
+        pool_before_norm: bool = False,
     ) -> None:
         super().__init__()
         if width < 1 or num_classes < 1:
@@ -130,12 +141,19 @@ class CnnTeacher(nn.Module):
         self.stem_kind = stem
         self.stem = ConvBnAct(3, w1) if stem == "conv" else WhitenStem(3)
         stem_out = w1 if stem == "conv" else self.stem.conv.out_channels
-        self.stages = nn.Sequential(Stage(stem_out, w1), Stage(w1, w2), Stage(w2, w3))
+        pool_first = {"pool_before_norm": pool_before_norm}
+        self.stages = nn.Sequential(
+            Stage(stem_out, w1, **pool_first),
+            Stage(w1, w2, **pool_first),
+            Stage(w2, w3, **pool_first),
+        )
+        self.pool_before_norm = pool_before_norm
         self.head = nn.Linear(w3, num_classes)
+        self.logit_scale = logit_scale
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = self.stages(self.stem(images))  # (B, w3, ~H/8, ~W/8)
-        return self.head(x.amax(dim=(2, 3)))  # (B, K)
+        return self.head(x.amax(dim=(2, 3))) * self.logit_scale  # (B, K)
 
 
 @torch.no_grad()
@@ -158,4 +176,15 @@ def whiten_stem_(
     weight = torch.cat([filters, -filters])  # (24, 12)
     conv.weight.copy_(weight.view_as(conv.weight))
     conv.bias.copy_(-weight @ mean)
+    return teacher
+
+
+@torch.no_grad()
+def dirac_init_(teacher: CnnTeacher) -> CnnTeacher:
+    """Each 3x3 conv's first min(in, out) filters set to pass their input channel through
+    unchanged (the rest keep their random start): every conv starts as a partial identity, as
+    if the network had residual connections."""
+    for module in teacher.stages.modules():
+        if isinstance(module, nn.Conv2d):
+            nn.init.dirac_(module.weight[: module.in_channels])
     return teacher

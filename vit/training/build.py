@@ -61,6 +61,7 @@ from .settings import (
     resolve_warmup_epochs,
 )
 from .step_graph import StepGraph
+from .teacher_recipe import RECIPES, TeacherRecipe
 from .train_loader import build_test_loader, build_train_loader
 from .update_graph import UpdateGraph
 
@@ -235,14 +236,16 @@ def make_teacher(
     model: VisionTransformer,
     info: DistInfo,
     device: torch.device,
+    recipe: TeacherRecipe | None = None,
 ) -> tuple[CnnTeacher | None, dict | None]:
     """--distillation-type's teacher and its facts (`distillation.build_teacher`): trained
-    here over batches of its own unless --resume or --teacher-path gives it; (None, None)
-    without distillation."""
+    here over batches of its own (by `recipe`, default --teacher-recipe's) unless --resume or
+    --teacher-path gives it; (None, None) without distillation."""
     if cfg.distillation_type == "none":
         return None, None
     trains = not cfg.resume and cfg.teacher_path is None
-    settings = teacher_loader_settings(cfg)
+    recipe = recipe or RECIPES[cfg.teacher_recipe]
+    settings = teacher_loader_settings(cfg, recipe)
     loader = make_train_loader(settings, train_set, model, info, device) if trains else None
     return build_teacher(
         cfg,
@@ -252,6 +255,7 @@ def make_teacher(
         whitening=whitening_batches(train_set, model.preprocess),  # lazy: read if whitening
         info=info,
         device=device,
+        recipe=recipe,
     )
 
 

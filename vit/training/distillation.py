@@ -1,8 +1,9 @@
 """Distillation from a CNN teacher: `--distillation-type hard|soft` (DeiT, Touvron et al. 2021).
 
 The teacher (`vit.models.cnn_teacher.CnnTeacher`) is trained first, from scratch, on the run's
-training images (pad-crop and flips, nothing else: a CNN needs no more for a few epochs), in
-the same command and within its --time-budget; or read from --teacher-path. It is saved in the
+training images (pad-crop and flips, nothing else: a CNN needs no more for a few epochs) by
+--teacher-recipe (`vit.training.teacher_recipe`), in the same command and within its
+--time-budget; or read from --teacher-path. It is saved in the
 run folder (`teacher.safetensors`), so that --resume learns from the very teacher the run began
 with. Then every training step asks it, frozen, for its logits on the step's own images
 (augmented and mixed as the student sees them: DeiT's, and Beyer et al. 2022's "consistent
@@ -35,27 +36,16 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..inference.evaluation import evaluate
-from ..inference.precision import autocast
 from ..models.cnn_teacher import CHANNEL_MULT, CnnTeacher, whiten_stem_
-from ..utils import process_group
 from ..utils.files import atomic_write
 from ..utils.process_group import DistInfo
 from .checkpoint import TEACHER_FILE
 from .settings import TrainConfig
+from .teacher_recipe import RECIPES, TeacherRecipe, train_teacher
 
 logger = logging.getLogger("vit")
 
 METADATA_KEY = "vit.teacher"
-
-# The teacher's own recipe, fixed: SGD with Nesterov momentum, a learning rate rising linearly
-# over the first fifth of the steps and falling linearly to 0 (the DAWNBench CIFAR-10 ResNets'
-# one cycle), 0.4 for batches of 512 and in proportion to the batch size, weight decay on the
-# convolutions' and the head's weights, label smoothing 0.2.
-TEACHER_LR_PER_512 = 0.4
-TEACHER_MOMENTUM = 0.9
-TEACHER_WEIGHT_DECAY = 5e-4
-TEACHER_WARMUP = 0.2
-TEACHER_LABEL_SMOOTHING = 0.2
 
 
 def distillation_loss(
@@ -83,74 +73,20 @@ def distillation_loss(
     return (1.0 - alpha) * base_loss + alpha * distill
 
 
-def teacher_loader_settings(cfg: TrainConfig) -> TrainConfig:
-    """The run's settings for the teacher's training batches: its crop and flips, none of
-    RandAugment, erasing, repeats or resizing (MixUp/CutMix are the loop's, not the loader's)."""
+def teacher_loader_settings(cfg: TrainConfig, recipe: TeacherRecipe) -> TrainConfig:
+    """The run's settings for the teacher's training batches: its crop (with the recipe's
+    padding where it has one) and flips, none of RandAugment, erasing, repeats or resizing
+    (MixUp/CutMix are the loop's, not the loader's)."""
     return replace(
-        cfg, aa="none", reprob=0.0, aug_repeats=0, augment_batches=1, progressive_size=None
+        cfg,
+        aa="none",
+        reprob=0.0,
+        aug_repeats=0,
+        augment_batches=1,
+        progressive_size=None,
+        crop_pad=cfg.crop_pad if recipe.crop_pad is None else recipe.crop_pad,
+        crop_pad_mode=recipe.crop_pad_mode or cfg.crop_pad_mode,
     )
-
-
-def train_teacher(
-    teacher: CnnTeacher,
-    loader,
-    *,
-    epochs: int,
-    device: torch.device,
-    amp: bool,
-    amp_dtype: str,
-    info: DistInfo,
-) -> float:
-    """Train `teacher` in place for `epochs` over `loader` (an EpochDataLoader or
-    InMemoryBatches of (images (B, 3, H, W), labels (B,))), every process its share under DDP;
-    returns the last epoch's mean training loss. Leaves it in eval mode, frozen, with rank 0's
-    batch-norm statistics on every process."""
-    model = process_group.distributed(teacher, info, device)
-    decayed = [p for p in teacher.parameters() if p.ndim > 1]  # conv and head weights
-    others = [p for p in teacher.parameters() if p.ndim <= 1]  # norms' scales and shifts, biases
-    peak = TEACHER_LR_PER_512 * loader.batch_size / 512
-    optimizer = torch.optim.SGD(
-        [{"params": decayed, "weight_decay": TEACHER_WEIGHT_DECAY}, {"params": others}],
-        lr=peak,
-        momentum=TEACHER_MOMENTUM,
-        nesterov=True,
-        weight_decay=0.0,
-    )
-    total = epochs * len(loader)
-    warmup = max(1, round(TEACHER_WARMUP * total))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min((step + 1) / warmup, (total - step) / (total - warmup + 1))
-    )
-    teacher.train()
-    loss_sum = torch.zeros((), device=device)
-    for epoch in range(epochs):
-        began = time.perf_counter()
-        loader.set_epoch(epoch)
-        loss_sum.zero_()
-        for images, labels in loader:
-            images = images.to(device, non_blocking=True)
-            labels = labels.to(device, non_blocking=True)
-            with autocast(device, amp, amp_dtype):
-                logits = model(images)  # (B, K)
-            loss = F.cross_entropy(logits.float(), labels, label_smoothing=TEACHER_LABEL_SMOOTHING)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            loss_sum += loss.detach()
-        if info.is_main:
-            logger.info(
-                "teacher epoch %d/%d: train loss %.4f, %.1f s",
-                epoch + 1,
-                epochs,
-                loss_sum.item() / len(loader),
-                time.perf_counter() - began,
-            )
-    if info.enabled:  # each process's norms saw its own share of the images: take rank 0's
-        for buffer in teacher.buffers():
-            torch.distributed.broadcast(buffer, src=0)
-    freeze(teacher)
-    return loss_sum.item() / max(1, len(loader))
 
 
 def on_device(teacher: CnnTeacher, device: torch.device) -> CnnTeacher:
@@ -174,6 +110,8 @@ def save_teacher(teacher: CnnTeacher, path: Path, facts: dict) -> None:
         "width": teacher.width,
         "channel_mult": list(teacher.channel_mult),
         "stem": teacher.stem_kind,
+        "logit_scale": teacher.logit_scale,
+        "pool_before_norm": teacher.pool_before_norm,
         **facts,
     }
     tensors = {k: v.detach().cpu().contiguous() for k, v in teacher.state_dict().items()}
@@ -206,12 +144,14 @@ def load_teacher(
             f"{flag} {path}: a teacher of {metadata['num_classes']} classes, and the "
             f"data has {num_classes}; give a teacher trained on these classes"
         )
-    # a file of the first teachers says their width only: stages (w, 2w, 4w), a conv stem
+    # a file of the first teachers says their width only: stages (w, 2w, 4w), a conv stem, x1
     teacher = CnnTeacher(
         num_classes,
         width=metadata["width"],
         channel_mult=metadata.get("channel_mult", CHANNEL_MULT),
         stem=metadata.get("stem", "conv"),
+        logit_scale=metadata.get("logit_scale", 1.0),
+        pool_before_norm=metadata.get("pool_before_norm", False),
     )
     teacher.load_state_dict(tensors)
     return freeze(teacher), metadata
@@ -226,6 +166,7 @@ def build_teacher(
     whitening: Iterable[torch.Tensor],
     info: DistInfo,
     device: torch.device,
+    recipe: TeacherRecipe | None = None,
 ) -> tuple[CnnTeacher, dict]:
     """The run's teacher on `device`, frozen, with its facts: the run folder's own on --resume,
     else --teacher-path's, else a CnnTeacher of --teacher-width, --teacher-channel-mult and
@@ -247,6 +188,7 @@ def build_teacher(
         teacher, facts = load_teacher(cfg.teacher_path, num_classes)
         teacher, where = on_device(teacher, device), f"from {cfg.teacher_path}"
     else:
+        recipe = recipe or RECIPES[cfg.teacher_recipe]
         # The teacher's initial weights from a generator of its own: the student's stream of
         # draws (stochastic depth, MixUp) stays what it is in the same run without a teacher.
         with torch.random.fork_rng(devices=[]):
@@ -256,6 +198,7 @@ def build_teacher(
                 width=cfg.teacher_width,
                 channel_mult=cfg.teacher_channel_mult,
                 stem=cfg.teacher_stem,
+                **recipe.network,
             )
         if cfg.teacher_stem == "whiten":  # measured on every process alike: no draws
             whiten_stem_(teacher, whitening)
@@ -264,6 +207,7 @@ def build_teacher(
         train_loss = train_teacher(
             teacher,
             train_loader,
+            recipe=recipe,
             epochs=cfg.teacher_epochs,
             device=device,
             amp=cfg.amp,
@@ -271,8 +215,16 @@ def build_teacher(
             info=info,
         )
         seconds = time.perf_counter() - began
-        facts = {"epochs": cfg.teacher_epochs, "train_loss": train_loss, "train_seconds": seconds}
-        where = f"trained here, {cfg.teacher_epochs} epochs in {seconds:.1f} s"
+        facts = {
+            "epochs": cfg.teacher_epochs,
+            "recipe": cfg.teacher_recipe,
+            "train_loss": train_loss,
+            "train_seconds": seconds,
+        }
+        where = (
+            f"trained here by the {cfg.teacher_recipe} recipe, {cfg.teacher_epochs} epochs "
+            f"in {seconds:.1f} s"
+        )
     scores = evaluate(
         teacher,
         test_loader,

@@ -108,6 +108,8 @@ class TrainConfig:
 
     crop: str = setting("auto", "augmentation", "pad+random crop, random resized crop, or auto (pad for <= 64 px)", choices=("auto", "pad", "rrc"))
     rrc_scale: float = setting(0.08, "augmentation", "smallest random-resized-crop area")
+    crop_pad: int | None = setting(None, "augmentation", "pixels added on every side before --crop pad's random crop (default: 1/8 of the input size, 4 on 32)", metavar="PX")
+    crop_pad_mode: str = setting("constant", "augmentation", "what --crop pad pads with: constant (black) or reflect (the image mirrored at its edge, as torchvision's RandomCrop padding_mode)", choices=("constant", "reflect"))
     hflip: float = setting(0.5, "augmentation", "horizontal flip probability")
     hflip_alternate: bool = setting(False, "augmentation", "with --batch-augment: flip each image on alternate epochs from a random start, instead of at random (Jordan 2024)")
     aa: str = setting("none", "augmentation", "RandAugment policy (the 200-epoch recipes use randaug)", choices=("none", "randaug"))
@@ -128,6 +130,7 @@ class TrainConfig:
     teacher_width: int = setting(64, "distillation", "the teacher's unit of width: its three stages have W x --teacher-channel-mult channels (64: 64, 128, 256, 1.19M parameters)", metavar="W")
     teacher_channel_mult: list[int] = setting(None, "distillation", "the teacher's three stages' widths in units of --teacher-width (as a U-Net's channel_mult; 1 4 4: airbench's 64, 256, 256 at W 64)", factory=lambda: [1, 2, 4], metavar="M", nargs=3)
     teacher_stem: str = setting("conv", "distillation", "the teacher's first layer: conv (3x3, batch norm, GELU) or whiten (2x2 filters measured from the training images' patches to whiten them, never trained: hlb-cifar10's and airbench's)", choices=("conv", "whiten"))
+    teacher_recipe: str = setting("dawnbench", "distillation", "how the teacher trains (vit/training/teacher_recipe.py): dawnbench (SGD 0.4 a batch of 512, momentum 0.9, one cycle) or airbench (airbench94's for its network: frozen norm scales, shifts learning 64x faster, logits x1/9, identity-started convs, lookahead)", choices=("dawnbench", "airbench"))
 
     seed: int = setting(0, "run", "random seed")
     threads: int | None = setting(None, "run", "PyTorch threads per process (default: torch's own choice)")
@@ -152,6 +155,8 @@ class TrainConfig:
         return AugmentConfig(
             crop=self.crop,
             rrc_scale=self.rrc_scale,
+            crop_pad=self.crop_pad,
+            crop_pad_mode=self.crop_pad_mode,
             hflip=self.hflip,
             aa=self.aa,
             aa_n=self.aa_n,
@@ -175,6 +180,7 @@ LIMITS: dict[str, Range] = {
     "train_subset": AT_LEAST_1,
     "test_subset": AT_LEAST_1,
     "workers": AT_LEAST_0,
+    "crop_pad": AT_LEAST_0,
     "img_size": AT_LEAST_1,
     "drop_path": DROP_RATE,
     "drop": DROP_RATE,

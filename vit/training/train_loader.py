@@ -15,6 +15,7 @@ from ..data.batch_pipeline import InMemoryBatches, InMemoryEvalBatches
 from ..data.datasets import ImageDataset
 from ..data.loaders import EpochDataLoader, eval_loader, init_worker
 from ..data.repeated_augmentation import RepeatAugSampler
+from ..data.transforms import crop_padding
 from ..models.registry import Preprocess
 from ..utils.process_group import DistInfo
 from .settings import TrainConfig
@@ -106,7 +107,8 @@ def in_memory_batches(
         batch_size=cfg.batch_size,
         mean=preprocess.mean,
         std=preprocess.std,
-        pad=preprocess.input_size[0] // 8,  # the CIFAR standard: 4 pixels on 32
+        pad=crop_padding(cfg.crop_pad, preprocess.input_size, cfg.crop_pad_mode),
+        pad_mode=cfg.crop_pad_mode,
         hflip=cfg.hflip,
         hflip_alternate=cfg.hflip_alternate,
         randaug_ops=cfg.aa_n if cfg.aa == "randaug" else 0,
