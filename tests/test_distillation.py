@@ -294,9 +294,12 @@ def test_the_teacher_screen_trains_each_rows_teacher_as_a_run_does(
     screen = importlib.import_module("teacher_screen")
     out = tmp_path / "teachers.json"
     flags = ["--data", str(image_folder), "--epochs", "2", "--batch-size", "16"]
-    screen.main([*flags, "--device", "cpu", "--rows", "w32", "whiten-wide", "--json", str(out)])
+    names = ["w32", "whiten-wide", "airbench-first"]
+    screen.main([*flags, "--device", "cpu", "--rows", *names, "--json", str(out)])
     rows = json.loads(out.read_text())
-    assert [r["row"] for r in rows] == ["w32", "whiten-wide"]
+    assert [r["row"] for r in rows] == names
+    assert [r["recipe"]["name"] for r in rows] == ["dawnbench", "dawnbench", "airbench"]
+    assert rows[2]["recipe"]["pool_before_norm"] is False  # the row's change to the recipe
     assert rows[0]["params_m"] == round(sum(
         p.numel() for p in CnnTeacher(3, width=32).parameters()) / 1e6, 3)  # fmt: skip
     assert rows[1]["params_m"] == round(sum(
@@ -305,5 +308,6 @@ def test_the_teacher_screen_trains_each_rows_teacher_as_a_run_does(
     assert rows[1]["train_images"] == 48
     for row in rows:
         assert 0 <= row["top1"] <= 100 and 0 <= row["top1_flip_tta"] <= 100
+        assert 0 <= row["top1_flip_shift_tta"] <= 100
         assert row["epochs"] == 2 and row["gflop_forward"] > 0
     assert "| `whiten-wide` |" in capsys.readouterr().out

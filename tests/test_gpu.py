@@ -31,6 +31,7 @@ import vit
 from vit.models.cnn_teacher import CnnTeacher
 from vit.training import build, engine
 from vit.training.settings import TrainConfig
+from vit.training.teacher_recipe import RECIPES
 from vit.utils.process_group import DistInfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,7 +205,11 @@ def engine_run(device: torch.device, **settings) -> build.Run:
     teacher = None
     if cfg.distillation_type != "none":  # a random teacher, drawn on the CPU: alike everywhere
         teacher = CnnTeacher(
-            len(CLASSES), width=4, channel_mult=cfg.teacher_channel_mult, stem=cfg.teacher_stem
+            len(CLASSES),
+            width=4,
+            channel_mult=cfg.teacher_channel_mult,
+            stem=cfg.teacher_stem,
+            **RECIPES[cfg.teacher_recipe].network,  # airbench's: pool before norm, logits x1/9
         )
         teacher = teacher.to(device).eval().requires_grad_(False)
     forward_loss = build.build_forward_loss(
@@ -498,10 +503,13 @@ def test_step_graph_takes_the_teacher_into_its_graph(device, kind, stem):
     """--distillation-type: the frozen teacher's forward pass is part of the step (a CUDA
     graph's on a GPU), and the step takes --graph-update's steps with it (on the CPU to the
     bit); the teacher's loss changes the steps (a teacher left out would not). Either stem:
-    the whitening stem's 2x2 convolution too (airbench's stages, the recipe's teacher)."""
+    the whitening stem's 2x2 convolution too (airbench's stages and recipe, the speedrun's
+    teacher)."""
     settings = dict(opt="muon", model_ema=True, amp=True, distillation_type=kind)
     if stem == "whiten":
-        settings.update(teacher_stem="whiten", teacher_channel_mult=[1, 4, 4])
+        settings.update(
+            teacher_stem="whiten", teacher_channel_mult=[1, 4, 4], teacher_recipe="airbench"
+        )
     updated = engine_run(device, **settings, graph_update=True)
     stepped = engine_run(device, **settings, graph_step=True)
     losses = {"updated": train_steps(updated, 4), "stepped": train_steps(stepped, 4)}
