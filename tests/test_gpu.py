@@ -1352,9 +1352,11 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     # with a teacher of their own, soft or hard, and at 50 epochs whiten-epochs50 with it
     assert speedrun.distillation_type == "soft" and recipe.distillation_type == "none"
     whitened = settings["whiten"]
-    # the rows' teacher is the first one, a conv stem and stages (w, 2w, 4w), whatever the
-    # recipe's teacher is now
-    first_teacher = dict(teacher_stem="conv", teacher_channel_mult=[1, 2, 4])
+    # the rows' teacher is the first one, a conv stem and stages (w, 2w, 4w) by the first
+    # recipe, whatever the recipe's teacher is now
+    first_teacher = dict(
+        teacher_stem="conv", teacher_channel_mult=[1, 2, 4], teacher_recipe="dawnbench"
+    )
     for name, kind in (("whiten-distill-soft", "soft"), ("whiten-distill-hard", "hard")):
         row = settings[name]
         assert (row.distillation_type, row.teacher_width, row.teacher_epochs) == (kind, 32, 20)
@@ -1368,6 +1370,7 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         teacher_width=speedrun.teacher_width,
         teacher_stem=speedrun.teacher_stem,
         teacher_channel_mult=speedrun.teacher_channel_mult,
+        teacher_recipe=speedrun.teacher_recipe,
         output_dir=settings["whiten-epochs50"].output_dir,
     )
     assert dataclasses.replace(short, **same) == settings["whiten-epochs50"]
