@@ -41,7 +41,7 @@ from ..utils.files import atomic_write
 from ..utils.process_group import DistInfo
 from .checkpoint import TEACHER_FILE
 from .settings import TrainConfig
-from .teacher_recipe import RECIPES, TeacherRecipe, train_teacher
+from .teacher_recipe import RECIPES, TeacherRecipe, freeze, train_teacher
 
 logger = logging.getLogger("vit")
 
@@ -93,13 +93,6 @@ def on_device(teacher: CnnTeacher, device: torch.device) -> CnnTeacher:
     """`teacher` on `device` in channels-last layout (the one convolutions run fastest in), the
     same however the run got it: trained here, read for --resume or from --teacher-path."""
     return teacher.to(device, memory_format=torch.channels_last)
-
-
-def freeze(teacher: CnnTeacher) -> CnnTeacher:
-    """Eval mode (batch norm from its running statistics) and no gradients: a teacher."""
-    teacher.eval()
-    teacher.requires_grad_(False)
-    return teacher
 
 
 def save_teacher(teacher: CnnTeacher, path: Path, facts: dict) -> None:

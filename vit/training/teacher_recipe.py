@@ -269,6 +269,12 @@ def train_teacher(
     if info.enabled:  # each process's norms saw its own share of the images: take rank 0's
         for buffer in teacher.buffers():
             torch.distributed.broadcast(buffer, src=0)
+    freeze(teacher)
+    return loss_sum.item() / max(1, len(loader))
+
+
+def freeze(teacher: CnnTeacher) -> CnnTeacher:
+    """Eval mode (batch norm from its running statistics) and no gradients: a teacher."""
     teacher.eval()
     teacher.requires_grad_(False)
-    return loss_sum.item() / max(1, len(loader))
+    return teacher
