@@ -1,0 +1,177 @@
+"""What the JPEG copy of CIFAR-10 costs: how far its pixels are from the lossless images, and
+copies of it compressed once more, to train on and measure how accuracy falls with the error.
+
+    python benchmarks/jpeg_cost.py --data ../shared/data/cifar10-jpg --lossless DIR
+    python benchmarks/jpeg_cost.py --data ../shared/data/cifar10-jpg --write /tmp/q50 --quality 50
+
+`../shared/data/cifar10-jpg` is CIFAR-10 saved once as JPEG, training and test images alike,
+and this machine has no lossless copy to train on. What it can measure is the dose: with
+--lossless, a folder of some of the lossless test images named as foolbox ships them
+(`cifar10_<test index>_<label>.png`, the first 20 of the test set in foolbox's wheel), it
+checks how the copy was made (the copy's pixels against PIL's JPEG of the lossless image at
+each quality, 4:2:0 chroma) and prints the copy's error against the lossless pixels; with
+--write, it compresses the whole copy once more at --quality into a new image-folder tree and
+prints the error that adds. Training the same network on such a copy (teacher_screen.py --data
+DST) says what an error of that size costs in accuracy, which is the measure of what the copy's
+own error costs against the lossless images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+LOSSLESS_NAME = re.compile(r"cifar10_(\d+)_(\d)\.png")
+QUALITIES = (95, 90, 85, 80, 75, 70, 60, 50, 40, 30, 25)
+
+
+def load_rgb(path: Path) -> np.ndarray:
+    """(32, 32, 3) uint8."""
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def jpeg(pixels: np.ndarray, quality: int) -> bytes:
+    """PIL's JPEG of an (H, W, 3) uint8 image, 4:2:0 chroma (PIL's default below quality 95,
+    given explicitly so that every quality here subsamples alike)."""
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=quality, subsampling="4:2:0")
+    return buffer.getvalue()
+
+
+def decode(data: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(data)) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def mse(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean squared error per channel value, in 0-255 units."""
+    return float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+
+
+def mean_mse(images: list[np.ndarray], references: list[np.ndarray]) -> float:
+    return float(np.mean([mse(a, b) for a, b in zip(images, references, strict=True)]))
+
+
+def psnr(error: float) -> float:
+    return 10 * np.log10(255**2 / error) if error > 0 else float("inf")
+
+
+def copy_paths(data: Path, split: str) -> list[tuple[Path, int]]:
+    """(file, label) for every image of a split, in the copy's order."""
+    classes = sorted(p.name for p in (data / split).iterdir() if p.is_dir())
+    return [
+        (path, label)
+        for label, name in enumerate(classes)
+        for path in sorted((data / split / name).glob("*.jpg"))
+    ]
+
+
+def test_file_of(data: Path, lossless: list[tuple[int, int]]) -> dict[int, Path]:
+    """Test index -> the copy's file, for a run of test indices 0..N-1: the copy numbers each
+    class's images in test-set order, so the k-th image of a class is <class>/k.jpg."""
+    indices = [index for index, _ in lossless]
+    if indices != list(range(len(indices))):
+        raise SystemExit(f"--lossless: expected test indices 0..{len(indices) - 1}, got {indices}")
+    classes = sorted(p.name for p in (data / "test").iterdir() if p.is_dir())
+    seen = [0] * len(classes)
+    files = {}
+    for index, label in lossless:
+        files[index] = data / "test" / classes[label] / f"{seen[label]:04d}.jpg"
+        seen[label] += 1
+    return files
+
+
+def compare_with_lossless(data: Path, folder: Path, qualities: tuple[int, ...]) -> list[dict]:
+    """A row per quality: PIL's JPEG of the lossless images against them, how many decode to
+    the copy's pixels exactly, and the copy compressed once more at that quality."""
+    found = sorted(
+        (int(m[1]), int(m[2]), path)
+        for path in folder.glob("cifar10_*.png")
+        if (m := LOSSLESS_NAME.fullmatch(path.name))
+    )
+    if not found:
+        raise SystemExit(f"--lossless {folder}: no cifar10_<index>_<label>.png images there")
+    files = test_file_of(data, [(index, label) for index, label, _ in found])
+    lossless = [load_rgb(path) for _, _, path in found]
+    copy = [load_rgb(files[index]) for index, _, _ in found]
+    rows = []
+    for quality in qualities:
+        encoded = [jpeg(x, quality) for x in lossless]
+        once = [decode(e) for e in encoded]
+        twice = [decode(jpeg(c, quality)) for c in copy]
+        rows.append({
+            "quality": quality,
+            "bytes": float(np.mean([len(e) for e in encoded])),
+            "mse_once": mean_mse(once, lossless),
+            "equal_to_copy": sum(map(np.array_equal, once, copy)),
+            "mse_twice": mean_mse(twice, lossless),
+            "mse_added": mean_mse(twice, copy),
+        })  # fmt: skip
+    copy_error = mean_mse(copy, lossless)
+    print(f"{len(found)} lossless test images (0-{len(found) - 1}): the copy's MSE against them "
+          f"{copy_error:.2f} ({psnr(copy_error):.2f} dB)")  # fmt: skip
+    print("| quality | bytes | JPEG of lossless: MSE | dB | decodes to the copy | the copy again: "
+          "MSE against lossless | against the copy |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        once = f"{r['mse_once']:.2f} | {psnr(r['mse_once']):.2f}"
+        print(
+            f"| {r['quality']} | {r['bytes']:.0f} | {once} | {r['equal_to_copy']} of {len(found)} "
+            f"| {r['mse_twice']:.2f} | {r['mse_added']:.2f} |"
+        )
+    return rows
+
+
+def write_copy(data: Path, destination: Path, quality: int) -> None:
+    if destination.exists() and any(destination.iterdir()):
+        raise SystemExit(f"--write {destination}: not empty; give a new folder")
+    start = time.perf_counter()
+    for split in ("train", "test"):
+        errors = []
+        for path, _ in copy_paths(data, split):
+            pixels = load_rgb(path)
+            encoded = jpeg(pixels, quality)
+            errors.append(mse(decode(encoded), pixels))
+            target = destination / split / path.parent.name / path.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(encoded)
+        error = float(np.mean(errors))
+        print(
+            f"{split}: {len(errors)} images at quality {quality}, MSE against the copy {error:.2f} "
+            f"({psnr(error):.2f} dB)"
+        )
+    print(f"written to {destination} in {time.perf_counter() - start:.0f} s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="the JPEG copy's image folder")
+    parser.add_argument(
+        "--lossless", type=Path, default=None, help="cifar10_<i>_<label>.png folder"
+    )
+    parser.add_argument("--write", type=Path, default=None, help="a new folder for the copy")
+    parser.add_argument("--quality", type=int, default=50, help="--write's JPEG quality, 1-100")
+    parser.add_argument("--qualities", type=int, nargs="+", default=list(QUALITIES))
+    args = parser.parse_args(argv)
+    if not (args.data / "test").is_dir():
+        raise SystemExit(f"--data {args.data}: expected an image folder with train/ and test/")
+    if args.lossless is None and args.write is None:
+        parser.error("give --lossless DIR, --write DST or both")
+    if args.lossless is not None:
+        compare_with_lossless(args.data, args.lossless, tuple(args.qualities))
+    if args.write is not None:
+        if not 1 <= args.quality <= 100:
+            raise SystemExit(f"--quality {args.quality}: expected 1-100")
+        write_copy(args.data, args.write, args.quality)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""benchmarks/jpeg_cost.py: the JPEG copy's error against lossless images, and copies of it
+compressed once more."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+LABELS = [0, 1, 0, 2, 1, 0]  # the lossless test images 0-5, as foolbox names them
+CLASSES = ["airplane", "automobile", "bird"]
+
+
+@pytest.fixture
+def jpeg_cost(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    return importlib.import_module("jpeg_cost")
+
+
+def smooth_image(rng: np.random.Generator) -> np.ndarray:
+    """(32, 32, 3) uint8, smooth enough that JPEG's error depends on its quality."""
+    coarse = rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+    return np.asarray(Image.fromarray(coarse).resize((32, 32), Image.BILINEAR))
+
+
+@pytest.fixture
+def copy_and_lossless(jpeg_cost, tmp_path) -> tuple[Path, Path]:
+    """A lossless folder named as foolbox's, and an image-folder copy of the same images saved
+    at quality 75, each class's images numbered in test order (two training images a class)."""
+    rng = np.random.default_rng(0)
+    lossless, copy = tmp_path / "lossless", tmp_path / "copy"
+    lossless.mkdir()
+    seen = [0] * len(CLASSES)
+    for index, label in enumerate(LABELS):
+        pixels = smooth_image(rng)
+        Image.fromarray(pixels).save(lossless / f"cifar10_{index:02d}_{label}.png")
+        target = copy / "test" / CLASSES[label] / f"{seen[label]:04d}.jpg"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(jpeg_cost.jpeg(pixels, 75))
+        seen[label] += 1
+    for name in CLASSES:
+        (copy / "train" / name).mkdir(parents=True)
+        for k in range(2):
+            Image.fromarray(smooth_image(rng)).save(copy / "train" / name / f"{k:04d}.jpg")
+    return copy, lossless
+
+
+def test_the_copy_is_matched_to_its_lossless_images_by_test_order(jpeg_cost, copy_and_lossless):
+    copy, lossless = copy_and_lossless
+    rows = {r["quality"]: r for r in jpeg_cost.compare_with_lossless(copy, lossless, (95, 75, 50))}
+    # the copy's files are each lossless image's JPEG at 75: found only by the right numbering
+    assert rows[75]["equal_to_copy"] == len(LABELS)
+    assert rows[95]["equal_to_copy"] == 0 and rows[50]["equal_to_copy"] == 0
+    assert rows[95]["mse_once"] < rows[75]["mse_once"] < rows[50]["mse_once"]
+    # compressed again at 50, the copy moves from itself and further from the lossless images
+    assert rows[50]["mse_added"] > 0 and rows[50]["mse_twice"] > rows[75]["mse_once"]
+
+
+def test_lossless_images_must_be_the_first_of_the_test_set(jpeg_cost, copy_and_lossless):
+    copy, lossless = copy_and_lossless
+    (lossless / "cifar10_00_0.png").rename(lossless / "cifar10_07_0.png")
+    with pytest.raises(SystemExit, match="expected test indices 0..5"):
+        jpeg_cost.compare_with_lossless(copy, lossless, (75,))
+
+
+def test_a_copy_compressed_again_keeps_the_tree_and_refuses_a_used_folder(
+    jpeg_cost, copy_and_lossless, tmp_path, capsys
+):
+    copy, _ = copy_and_lossless
+    destination = tmp_path / "q50"
+    jpeg_cost.main(["--data", str(copy), "--write", str(destination), "--quality", "50"])
+    relative = sorted(p.relative_to(copy) for p in copy.rglob("*.jpg"))
+    assert sorted(p.relative_to(destination) for p in destination.rglob("*.jpg")) == relative
+    for path in relative:
+        again, before = jpeg_cost.load_rgb(destination / path), jpeg_cost.load_rgb(copy / path)
+        assert again.shape == before.shape == (32, 32, 3) and not np.array_equal(again, before)
+    assert "test: 6 images at quality 50, MSE against the copy" in capsys.readouterr().out
+    written = (destination / relative[0]).read_bytes()
+    with pytest.raises(SystemExit, match="not empty"):
+        jpeg_cost.main(["--data", str(copy), "--write", str(destination), "--quality", "30"])
+    assert (destination / relative[0]).read_bytes() == written  # nothing overwritten
