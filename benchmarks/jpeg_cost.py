@@ -10,8 +10,9 @@ and this machine has no lossless copy to train on. What it can measure is the do
 (`cifar10_<test index>_<label>.png`, the first 20 of the test set in foolbox's wheel), it
 checks how the copy was made (the copy's pixels against PIL's JPEG of the lossless image at
 each quality, 4:2:0 chroma) and prints the copy's error against the lossless pixels; with
---write, it compresses the whole copy once more at --quality into a new image-folder tree and
-prints the error that adds. Training the same network on such a copy (teacher_screen.py --data
+--write, it compresses the whole copy once more at --quality into a new image-folder tree
+(with --colour-block N, its colour averaged over NxN pixels first) and prints the error that
+adds. Training the same network on such a copy (teacher_screen.py --data
 DST) says what an error of that size costs in accuracy, which is the measure of what the copy's
 own error costs against the lossless images.
 """
@@ -44,6 +45,17 @@ def jpeg(pixels: np.ndarray, quality: int) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="JPEG", quality=quality, subsampling="4:2:0")
     return buffer.getvalue()
+
+
+def average_colour(pixels: np.ndarray, block: int) -> np.ndarray:
+    """The colour planes (Cb, Cr) averaged over block x block pixels and spread back bilinearly,
+    the brightness (Y) kept: what 4:2:0 does to colour (block 2), made coarser. (H, W, 3) uint8."""
+    if block == 1:
+        return pixels
+    brightness, *colour = Image.fromarray(pixels).convert("YCbCr").split()
+    coarse = (pixels.shape[1] // block, pixels.shape[0] // block)
+    colour = [c.resize(coarse, Image.BOX).resize(brightness.size, Image.BILINEAR) for c in colour]
+    return np.asarray(Image.merge("YCbCr", (brightness, *colour)).convert("RGB"))
 
 
 def decode(data: bytes) -> np.ndarray:
@@ -130,7 +142,7 @@ def compare_with_lossless(data: Path, folder: Path, qualities: tuple[int, ...]) 
     return rows
 
 
-def write_copy(data: Path, destination: Path, quality: int) -> None:
+def write_copy(data: Path, destination: Path, quality: int, colour_block: int = 1) -> None:
     if destination.exists() and any(destination.iterdir()):
         raise SystemExit(f"--write {destination}: not empty; give a new folder")
     start = time.perf_counter()
@@ -138,15 +150,16 @@ def write_copy(data: Path, destination: Path, quality: int) -> None:
         errors = []
         for path, _ in copy_paths(data, split):
             pixels = load_rgb(path)
-            encoded = jpeg(pixels, quality)
+            encoded = jpeg(average_colour(pixels, colour_block), quality)
             errors.append(mse(decode(encoded), pixels))
             target = destination / split / path.parent.name / path.name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(encoded)
         error = float(np.mean(errors))
+        colour = f", colour averaged over {colour_block}x{colour_block}" if colour_block > 1 else ""
         print(
-            f"{split}: {len(errors)} images at quality {quality}, MSE against the copy {error:.2f} "
-            f"({psnr(error):.2f} dB)"
+            f"{split}: {len(errors)} images at quality {quality}{colour}, MSE against the copy "
+            f"{error:.2f} ({psnr(error):.2f} dB)"
         )
     print(f"written to {destination} in {time.perf_counter() - start:.0f} s")
 
@@ -159,6 +172,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--write", type=Path, default=None, help="a new folder for the copy")
     parser.add_argument("--quality", type=int, default=50, help="--write's JPEG quality, 1-100")
+    parser.add_argument(
+        "--colour-block", type=int, default=1, help="--write: average colour over NxN pixels first"
+    )
     parser.add_argument("--qualities", type=int, nargs="+", default=list(QUALITIES))
     args = parser.parse_args(argv)
     if not (args.data / "test").is_dir():
@@ -170,7 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.write is not None:
         if not 1 <= args.quality <= 100:
             raise SystemExit(f"--quality {args.quality}: expected 1-100")
-        write_copy(args.data, args.write, args.quality)
+        if args.colour_block not in (1, 2, 4, 8):
+            raise SystemExit(f"--colour-block {args.colour_block}: expected 1, 2, 4 or 8")
+        write_copy(args.data, args.write, args.quality, args.colour_block)
 
 
 if __name__ == "__main__":

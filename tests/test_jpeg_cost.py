@@ -82,3 +82,27 @@ def test_a_copy_compressed_again_keeps_the_tree_and_refuses_a_used_folder(
     with pytest.raises(SystemExit, match="not empty"):
         jpeg_cost.main(["--data", str(copy), "--write", str(destination), "--quality", "30"])
     assert (destination / relative[0]).read_bytes() == written  # nothing overwritten
+
+
+def test_averaging_the_colour_keeps_the_brightness(jpeg_cost):
+    pixels = smooth_image(np.random.default_rng(1))
+    assert jpeg_cost.average_colour(pixels, 1) is pixels
+    coarse = jpeg_cost.average_colour(pixels, 8)
+    before, after = (
+        np.asarray(Image.fromarray(p).convert("YCbCr"), np.int16) for p in (pixels, coarse)
+    )
+    assert np.abs(after[..., 0] - before[..., 0]).max() <= 2  # Y: the RGB round trip's rounding
+    assert np.abs(after[..., 1:] - before[..., 1:]).mean() > 2  # Cb, Cr: coarser
+    grey = np.repeat(pixels[..., :1], 3, axis=2)  # no colour to average
+    assert np.abs(jpeg_cost.average_colour(grey, 8).astype(np.int16) - grey).max() <= 1
+
+
+def test_a_colour_block_other_than_a_power_of_two_up_to_8_is_refused(
+    jpeg_cost, copy_and_lossless, tmp_path
+):
+    copy, _ = copy_and_lossless
+    with pytest.raises(SystemExit, match="--colour-block 3: expected 1, 2, 4 or 8"):
+        jpeg_cost.main(
+            ["--data", str(copy), "--write", str(tmp_path / "c3"), "--colour-block", "3"]
+        )
+    assert not (tmp_path / "c3").exists()
