@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import io
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -34,14 +35,14 @@ QUALITIES = (95, 90, 85, 80, 75, 70, 60, 50, 40, 30, 25)
 
 
 def load_rgb(path: Path) -> np.ndarray:
-    """(32, 32, 3) uint8."""
+    """(H, W, 3) uint8."""
     with Image.open(path) as image:
         return np.asarray(image.convert("RGB"))
 
 
 def jpeg(pixels: np.ndarray, quality: int) -> bytes:
-    """PIL's JPEG of an (H, W, 3) uint8 image, 4:2:0 chroma (PIL's default below quality 95,
-    given explicitly so that every quality here subsamples alike)."""
+    """PIL's JPEG of an (H, W, 3) uint8 image with 4:2:0 colour, as the copy was saved (given
+    explicitly so that every quality here subsamples alike)."""
     buffer = io.BytesIO()
     Image.fromarray(pixels).save(buffer, format="JPEG", quality=quality, subsampling="4:2:0")
     return buffer.getvalue()
@@ -76,17 +77,12 @@ def psnr(error: float) -> float:
     return 10 * np.log10(255**2 / error) if error > 0 else float("inf")
 
 
-def copy_paths(data: Path, split: str) -> list[tuple[Path, int]]:
-    """(file, label) for every image of a split, in the copy's order."""
-    classes = sorted(p.name for p in (data / split).iterdir() if p.is_dir())
-    return [
-        (path, label)
-        for label, name in enumerate(classes)
-        for path in sorted((data / split / name).glob("*.jpg"))
-    ]
+def copy_paths(data: Path, split: str) -> list[Path]:
+    """Every image of a split, class by class."""
+    return sorted((data / split).glob("*/*.jpg"))
 
 
-def test_file_of(data: Path, lossless: list[tuple[int, int]]) -> dict[int, Path]:
+def copy_files_of(data: Path, lossless: list[tuple[int, int]]) -> dict[int, Path]:
     """Test index -> the copy's file, for a run of test indices 0..N-1: the copy numbers each
     class's images in test-set order, so the k-th image of a class is <class>/k.jpg."""
     indices = [index for index, _ in lossless]
@@ -111,7 +107,7 @@ def compare_with_lossless(data: Path, folder: Path, qualities: tuple[int, ...]) 
     )
     if not found:
         raise SystemExit(f"--lossless {folder}: no cifar10_<index>_<label>.png images there")
-    files = test_file_of(data, [(index, label) for index, label, _ in found])
+    files = copy_files_of(data, [(index, label) for index, label, _ in found])
     lossless = [load_rgb(path) for _, _, path in found]
     copy = [load_rgb(files[index]) for index, _, _ in found]
     rows = []
@@ -143,16 +139,21 @@ def compare_with_lossless(data: Path, folder: Path, qualities: tuple[int, ...]) 
 
 
 def write_copy(data: Path, destination: Path, quality: int, colour_block: int = 1) -> None:
-    if destination.exists() and any(destination.iterdir()):
-        raise SystemExit(f"--write {destination}: not empty; give a new folder")
+    """Every image of the copy, its colour averaged over colour_block pixels if more than 1,
+    saved again at `quality` under `destination`/{train,test}/<class>/; written beside it first
+    and renamed when whole, so that a stopped run leaves no half-written copy."""
+    if destination.exists():
+        raise SystemExit(f"--write {destination}: already exists; give a new folder")
+    partial = destination.with_name(destination.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # a stopped run's, never a finished copy
     start = time.perf_counter()
     for split in ("train", "test"):
         errors = []
-        for path, _ in copy_paths(data, split):
+        for path in copy_paths(data, split):
             pixels = load_rgb(path)
             encoded = jpeg(average_colour(pixels, colour_block), quality)
             errors.append(mse(decode(encoded), pixels))
-            target = destination / split / path.parent.name / path.name
+            target = partial / split / path.parent.name / path.name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(encoded)
         error = float(np.mean(errors))
@@ -161,6 +162,7 @@ def write_copy(data: Path, destination: Path, quality: int, colour_block: int = 
             f"{split}: {len(errors)} images at quality {quality}{colour}, MSE against the copy "
             f"{error:.2f} ({psnr(error):.2f} dB)"
         )
+    partial.rename(destination)
     print(f"written to {destination} in {time.perf_counter() - start:.0f} s")
 
 

@@ -79,7 +79,7 @@ def test_a_copy_compressed_again_keeps_the_tree_and_refuses_a_used_folder(
         assert again.shape == before.shape == (32, 32, 3) and not np.array_equal(again, before)
     assert "test: 6 images at quality 50, MSE against the copy" in capsys.readouterr().out
     written = (destination / relative[0]).read_bytes()
-    with pytest.raises(SystemExit, match="not empty"):
+    with pytest.raises(SystemExit, match="already exists"):
         jpeg_cost.main(["--data", str(copy), "--write", str(destination), "--quality", "30"])
     assert (destination / relative[0]).read_bytes() == written  # nothing overwritten
 
@@ -106,3 +106,25 @@ def test_a_colour_block_other_than_a_power_of_two_up_to_8_is_refused(
             ["--data", str(copy), "--write", str(tmp_path / "c3"), "--colour-block", "3"]
         )
     assert not (tmp_path / "c3").exists()
+
+
+def test_a_stopped_write_leaves_no_copy_and_the_next_one_finishes(
+    jpeg_cost, copy_and_lossless, tmp_path, monkeypatch
+):
+    copy, _ = copy_and_lossless
+    destination, encode, calls = tmp_path / "q50", jpeg_cost.jpeg, []
+
+    def stop_at_the_fifth(pixels, quality):
+        calls.append(quality)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return encode(pixels, quality)
+
+    monkeypatch.setattr(jpeg_cost, "jpeg", stop_at_the_fifth)
+    with pytest.raises(KeyboardInterrupt):
+        jpeg_cost.write_copy(copy, destination, 50)
+    assert not destination.exists()  # a half-written copy is never taken for a whole one
+    monkeypatch.setattr(jpeg_cost, "jpeg", encode)
+    jpeg_cost.write_copy(copy, destination, 50)
+    assert len(list(destination.rglob("*.jpg"))) == len(list(copy.rglob("*.jpg")))
+    assert not (tmp_path / "q50.partial").exists()
