@@ -30,14 +30,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from vit.data.images import load_image
+
 LOSSLESS_NAME = re.compile(r"cifar10_(\d+)_(\d)\.png")
 QUALITIES = (95, 90, 85, 80, 75, 70, 60, 50, 40, 30, 25)
-
-
-def load_rgb(path: Path) -> np.ndarray:
-    """(H, W, 3) uint8."""
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
 
 
 def jpeg(pixels: np.ndarray, quality: int) -> bytes:
@@ -60,6 +56,7 @@ def average_colour(pixels: np.ndarray, block: int) -> np.ndarray:
 
 
 def decode(data: bytes) -> np.ndarray:
+    """(H, W, 3) uint8 of JPEG bytes in memory (`load_image` reads files)."""
     with Image.open(io.BytesIO(data)) as image:
         return np.asarray(image.convert("RGB"))
 
@@ -108,8 +105,8 @@ def compare_with_lossless(data: Path, folder: Path, qualities: tuple[int, ...]) 
     if not found:
         raise SystemExit(f"--lossless {folder}: no cifar10_<index>_<label>.png images there")
     files = copy_files_of(data, [(index, label) for index, label, _ in found])
-    lossless = [load_rgb(path) for _, _, path in found]
-    copy = [load_rgb(files[index]) for index, _, _ in found]
+    lossless = [load_image(path) for _, _, path in found]
+    copy = [load_image(files[index]) for index, _, _ in found]
     rows = []
     for quality in qualities:
         encoded = [jpeg(x, quality) for x in lossless]
@@ -150,7 +147,7 @@ def write_copy(data: Path, destination: Path, quality: int, colour_block: int = 
     for split in ("train", "test"):
         errors = []
         for path in copy_paths(data, split):
-            pixels = load_rgb(path)
+            pixels = load_image(path)
             encoded = jpeg(average_colour(pixels, colour_block), quality)
             errors.append(mse(decode(encoded), pixels))
             target = partial / split / path.parent.name / path.name

@@ -75,7 +75,7 @@ def test_a_copy_compressed_again_keeps_the_tree_and_refuses_a_used_folder(
     relative = sorted(p.relative_to(copy) for p in copy.rglob("*.jpg"))
     assert sorted(p.relative_to(destination) for p in destination.rglob("*.jpg")) == relative
     for path in relative:
-        again, before = jpeg_cost.load_rgb(destination / path), jpeg_cost.load_rgb(copy / path)
+        again, before = jpeg_cost.load_image(destination / path), jpeg_cost.load_image(copy / path)
         assert again.shape == before.shape == (32, 32, 3) and not np.array_equal(again, before)
     assert "test: 6 images at quality 50, MSE against the copy" in capsys.readouterr().out
     written = (destination / relative[0]).read_bytes()
