@@ -180,13 +180,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"--data {args.data}: expected an image folder with train/ and test/")
     if args.lossless is None and args.write is None:
         parser.error("give --lossless DIR, --write DST or both")
+    # every option checked before any work: a bad --quality is not found after the comparison
+    if not 1 <= args.quality <= 100:
+        raise SystemExit(f"--quality {args.quality}: expected 1-100")
+    if args.colour_block not in (1, 2, 4, 8):
+        raise SystemExit(f"--colour-block {args.colour_block}: expected 1, 2, 4 or 8")
     if args.lossless is not None:
         compare_with_lossless(args.data, args.lossless, tuple(args.qualities))
     if args.write is not None:
-        if not 1 <= args.quality <= 100:
-            raise SystemExit(f"--quality {args.quality}: expected 1-100")
-        if args.colour_block not in (1, 2, 4, 8):
-            raise SystemExit(f"--colour-block {args.colour_block}: expected 1, 2, 4 or 8")
         write_copy(args.data, args.write, args.quality, args.colour_block)
 
 
