@@ -326,6 +326,16 @@ ROWS = {
         ],
         "the patch embedding whitened, soft distillation from airbench's network as the teacher",
     ),
+    # ... and that teacher trained by airbench's recipe (`--teacher-recipe airbench`, the GPU
+    # recipe's teacher since): the strongest teacher at the proxy's width
+    "whiten-distill-soft-airbench-recipe": (
+        [
+            *("--patch-embed-init", "whiten", "--teacher-width", "32", "--teacher-epochs", "20"),
+            *("--teacher-stem", "whiten", "--teacher-channel-mult", "1", "4", "4"),
+            *("--teacher-recipe", "airbench", "--distillation-type", "soft"),
+        ],
+        "the patch embedding whitened, soft distillation from airbench's network and recipe",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),
