@@ -91,6 +91,12 @@ FIRST_TEACHER = [
     *("--teacher-recipe", "dawnbench"),
 ]
 TEACHER = ["--teacher-width", "32", "--teacher-epochs", "20", *FIRST_TEACHER]
+# the whitened patch embedding and airbench's network as the proxy's teacher (a whitening stem,
+# stages 32, 128, 128), 20 epochs: the airbench-teacher rows, which differ in its recipe
+AIRBENCH_NET_TEACHER = [
+    *("--patch-embed-init", "whiten", "--teacher-width", "32", "--teacher-epochs", "20"),
+    *("--teacher-stem", "whiten", "--teacher-channel-mult", "1", "4", "4"),
+]
 
 # name -> (flags added to BASE, what the row is)
 ROWS = {
@@ -306,34 +312,13 @@ ROWS = {
     # which alone beat the first teacher by 2.6 points over 10,000 images (64 wide, batches of
     # 512; docs/gpu.md)
     "whiten-distill-soft-airbench-teacher": (
-        [
-            "--patch-embed-init",
-            "whiten",
-            "--teacher-width",
-            "32",
-            "--teacher-epochs",
-            "20",
-            "--teacher-stem",
-            "whiten",
-            "--teacher-channel-mult",
-            "1",
-            "4",
-            "4",
-            "--teacher-recipe",
-            "dawnbench",
-            "--distillation-type",
-            "soft",
-        ],
+        [*AIRBENCH_NET_TEACHER, "--teacher-recipe", "dawnbench", "--distillation-type", "soft"],
         "the patch embedding whitened, soft distillation from airbench's network as the teacher",
     ),
     # ... and that teacher trained by airbench's recipe (`--teacher-recipe airbench`, the GPU
     # recipe's teacher since): the strongest teacher at the proxy's width
     "whiten-distill-soft-airbench-recipe": (
-        [
-            *("--patch-embed-init", "whiten", "--teacher-width", "32", "--teacher-epochs", "20"),
-            *("--teacher-stem", "whiten", "--teacher-channel-mult", "1", "4", "4"),
-            *("--teacher-recipe", "airbench", "--distillation-type", "soft"),
-        ],
+        [*AIRBENCH_NET_TEACHER, "--teacher-recipe", "airbench", "--distillation-type", "soft"],
         "the patch embedding whitened, soft distillation from airbench's network and recipe",
     ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
