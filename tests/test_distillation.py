@@ -311,3 +311,48 @@ def test_the_teacher_screen_trains_each_rows_teacher_as_a_run_does(
         assert 0 <= row["top1_flip_shift_tta"] <= 100
         assert row["epochs"] == 2 and row["gflop_forward"] > 0
     assert "| `whiten-wide` |" in capsys.readouterr().out
+
+
+def test_the_teacher_targets_benchmark_asks_a_runs_teacher_about_its_students_batches(
+    train_script, monkeypatch, tmp_path, image_folder, capsys
+):
+    """benchmarks/teacher_targets.py: a run's own teacher on the test images (the top-1 the
+    run logged, and evaluate()'s loss where no smoothing changes the targets) and on an
+    epoch's training batches, mixed on the run's schedule (CutMix on every batch of epoch 1, on
+    none from --mixup-off-epoch) and unmixed; a folder without a teacher is refused in one
+    line."""
+    import importlib
+    import json
+
+    from vit.inference.evaluation import evaluate
+    from vit.training.build import build_training_model, load_data, make_loaders
+
+    run = tmp_path / "run"
+    mixing = ("--batch-augment", "--cutmix", "1.0", "--mixup-prob", "1.0", "--mixup-off-epoch", "1")
+    flags = tiny_train_args(image_folder, run, 2, *TEACHER, *mixing, "--label-smoothing", "0")
+    assert train_script.main(flags) == 0
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    targets = importlib.import_module("teacher_targets")
+    out = tmp_path / "targets.json"
+    targets.main([str(run), "--epochs", "0", "1", "--json", str(out)])
+    (row,) = json.loads(out.read_text())
+    assert row["teacher"] == {"width": 4, "channel_mult": [1, 2, 4], "stem": "conv",
+                              "recipe": "dawnbench"}  # fmt: skip
+    assert row["test"]["top1"] == row["logged_test_top1"]
+    cfg, info = targets.run_config(run), DistInfo()
+    train_set, test_set = load_data(cfg, info)
+    model = build_training_model(cfg, train_set.class_names)
+    _, test_loader = make_loaders(cfg, train_set, test_set, model, info, torch.device("cpu"))
+    teacher, _ = load_teacher(run / "teacher.safetensors", num_classes=train_set.num_classes)
+    scores = evaluate(teacher, test_loader, num_classes=3, device=torch.device("cpu"))
+    assert row["test"]["cross_entropy"] == pytest.approx(scores["loss"], rel=1e-5)
+    assert row["test"]["images"] == len(test_set)
+    first, second = row["epochs"]["0"], row["epochs"]["1"]
+    assert first["unmixed"]["images"] == second["mixed"]["images"] == 48  # 6 batches of 8
+    assert first["mixed"]["cross_entropy"] > first["unmixed"]["cross_entropy"]  # CutMix
+    assert second["mixed"] == second["unmixed"]  # no mixing from --mixup-off-epoch
+    for asked in (row["test"], first["mixed"], first["unmixed"]):
+        assert 0 <= asked["top1"] <= 1 and 1 / 3 <= asked["top_probability"] <= 1
+    assert "| run | conv stem, dawnbench | epoch 0, mixed | " in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=f"{tmp_path}: no teacher.safetensors and config.yaml"):
+        targets.main([str(tmp_path)])
