@@ -3,6 +3,7 @@ the student trains on, beside the clean test images its logged top-1 is measured
 
     python benchmarks/teacher_targets.py runs/speedrun_proxy/whiten-distill-soft-seed1 \
         runs/speedrun_proxy/whiten-distill-soft-airbench-recipe-seed1 --epochs 0 50
+    python benchmarks/teacher_targets.py RUN --epochs 50 --set aa_n=0   # without RandAugment
 
 A run of `train.py --distillation-type` logs its teacher's top-1 on the test images, but the
 student learns from the teacher's answers on its own training batches: pad-crop, flips,
@@ -15,7 +16,9 @@ autocast, as training does. Per run and set of images: the teacher's top-1 (agai
 label, or a mixed image's larger share), its cross-entropy against the targets the student is
 given (label smoothing and mixing included) and the mean probability of its top class (how
 sharp its targets are); the training batches both as mixed and unmixed (the same images, their
-own labels). Reads the run folder only.
+own labels). `--set KEY=VALUE` changes the run's settings for the batches (train.py's names:
+aa_n=0 leaves RandAugment out), to tell which of the student's augmentations a teacher fails
+on. Reads the run folder only.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import yaml
 
+from vit.cli.flags import key_value
 from vit.data.mixup import one_hot
 from vit.inference.precision import autocast
 from vit.training.build import build_mixup, build_training_model, load_data, make_loaders
@@ -46,15 +50,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--epochs", type=int, nargs="+", default=[0], help="the epochs' batches (0: the first)"
     )
+    parser.add_argument(
+        "--set",
+        type=key_value,
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the run's settings changed for the training batches (aa_n=0: no RandAugment)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="PyTorch's threads")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
     return parser.parse_args(argv)
 
 
-def run_config(run: Path) -> TrainConfig:
-    """The run's settings as it wrote them, read on the CPU, not resuming anything."""
+def run_config(run: Path, changes: dict | None = None) -> TrainConfig:
+    """The run's settings as it wrote them with `changes`, read on the CPU, not resuming
+    anything. ValueError naming a key that is not train.py's."""
     cfg = TrainConfig(**yaml.safe_load((run / "config.yaml").read_text()))
-    return replace(cfg, device="cpu", resume=None, compile=False)
+    unknown = sorted(set(changes or {}) - {field.name for field in fields(TrainConfig)})
+    if unknown:
+        raise ValueError(f"--set {unknown[0]}: not a setting of train.py (vit.training.settings)")
+    return replace(cfg, **(changes or {}), device="cpu", resume=None, compile=False)
 
 
 def answers(
@@ -93,9 +109,10 @@ def answers(
     }
 
 
-def measure(run: Path, epochs: list[int]) -> dict:
-    """The run's teacher on its test images and on each epoch's training batches."""
-    cfg, info, device = run_config(run), DistInfo(), torch.device("cpu")
+def measure(run: Path, epochs: list[int], changes: dict) -> dict:
+    """The run's teacher on its test images and on each epoch's training batches, the run's
+    settings changed by `changes`."""
+    cfg, info, device = run_config(run, changes), DistInfo(), torch.device("cpu")
     torch.manual_seed(cfg.seed)
     train_set, test_set = load_data(cfg, info)
     model = build_training_model(cfg, train_set.class_names)  # its preprocessing, nothing more
@@ -108,6 +125,7 @@ def measure(run: Path, epochs: list[int]) -> dict:
         "run": str(run),
         "teacher": {key: facts.get(key) for key in ("width", "channel_mult", "stem", "recipe")},
         "logged_test_top1": facts["test_top1"],
+        "changes": changes,
         "test": answers(teacher, test_loader, **ask),
         "epochs": {},
     }
@@ -137,7 +155,10 @@ def main(argv: list[str] | None = None) -> None:
         if not (run / TEACHER_FILE).is_file() or not (run / "config.yaml").is_file():
             sys.exit(f"teacher_targets.py: {run}: no {TEACHER_FILE} and config.yaml; give a run "
                      f"folder of train.py --distillation-type")  # fmt: skip
-        rows.append(measure(run, args.epochs))
+        try:
+            rows.append(measure(run, args.epochs, dict(args.set)))
+        except ValueError as e:
+            sys.exit(f"teacher_targets.py: {e}")
         print(json.dumps(rows[-1]), flush=True)
         if args.json:  # after every run: a stopped measurement keeps what it measured
             args.json.write_text(json.dumps(rows, indent=2) + "\n")
@@ -145,6 +166,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---:|---:|---:|")
     for row in rows:
         teacher = f"{row['teacher']['stem']} stem, {row['teacher']['recipe']}"
+        if row["changes"]:
+            teacher += ", " + " ".join(f"{key}={value}" for key, value in row["changes"].items())
         sets = [("test", row["test"])]
         for epoch, asked in row["epochs"].items():
             sets += [(f"epoch {epoch}, {kind}", asked[kind]) for kind in ("mixed", "unmixed")]

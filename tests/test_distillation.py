@@ -354,5 +354,13 @@ def test_the_teacher_targets_benchmark_asks_a_runs_teacher_about_its_students_ba
     for asked in (row["test"], first["mixed"], first["unmixed"]):
         assert 0 <= asked["top1"] <= 1 and 1 / 3 <= asked["top_probability"] <= 1
     assert "| run | conv stem, dawnbench | epoch 0, mixed | " in capsys.readouterr().out
+    # --set: the same batches without flips, the test images as they were
+    targets.main([str(run), "--epochs", "1", "--set", "hflip=0", "--json", str(out)])
+    (unflipped,) = json.loads(out.read_text())
+    assert unflipped["changes"] == {"hflip": 0} and unflipped["test"] == row["test"]
+    assert unflipped["epochs"]["1"]["unmixed"] != second["unmixed"]
+    assert "| run | conv stem, dawnbench, hflip=0 | epoch 1, unmixed | " in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--set hflips: not a setting of train.py"):
+        targets.main([str(run), "--set", "hflips=0"])
     with pytest.raises(SystemExit, match=f"{tmp_path}: no teacher.safetensors and config.yaml"):
         targets.main([str(tmp_path)])
