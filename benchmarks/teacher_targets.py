@@ -123,7 +123,10 @@ def measure(run: Path, epochs: list[int], changes: dict) -> dict:
     ask = dict(cfg=cfg, num_classes=train_set.num_classes)
     row = {
         "run": str(run),
-        "teacher": {key: facts.get(key) for key in ("width", "channel_mult", "stem", "recipe")},
+        "teacher": {
+            key: facts.get(key, "none" if key == "aa" else None)  # "aa": a file of before it
+            for key in ("width", "channel_mult", "stem", "recipe", "aa")
+        },
         "logged_test_top1": facts["test_top1"],
         "changes": changes,
         "test": answers(teacher, test_loader, **ask),
@@ -166,6 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---:|---:|---:|")
     for row in rows:
         teacher = f"{row['teacher']['stem']} stem, {row['teacher']['recipe']}"
+        if row["teacher"]["aa"] != "none":
+            teacher += f", trained under {row['teacher']['aa']}"
         if row["changes"]:
             teacher += ", " + " ".join(f"{key}={value}" for key, value in row["changes"].items())
         sets = [("test", row["test"])]

@@ -337,7 +337,7 @@ def test_the_teacher_targets_benchmark_asks_a_runs_teacher_about_its_students_ba
     targets.main([str(run), "--epochs", "0", "1", "--json", str(out)])
     (row,) = json.loads(out.read_text())
     assert row["teacher"] == {"width": 4, "channel_mult": [1, 2, 4], "stem": "conv",
-                              "recipe": "dawnbench"}  # fmt: skip
+                              "recipe": "dawnbench", "aa": "none"}  # fmt: skip
     assert row["test"]["top1"] == row["logged_test_top1"]
     cfg, info = targets.run_config(run), DistInfo()
     train_set, test_set = load_data(cfg, info)
@@ -364,3 +364,21 @@ def test_the_teacher_targets_benchmark_asks_a_runs_teacher_about_its_students_ba
         targets.main([str(run), "--set", "hflips=0"])
     with pytest.raises(SystemExit, match=f"{tmp_path}: no teacher.safetensors and config.yaml"):
         targets.main([str(tmp_path)])
+
+
+def test_teacher_aa_trains_the_teacher_under_the_runs_randaugment(
+    train_script, tmp_path, image_folder
+):
+    """--teacher-aa randaug: the teacher's batches RandAugmented as the student's are (the
+    run's --aa-n ops), recorded in its file; the same seed without it trains another teacher."""
+    runs = {}
+    for aa in ("none", "randaug"):
+        runs[aa] = tmp_path / aa
+        flags = (*TEACHER, "--aa", "randaug", "--aa-n", "2", "--teacher-aa", aa)
+        assert train_script.main(tiny_train_args(image_folder, runs[aa], 1, *flags)) == 0
+    teachers = {
+        aa: load_teacher(run / "teacher.safetensors", num_classes=3) for aa, run in runs.items()
+    }
+    assert teachers["randaug"][1]["aa"] == "randaug" and teachers["none"][1]["aa"] == "none"
+    plain, augmented = teachers["none"][0].state_dict(), teachers["randaug"][0].state_dict()
+    assert not torch.equal(plain["head.weight"], augmented["head.weight"])

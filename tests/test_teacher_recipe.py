@@ -123,3 +123,7 @@ def test_the_teachers_batches_take_the_recipes_padding_and_otherwise_the_runs():
     assert (air.crop_pad, air.crop_pad_mode, air.aa, air.reprob) == (2, "reflect", "none", 0.0)
     dawn = teacher_loader_settings(run, RECIPES["dawnbench"])
     assert (dawn.crop_pad, dawn.crop_pad_mode) == (3, "constant")
+    # --teacher-aa randaug: the run's RandAugment (its --aa-n ops), still no erasing
+    run = dataclasses.replace(run, teacher_aa="randaug", aa_n=3)
+    taught = teacher_loader_settings(run, RECIPES["airbench"])
+    assert (taught.aa, taught.aa_n, taught.reprob, taught.crop_pad) == ("randaug", 3, 0.0, 2)

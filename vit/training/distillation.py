@@ -75,11 +75,11 @@ def distillation_loss(
 
 def teacher_loader_settings(cfg: TrainConfig, recipe: TeacherRecipe) -> TrainConfig:
     """The run's settings for the teacher's training batches: its crop (with the recipe's
-    padding where it has one) and flips, none of RandAugment, erasing, repeats or resizing
-    (MixUp/CutMix are the loop's, not the loader's)."""
+    padding where it has one) and flips, RandAugment only under --teacher-aa randaug, none of
+    erasing, repeats or resizing (MixUp/CutMix are the loop's, not the loader's)."""
     return replace(
         cfg,
-        aa="none",
+        aa=cfg.teacher_aa,
         reprob=0.0,
         aug_repeats=0,
         augment_batches=1,
@@ -211,12 +211,14 @@ def build_teacher(
         facts = {
             "epochs": cfg.teacher_epochs,
             "recipe": cfg.teacher_recipe,
+            "aa": cfg.teacher_aa,
             "train_loss": train_loss,
             "train_seconds": seconds,
         }
+        randaug = f", RandAugment x{cfg.aa_n}" if cfg.teacher_aa == "randaug" else ""
         where = (
-            f"trained here by the {cfg.teacher_recipe} recipe, {cfg.teacher_epochs} epochs "
-            f"in {seconds:.1f} s"
+            f"trained here by the {cfg.teacher_recipe} recipe{randaug}, {cfg.teacher_epochs} "
+            f"epochs in {seconds:.1f} s"
         )
     scores = evaluate(
         teacher,
