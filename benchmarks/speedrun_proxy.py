@@ -321,6 +321,14 @@ ROWS = {
         [*AIRBENCH_NET_TEACHER, "--teacher-recipe", "airbench", "--distillation-type", "soft"],
         "the patch embedding whitened, soft distillation from airbench's network and recipe",
     ),
+    # ... that teacher trained under the student's RandAugment (`--teacher-aa randaug`): the
+    # teachers above were right about the student's batches far less often than about the test
+    # images, this one more often than any (benchmarks/teacher_targets.py; docs/gpu.md)
+    "whiten-distill-soft-airbench-recipe-teacher-aa": (
+        [*AIRBENCH_NET_TEACHER, "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
+        + ["--distillation-type", "soft"],
+        "... airbench's network and recipe as the teacher, trained under RandAugment",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),
