@@ -27,7 +27,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterable
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -67,7 +67,7 @@ def run_config(run: Path, changes: dict | None = None) -> TrainConfig:
     """The run's settings as it wrote them with `changes`, read on the CPU, not resuming
     anything. ValueError naming a key that is not train.py's."""
     cfg = TrainConfig(**yaml.safe_load((run / "config.yaml").read_text()))
-    unknown = sorted(set(changes or {}) - {field.name for field in fields(TrainConfig)})
+    unknown = sorted(set(changes or {}) - set(TrainConfig.field_names()))
     if unknown:
         raise ValueError(f"--set {unknown[0]}: not a setting of train.py (vit.training.settings)")
     return replace(cfg, **(changes or {}), device="cpu", resume=None, compile=False)

@@ -181,44 +181,14 @@ def build_teacher(
         teacher, facts = load_teacher(cfg.teacher_path, num_classes)
         teacher, where = on_device(teacher, device), f"from {cfg.teacher_path}"
     else:
-        recipe = recipe or RECIPES[cfg.teacher_recipe]
-        # The teacher's initial weights from a generator of its own: the student's stream of
-        # draws (stochastic depth, MixUp) stays what it is in the same run without a teacher.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed + 1)
-            teacher = CnnTeacher(
-                num_classes,
-                width=cfg.teacher_width,
-                channel_mult=cfg.teacher_channel_mult,
-                stem=cfg.teacher_stem,
-                **recipe.network,
-            )
-        if cfg.teacher_stem == "whiten":  # measured on every process alike: no draws
-            whiten_stem_(teacher, whitening)
-        teacher = on_device(teacher, device)
-        began = time.perf_counter()
-        train_loss = train_teacher(
-            teacher,
-            train_loader,
-            recipe=recipe,
-            epochs=cfg.teacher_epochs,
-            device=device,
-            amp=cfg.amp,
-            amp_dtype=cfg.amp_dtype,
+        teacher, facts, where = train_here(
+            cfg,
+            num_classes=num_classes,
+            train_loader=train_loader,
+            whitening=whitening,
             info=info,
-        )
-        seconds = time.perf_counter() - began
-        facts = {
-            "epochs": cfg.teacher_epochs,
-            "recipe": cfg.teacher_recipe,
-            "aa": cfg.teacher_aa,
-            "train_loss": train_loss,
-            "train_seconds": seconds,
-        }
-        randaug = f", RandAugment x{cfg.aa_n}" if cfg.teacher_aa == "randaug" else ""
-        where = (
-            f"trained here by the {cfg.teacher_recipe} recipe{randaug}, {cfg.teacher_epochs} "
-            f"epochs in {seconds:.1f} s"
+            device=device,
+            recipe=recipe or RECIPES[cfg.teacher_recipe],
         )
     scores = evaluate(
         teacher,
@@ -231,6 +201,60 @@ def build_teacher(
     facts["test_top1"] = scores["top1"]
     log_teacher(teacher, facts, where, info)
     return teacher, facts
+
+
+def train_here(
+    cfg: TrainConfig,
+    *,
+    num_classes: int,
+    train_loader,
+    whitening: Iterable[torch.Tensor],
+    info: DistInfo,
+    device: torch.device,
+    recipe: TeacherRecipe,
+) -> tuple[CnnTeacher, dict, str]:
+    """A new CnnTeacher of --teacher-width, --teacher-channel-mult and --teacher-stem on
+    `device`, trained by `recipe` for --teacher-epochs over `train_loader` (its stem first
+    measured on `whitening` where it whitens): (the teacher, its facts, where it comes from)."""
+    # The teacher's initial weights from a generator of its own: the student's stream of
+    # draws (stochastic depth, MixUp) stays what it is in the same run without a teacher.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed + 1)
+        teacher = CnnTeacher(
+            num_classes,
+            width=cfg.teacher_width,
+            channel_mult=cfg.teacher_channel_mult,
+            stem=cfg.teacher_stem,
+            **recipe.network,
+        )
+    if cfg.teacher_stem == "whiten":  # measured on every process alike: no draws
+        whiten_stem_(teacher, whitening)
+    teacher = on_device(teacher, device)
+    began = time.perf_counter()
+    train_loss = train_teacher(
+        teacher,
+        train_loader,
+        recipe=recipe,
+        epochs=cfg.teacher_epochs,
+        device=device,
+        amp=cfg.amp,
+        amp_dtype=cfg.amp_dtype,
+        info=info,
+    )
+    seconds = time.perf_counter() - began
+    facts = {
+        "epochs": cfg.teacher_epochs,
+        "recipe": cfg.teacher_recipe,
+        "aa": cfg.teacher_aa,
+        "train_loss": train_loss,
+        "train_seconds": seconds,
+    }
+    randaug = f", RandAugment x{cfg.aa_n}" if cfg.teacher_aa == "randaug" else ""
+    where = (
+        f"trained here by the {cfg.teacher_recipe} recipe{randaug}, {cfg.teacher_epochs} "
+        f"epochs in {seconds:.1f} s"
+    )
+    return teacher, facts, where
 
 
 def log_teacher(teacher: CnnTeacher, facts: dict, where: str, info: DistInfo) -> None:
