@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import shlex
 import subprocess
 import sys
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -353,7 +355,9 @@ def run_dir(out: Path, name: str, seed: int) -> Path:
     return out / f"{name}-seed{seed}"
 
 
-def command(name: str, data: str, out: Path, seed: int, threads: int = 1) -> list[str]:
+def command(
+    name: str, data: str, out: Path, seed: int, threads: int = 1, extra: Sequence[str] = ()
+) -> list[str]:
     flags, _ = ROWS[name]
     model = PROXY_MODEL | MODEL_CHANGES.get(name, {})
     return [
@@ -369,6 +373,7 @@ def command(name: str, data: str, out: Path, seed: int, threads: int = 1) -> lis
         "--output-dir",
         str(run_dir(out, name, seed)),
         *flags,
+        *extra,
         # --model-kwargs takes every item after it, so it comes last
         "--model-kwargs",
         *(f"{key}={value}" for key, value in model.items()),
@@ -392,6 +397,13 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=2, help="rows at once")
     parser.add_argument(
         "--threads", type=int, default=1, help="threads a row (one each by default)"
+    )
+    parser.add_argument(
+        "--train-args",
+        default="",
+        help="train.py flags added to every row's command, e.g. '--no-amp --muon-ns-dtype "
+        "float32' where the CPU has no AVX512-BF16 or AMX (bfloat16 emulated there trains "
+        "many times slower); a run records them, so its --resume keeps them",
     )
     parser.add_argument("--output", type=Path, default=ROOT / "runs" / "speedrun_proxy")
     parser.add_argument(
@@ -429,7 +441,9 @@ def run_one(args: argparse.Namespace, name: str, seed: int) -> None:
         cmd = [sys.executable, "train.py", "--resume", str(folder), "--threads", str(args.threads)]
         mode = "a"
     else:
-        cmd, mode = command(name, args.data, args.output, seed, threads=args.threads), "w"
+        extra = shlex.split(args.train_args)
+        cmd = command(name, args.data, args.output, seed, threads=args.threads, extra=extra)
+        mode = "w"
     print("$", " ".join(cmd[1:]), flush=True)
     # not with_suffix: "drop-path0.2-seed0" would lose ".2-seed0"
     with open(f"{folder}.log", mode) as log:

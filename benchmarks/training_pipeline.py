@@ -37,7 +37,7 @@ import yaml
 from torch.autograd import DeviceType
 from training_throughput import parse_shape
 
-from vit.cli.flags import key_value
+from vit.cli.flags import train_setting
 from vit.data.workers import usable_cores
 from vit.training.build import start
 from vit.training.checkpoint import CheckpointSaver
@@ -70,7 +70,7 @@ def row_config(pipeline: str, shape: str, args: argparse.Namespace, device: torc
     settings."""
     path, _, own = pipeline.partition(":")
     settings = yaml.safe_load((ROOT / path).read_text())
-    settings.update(_setting(item) for item in own.split(",") if item)
+    settings.update(train_setting(item) for item in own.split(",") if item)
     cfg = TrainConfig(**settings)
     model_kwargs = dict(cfg.model_kwargs)
     if shape != "config":
@@ -90,13 +90,6 @@ def row_config(pipeline: str, shape: str, args: argparse.Namespace, device: torc
         "seed": 0,
     }
     return replace(cfg, **{**settings, **dict(args.set)})
-
-
-def _setting(item: str) -> tuple[str, object]:
-    key, value = key_value(item)
-    if key not in TrainConfig.field_names():
-        raise argparse.ArgumentTypeError(f"{key!r} is no train.py setting (see train.py --help)")
-    return key, value
 
 
 def measure(cfg: TrainConfig, epochs: int, device: torch.device) -> dict:
@@ -270,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--set",
         nargs="*",
-        type=_setting,
+        type=train_setting,
         default=[],
         metavar="KEY=VALUE",
         help="train.py settings for every row, e.g. compile=false (the CPU check of mechanics)",

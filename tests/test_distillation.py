@@ -360,8 +360,9 @@ def test_the_teacher_targets_benchmark_asks_a_runs_teacher_about_its_students_ba
     assert unflipped["changes"] == {"hflip": 0} and unflipped["test"] == row["test"]
     assert unflipped["epochs"]["1"]["unmixed"] != second["unmixed"]
     assert "| run | conv stem, dawnbench, hflip=0 | epoch 1, unmixed | " in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--set hflips: not a setting of train.py"):
+    with pytest.raises(SystemExit):  # refused by argparse, as training_pipeline.py's --set
         targets.main([str(run), "--set", "hflips=0"])
+    assert "argument --set: 'hflips' is no train.py setting" in capsys.readouterr().err
     with pytest.raises(SystemExit, match=f"{tmp_path}: no teacher.safetensors and config.yaml"):
         targets.main([str(tmp_path)])
 

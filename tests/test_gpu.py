@@ -1387,6 +1387,18 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         assert (row.patch_drop, row.patch_drop_anneal, recipe.patch_drop) == (0.5, 2, 0)
     threads = train_script.parse_config(proxy.command("recipe", "data", tmp_path, 0, threads=2)[2:])
     assert threads.threads == 2
+    # --train-args: flags every row takes (float32 where bfloat16 is emulated), the row's own kept
+    extra = ["--no-amp", "--muon-ns-dtype", "float32"]
+    argv = proxy.command("whiten", "data", tmp_path, seed=1, extra=extra)[2:]
+    fp32 = train_script.parse_config(argv)
+    assert (fp32.amp, fp32.muon_ns_dtype, whitened.amp, whitened.muon_ns_dtype) == (
+        False,
+        "float32",
+        True,
+        "bfloat16",
+    )
+    same_run = dict(amp=True, muon_ns_dtype="bfloat16")
+    assert dataclasses.replace(fp32, **same_run) == whitened
 
     def finished(name, seed, epochs):  # epochs: (epoch, top-1 %, training loss)
         history = [dict(epoch=e, ema_top1=t / 100, train_loss=loss) for e, t, loss in epochs]
@@ -1446,7 +1458,7 @@ def test_the_speedrun_proxy_starts_the_next_run_as_soon_as_any_one_ends(monkeypa
 
     # one run: its command's output in the log beside its run folder
     monkeypatch.setattr(proxy, "command", lambda *a, **k: [sys.executable, "-c", "print('ran')"])
-    args = argparse.Namespace(data="data", output=tmp_path, threads=1)
+    args = argparse.Namespace(data="data", output=tmp_path, threads=1, train_args="")
     real_run_one(args, "recipe", 0)
     assert (tmp_path / "recipe-seed0.log").read_text() == "ran\n"
 
@@ -1483,7 +1495,7 @@ def test_the_speedrun_proxy_resumes_a_run_stopped_part_way_and_keeps_a_finished_
         (tmp_path / f"{name}-seed0.log").write_text("epoch 1\n")
         return folder
 
-    args = argparse.Namespace(data="data", output=tmp_path, threads=2)
+    args = argparse.Namespace(data="data", output=tmp_path, threads=2, train_args="--no-amp")
     stopped = checkpointed("mimetic-epochs300", last_epoch=145, planned_epochs=300)
     proxy.run_one(args, "mimetic-epochs300", 0)
     assert commands == [[sys.executable, "train.py", "--resume", str(stopped), "--threads", "2"]]

@@ -48,6 +48,17 @@ def key_value(item: str) -> tuple[str, object]:
     return key, yaml.safe_load(value)
 
 
+def train_setting(item: str) -> tuple[str, object]:
+    """'aa_n=0' -> ('aa_n', 0): key_value for a train.py setting (the benchmarks' --set), a key
+    that is none refused at parsing."""
+    from ..training.settings import TrainConfig  # here: the settings import torch
+
+    key, value = key_value(item)
+    if key not in TrainConfig.field_names():
+        raise argparse.ArgumentTypeError(f"{key!r} is no train.py setting (see train.py --help)")
+    return key, value
+
+
 def number_in(accepted: Range):
     """An argparse `type` that reads a number and refuses it outside `accepted`."""
     parse = int if accepted.integer else float
