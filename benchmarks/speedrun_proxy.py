@@ -64,6 +64,9 @@ BASE = [
     # ... and every row before `whiten-distill-soft` without the teacher the recipe has since
     "--distillation-type",
     "none",
+    # ... and the teachers of the rows before `...-teacher-aa` trained without RandAugment
+    "--teacher-aa",
+    "none",
 ]
 # the CPU recipes' 0.81M model: 128 wide, 6 blocks of 4 heads of 32, 64 patch tokens averaged
 PROXY_MODEL = dict(embed_dim=128, depth=6, num_heads=4, global_pool="avg", class_token="false")

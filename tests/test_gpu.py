@@ -1351,6 +1351,10 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     # ... and no teacher, which the recipe took after them; the distillation rows are `whiten`
     # with a teacher of their own, soft or hard, and at 50 epochs whiten-epochs50 with it
     assert speedrun.distillation_type == "soft" and recipe.distillation_type == "none"
+    # ... and its teacher trained under RandAugment, which only the row named so has
+    assert speedrun.teacher_aa == "randaug"
+    taught = {name for name, row in settings.items() if row.teacher_aa != "none"}
+    assert taught == {"whiten-distill-soft-airbench-recipe-teacher-aa"}
     whitened = settings["whiten"]
     # the rows' teacher is the first one, a conv stem and stages (w, 2w, 4w) by the first
     # recipe, whatever the recipe's teacher is now
