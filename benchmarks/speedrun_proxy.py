@@ -403,7 +403,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--train-args",
-        default="",
+        type=shlex.split,
+        default=[],
         help="train.py flags added to every row's command, e.g. '--no-amp --muon-ns-dtype "
         "float32' where the CPU has no AVX512-BF16 or AMX (bfloat16 emulated there trains "
         "many times slower); a run records them, so its --resume keeps them",
@@ -444,8 +445,9 @@ def run_one(args: argparse.Namespace, name: str, seed: int) -> None:
         cmd = [sys.executable, "train.py", "--resume", str(folder), "--threads", str(args.threads)]
         mode = "a"
     else:
-        extra = shlex.split(args.train_args)
-        cmd = command(name, args.data, args.output, seed, threads=args.threads, extra=extra)
+        cmd = command(
+            name, args.data, args.output, seed, threads=args.threads, extra=args.train_args
+        )
         mode = "w"
     print("$", " ".join(cmd[1:]), flush=True)
     # not with_suffix: "drop-path0.2-seed0" would lose ".2-seed0"

@@ -1462,7 +1462,7 @@ def test_the_speedrun_proxy_starts_the_next_run_as_soon_as_any_one_ends(monkeypa
 
     # one run: its command's output in the log beside its run folder
     monkeypatch.setattr(proxy, "command", lambda *a, **k: [sys.executable, "-c", "print('ran')"])
-    args = argparse.Namespace(data="data", output=tmp_path, threads=1, train_args="")
+    args = argparse.Namespace(data="data", output=tmp_path, threads=1, train_args=[])
     real_run_one(args, "recipe", 0)
     assert (tmp_path / "recipe-seed0.log").read_text() == "ran\n"
 
@@ -1499,7 +1499,7 @@ def test_the_speedrun_proxy_resumes_a_run_stopped_part_way_and_keeps_a_finished_
         (tmp_path / f"{name}-seed0.log").write_text("epoch 1\n")
         return folder
 
-    args = argparse.Namespace(data="data", output=tmp_path, threads=2, train_args="--no-amp")
+    args = argparse.Namespace(data="data", output=tmp_path, threads=2, train_args=["--no-amp"])
     stopped = checkpointed("mimetic-epochs300", last_epoch=145, planned_epochs=300)
     proxy.run_one(args, "mimetic-epochs300", 0)
     assert commands == [[sys.executable, "train.py", "--resume", str(stopped), "--threads", "2"]]
