@@ -18,7 +18,8 @@ given (label smoothing and mixing included) and the mean probability of its top 
 sharp its targets are); the training batches both as mixed and unmixed (the same images, their
 own labels). `--set KEY=VALUE` changes the run's settings for the batches (train.py's names:
 aa_n=0 leaves RandAugment out), to tell which of the student's augmentations a teacher fails
-on. Reads the run folder only.
+on, or how it is asked (teacher_tta=flip: its answers flip-averaged, as training would take
+them). Reads the run folder only.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from vit.data.mixup import one_hot
 from vit.inference.precision import autocast
 from vit.training.build import build_mixup, build_training_model, load_data, make_loaders
 from vit.training.checkpoint import TEACHER_FILE
-from vit.training.distillation import load_teacher
+from vit.training.distillation import load_teacher, teacher_logits
 from vit.training.settings import TrainConfig, mixup_on_for_epoch
 from vit.utils.process_group import DistInfo
 
@@ -89,7 +90,7 @@ def answers(
             else:
                 labels = targets.argmax(dim=1)  # a mixed image's larger share
             with autocast(device, cfg.amp, cfg.amp_dtype):
-                logits = teacher(images).float()  # (B, K)
+                logits = teacher_logits(teacher, images, cfg.teacher_tta)  # (B, K)
             log_probs = F.log_softmax(logits, dim=1)
             # topk as evaluate() picks the class: bfloat16's logits tie at times, and argmax
             # breaks a tie otherwise (5 of 10,000 test images moved the top-1 by 0.05)

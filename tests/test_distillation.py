@@ -20,7 +20,12 @@ import vit
 from vit.data.batch_pipeline import InMemoryBatches
 from vit.models.cnn_teacher import CnnTeacher, whiten_stem_
 from vit.training.build import build_forward_loss
-from vit.training.distillation import distillation_loss, load_teacher, save_teacher
+from vit.training.distillation import (
+    distillation_loss,
+    load_teacher,
+    save_teacher,
+    teacher_logits,
+)
 from vit.training.settings import TrainConfig
 from vit.training.teacher_recipe import RECIPES, train_teacher
 from vit.utils.process_group import DistInfo
@@ -116,6 +121,51 @@ def test_the_forward_loss_adds_the_frozen_teachers_loss_on_the_same_images():
     loss.backward()
     assert all(p.grad is None for p in teacher.parameters())  # the teacher learns nothing
     assert model.head.weight.grad.abs().sum() > 0
+
+
+def lopsided_teacher_and_images(num_classes: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A frozen linear teacher over every pixel, whose answers about an image and its mirror
+    image differ (a CnnTeacher fresh from its initialisation answers nearly alike about any
+    image), and 8 images (8, 3, 32, 32)."""
+    torch.manual_seed(0)
+    teacher = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, num_classes))
+    return teacher.eval().requires_grad_(False), torch.randn(8, 3, 32, 32)
+
+
+def test_a_flip_averaged_teachers_answer_is_its_mean_probability_and_the_same_for_the_mirror():
+    """--teacher-tta flip: the log of the mean of the teacher's two softmax distributions, the
+    image's and its mirror image's (one pass of both), so an image and its mirror image get one
+    answer; none: the plain logits."""
+    teacher, images = lopsided_teacher_and_images(num_classes=5)
+    plain, mirrored = teacher(images), teacher(images.flip(-1))  # each (8, 5)
+    assert not torch.allclose(plain, mirrored, atol=0.1)  # the teacher is not symmetric
+    assert torch.equal(teacher_logits(teacher, images, "none"), plain)
+    flip = teacher_logits(teacher, images, "flip")  # (8, 5)
+    mean = (plain.softmax(1) + mirrored.softmax(1)) / 2
+    assert torch.allclose(flip.softmax(1), mean, atol=1e-6)
+    assert torch.allclose(flip.exp().sum(1), torch.ones(8), atol=1e-5)  # log-probabilities
+    assert torch.allclose(teacher_logits(teacher, images.flip(-1), "flip"), flip, atol=1e-5)
+    with pytest.raises(ValueError, match="--teacher-tta must be none or flip, got 'shift'"):
+        teacher_logits(teacher, images, "shift")
+
+
+def test_the_forward_loss_distils_the_flip_averaged_answer_under_teacher_tta():
+    teacher, images = lopsided_teacher_and_images(num_classes=4)
+    model = vit.create_model(
+        "vit_cifar_patch4_32", embed_dim=32, depth=1, num_heads=2, num_classes=4
+    )
+    labels = torch.randint(0, 4, (8,))
+    cfg = TrainConfig(distillation_type="soft", teacher_tta="flip", label_smoothing=0.0)
+    forward_loss = build_forward_loss(model, cfg, torch.device("cpu"), False, teacher=teacher)
+    logits, loss = forward_loss(images, labels)
+    base = F.cross_entropy(logits, labels)
+    answers = {tta: teacher_logits(teacher, images, tta) for tta in ("none", "flip")}
+    expected = {
+        tta: distillation_loss(logits, answer, base, kind="soft", alpha=0.5)
+        for tta, answer in answers.items()
+    }
+    assert torch.allclose(loss, expected["flip"])
+    assert not torch.allclose(loss, expected["none"], atol=0.01)
 
 
 def coloured_images(count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -383,3 +433,27 @@ def test_teacher_aa_trains_the_teacher_under_the_runs_randaugment(
     assert teachers["randaug"][1]["aa"] == "randaug" and teachers["none"][1]["aa"] == "none"
     plain, augmented = teachers["none"][0].state_dict(), teachers["randaug"][0].state_dict()
     assert not torch.equal(plain["head.weight"], augmented["head.weight"])
+
+
+def test_teacher_tta_flip_distils_the_flip_averaged_answers_and_logs_their_top1(
+    train_script, tmp_path, image_folder, caplog
+):
+    """--teacher-tta flip: the same teacher (its training is untouched), another student, and
+    the log line and the teacher's file give the top-1 of the answers the student is given."""
+    runs = {}
+    for tta in ("none", "flip"):
+        runs[tta] = tmp_path / tta
+        # soft: a hard label from a teacher this weak is the same with or without the flips
+        flags = (*TEACHER, "--distillation-type", "soft", "--teacher-tta", tta)
+        with caplog.at_level("INFO", logger="vit"):
+            assert train_script.main(tiny_train_args(image_folder, runs[tta], 1, *flags)) == 0
+    teachers = {
+        tta: load_teacher(run / "teacher.safetensors", num_classes=3) for tta, run in runs.items()
+    }
+    plain, flip = teachers["none"], teachers["flip"]
+    assert all(torch.equal(v, flip[0].state_dict()[k]) for k, v in plain[0].state_dict().items())
+    assert "test_top1_flip" not in plain[1] and 0.0 <= flip[1]["test_top1_flip"] <= 1.0
+    assert flip[1]["test_top1"] == plain[1]["test_top1"]
+    assert f"({100 * flip[1]['test_top1_flip']:.2f}% flip-averaged, as --teacher-tta" in caplog.text
+    students = [load_file(run / "model.safetensors")["head.weight"] for run in runs.values()]
+    assert not torch.equal(*students)

@@ -498,14 +498,17 @@ def test_step_graph_takes_the_update_graphs_steps(device, opt):
     assert_the_same_steps(updated.state, stepped.state)
 
 
-@pytest.mark.parametrize(("kind", "stem"), [("hard", "conv"), ("soft", "whiten")])
-def test_step_graph_takes_the_teacher_into_its_graph(device, kind, stem):
+@pytest.mark.parametrize(
+    ("kind", "stem", "tta"),
+    [("hard", "conv", "none"), ("soft", "whiten", "none"), ("soft", "whiten", "flip")],
+)
+def test_step_graph_takes_the_teacher_into_its_graph(device, kind, stem, tta):
     """--distillation-type: the frozen teacher's forward pass is part of the step (a CUDA
     graph's on a GPU), and the step takes --graph-update's steps with it (on the CPU to the
     bit); the teacher's loss changes the steps (a teacher left out would not). Either stem:
     the whitening stem's 2x2 convolution too (airbench's stages and recipe, the speedrun's
-    teacher)."""
-    settings = dict(opt="muon", model_ema=True, amp=True, distillation_type=kind)
+    teacher), and its answers flip-averaged (--teacher-tta flip: one pass of twice the images)."""
+    settings = dict(opt="muon", model_ema=True, amp=True, distillation_type=kind, teacher_tta=tta)
     if stem == "whiten":
         settings.update(
             teacher_stem="whiten", teacher_channel_mult=[1, 4, 4], teacher_recipe="airbench"
@@ -1354,7 +1357,20 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     # ... and its teacher trained under RandAugment, which only the row named so has
     assert speedrun.teacher_aa == "randaug"
     taught = {name for name, row in settings.items() if row.teacher_aa != "none"}
-    assert taught == {"whiten-distill-soft-airbench-recipe-teacher-aa"}
+    assert taught == {
+        "whiten-distill-soft-airbench-recipe-teacher-aa",
+        "whiten-distill-soft-airbench-recipe-teacher-aa-tta",
+    }
+    flipped = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tta"]  # that flag only
+    assert (
+        dataclasses.replace(
+            flipped,
+            teacher_tta="none",
+            output_dir=settings["whiten-distill-soft-airbench-recipe-teacher-aa"].output_dir,
+        )
+        == settings["whiten-distill-soft-airbench-recipe-teacher-aa"]
+    )
+    assert {row.teacher_tta for row in settings.values() if row is not flipped} == {"none"}
     whitened = settings["whiten"]
     # the rows' teacher is the first one, a conv stem and stages (w, 2w, 4w) by the first
     # recipe, whatever the recipe's teacher is now

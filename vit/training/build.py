@@ -47,7 +47,12 @@ from .checkpoint import (
     save_yaml,
     seed_everything,
 )
-from .distillation import build_teacher, distillation_loss, teacher_loader_settings
+from .distillation import (
+    build_teacher,
+    distillation_loss,
+    teacher_loader_settings,
+    teacher_logits,
+)
 from .ema import ModelEma
 from .errors import START_ERRORS
 from .finetune import describe_layer_decay, freeze_below, layer_lr_scales, probe_head
@@ -351,10 +356,10 @@ def build_forward_loss(
                 loss = F.cross_entropy(logits.float(), targets, label_smoothing=cfg.label_smoothing)
             if teacher is not None:
                 with torch.no_grad():
-                    teacher_logits = teacher(images).float()  # (B, K)
+                    answers = teacher_logits(teacher, images, cfg.teacher_tta)  # (B, K)
                 loss = distillation_loss(
                     logits.float(),
-                    teacher_logits,
+                    answers,
                     loss,
                     kind=cfg.distillation_type,
                     alpha=cfg.distillation_alpha,

@@ -36,6 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..inference.evaluation import evaluate
+from ..inference.tta import mean_probability
 from ..models.cnn_teacher import CHANNEL_MULT, CnnTeacher, whiten_stem_
 from ..utils.files import atomic_write
 from ..utils.process_group import DistInfo
@@ -71,6 +72,20 @@ def distillation_loss(
     else:
         raise ValueError(f"distillation kind must be 'hard' or 'soft', got {kind!r}")
     return (1.0 - alpha) * base_loss + alpha * distill
+
+
+def teacher_logits(teacher: torch.nn.Module, images: torch.Tensor, tta: str) -> torch.Tensor:
+    """What the frozen `teacher` says about images (B, 3, H, W): its logits (B, K) in float32,
+    or under --teacher-tta flip the log of its mean probability over each image and its mirror
+    image (`vit.inference.tta.mean_probability`: usable as logits, its softmax that mean). The
+    two views go through in one pass of 2B images: one set of launches, and batch norm in eval
+    mode makes an image's answer independent of its batch."""
+    if tta == "none":
+        return teacher(images).float()
+    if tta != "flip":
+        raise ValueError(f"--teacher-tta must be none or flip, got {tta!r}")
+    both = teacher(torch.cat([images, images.flip(-1)])).float()  # (2B, K)
+    return mean_probability(*both.chunk(2))  # (B, K)
 
 
 def teacher_loader_settings(cfg: TrainConfig, recipe: TeacherRecipe) -> TrainConfig:
@@ -197,8 +212,11 @@ def build_teacher(
         device=device,
         amp=cfg.amp,
         amp_dtype=cfg.amp_dtype,
+        tta=cfg.teacher_tta,
     )
     facts["test_top1"] = scores["top1"]
+    if cfg.teacher_tta != "none":  # the top-1 of the answers the student is given
+        facts[f"test_top1_{cfg.teacher_tta}"] = scores["tta"]["top1"]
     log_teacher(teacher, facts, where, info)
     return teacher, facts
 
@@ -258,13 +276,16 @@ def train_here(
 
 
 def log_teacher(teacher: CnnTeacher, facts: dict, where: str, info: DistInfo) -> None:
-    """One line: the teacher, where it comes from, its top-1 on the run's evaluation images."""
+    """One line: the teacher, where it comes from, its top-1 on the run's evaluation images (and
+    that of its flip-averaged answers, where --teacher-tta measured it)."""
     if info.is_main:
+        flip = facts.get("test_top1_flip")
         logger.info(
-            "teacher: CnnTeacher of stages %s, %s stem (%.2fM parameters), %s: top-1 %.2f%%",
+            "teacher: CnnTeacher of stages %s, %s stem (%.2fM parameters), %s: top-1 %.2f%%%s",
             "/".join(map(str, teacher.widths)),
             teacher.stem_kind,
             sum(p.numel() for p in teacher.parameters()) / 1e6,
             where,
             100 * facts["test_top1"],
+            "" if flip is None else f" ({100 * flip:.2f}% flip-averaged, as --teacher-tta asks it)",
         )

@@ -132,6 +132,7 @@ class TrainConfig:
     teacher_stem: str = setting("conv", "distillation", "the teacher's first layer: conv (3x3, batch norm, GELU) or whiten (2x2 filters measured from the training images' patches to whiten them, never trained: hlb-cifar10's and airbench's)", choices=("conv", "whiten"))
     teacher_recipe: str = setting("dawnbench", "distillation", "how the teacher trains (vit/training/teacher_recipe.py): dawnbench (SGD 0.4 a batch of 512, momentum 0.9, one cycle) or airbench (airbench94's for its network: frozen norm scales, shifts learning 64x faster, logits x1/9, identity-started convs, lookahead)", choices=("dawnbench", "airbench"))
     teacher_aa: str = setting("none", "distillation", "RandAugment on the teacher's training batches: none, or randaug (the run's --aa-n ops, as the student's batches have them: the student asks the teacher about RandAugmented images, which a teacher that never saw them gets wrong far more often than the test images)", choices=("none", "randaug"))
+    teacher_tta: str = setting("none", "distillation", "the teacher's answer about each image: none (its logits), or flip (its mean probability over the image and its mirror image, one pass of twice the images: right more often, as test-time flips make a classifier)", choices=("none", "flip"))
 
     seed: int = setting(0, "run", "random seed")
     threads: int | None = setting(None, "run", "PyTorch threads per process (default: torch's own choice)")
