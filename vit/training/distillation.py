@@ -215,8 +215,8 @@ def build_teacher(
         tta=cfg.teacher_tta,
     )
     facts["test_top1"] = scores["top1"]
-    if cfg.teacher_tta != "none":  # the top-1 of the answers the student is given
-        facts[f"test_top1_{cfg.teacher_tta}"] = scores["tta"]["top1"]
+    if cfg.teacher_tta == "flip":  # the top-1 of the answers the student is given
+        facts["test_top1_flip"] = scores["tta"]["top1"]
     log_teacher(teacher, facts, where, info)
     return teacher, facts
 
