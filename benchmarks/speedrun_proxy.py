@@ -342,6 +342,15 @@ ROWS = {
         + ["--teacher-tta", "flip", "--distillation-type", "soft"],
         "... that teacher's answers the mean of each image's and its mirror image's",
     ),
+    # ... and twice as wide (stages 64, 256, 256: the GPU recipe's teacher, 4x the arithmetic):
+    # the student followed the teacher that was right about its images (+1.16, two seeds);
+    # does it follow one that is stronger everywhere? If it does, a wider teacher is the GPU's
+    # next lever (its forward pass is inside every student step)
+    "whiten-distill-soft-airbench-recipe-teacher-aa-width64": (
+        [*AIRBENCH_NET_TEACHER, "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
+        + ["--teacher-width", "64", "--distillation-type", "soft"],
+        "... that teacher 64 wide instead of 32 (the GPU recipe's width)",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),

@@ -1360,16 +1360,16 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert taught == {
         "whiten-distill-soft-airbench-recipe-teacher-aa",
         "whiten-distill-soft-airbench-recipe-teacher-aa-tta",
+        "whiten-distill-soft-airbench-recipe-teacher-aa-width64",
     }
+    under_randaug = settings["whiten-distill-soft-airbench-recipe-teacher-aa"]
     flipped = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tta"]  # that flag only
-    assert (
-        dataclasses.replace(
-            flipped,
-            teacher_tta="none",
-            output_dir=settings["whiten-distill-soft-airbench-recipe-teacher-aa"].output_dir,
-        )
-        == settings["whiten-distill-soft-airbench-recipe-teacher-aa"]
-    )
+    same = dict(teacher_tta="none", output_dir=under_randaug.output_dir)
+    assert dataclasses.replace(flipped, **same) == under_randaug
+    wider = settings["whiten-distill-soft-airbench-recipe-teacher-aa-width64"]  # and that one
+    assert (wider.teacher_width, under_randaug.teacher_width) == (64, 32)
+    same = dict(teacher_width=32, output_dir=under_randaug.output_dir)
+    assert dataclasses.replace(wider, **same) == under_randaug
     assert {row.teacher_tta for row in settings.values() if row is not flipped} == {"none"}
     whitened = settings["whiten"]
     # the rows' teacher is the first one, a conv stem and stages (w, 2w, 4w) by the first
