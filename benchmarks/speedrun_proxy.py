@@ -96,12 +96,17 @@ FIRST_TEACHER = [
     *("--teacher-recipe", "dawnbench"),
 ]
 TEACHER = ["--teacher-width", "32", "--teacher-epochs", "20", *FIRST_TEACHER]
+
+
 # the whitened patch embedding and airbench's network as the proxy's teacher (a whitening stem,
-# stages 32, 128, 128), 20 epochs: the airbench-teacher rows, which differ in its recipe
-AIRBENCH_NET_TEACHER = [
-    *("--patch-embed-init", "whiten", "--teacher-width", "32", "--teacher-epochs", "20"),
-    *("--teacher-stem", "whiten", "--teacher-channel-mult", "1", "4", "4"),
-]
+# stages 32, 128, 128 at the proxy's width), 20 epochs: the airbench-teacher rows, which differ
+# in its recipe (and one in its width)
+def airbench_net_teacher(width: int = 32) -> list[str]:
+    return [
+        *("--patch-embed-init", "whiten", "--teacher-width", str(width), "--teacher-epochs", "20"),
+        *("--teacher-stem", "whiten", "--teacher-channel-mult", "1", "4", "4"),
+    ]
+
 
 # name -> (flags added to BASE, what the row is)
 ROWS = {
@@ -317,20 +322,20 @@ ROWS = {
     # which alone beat the first teacher by 2.6 points over 10,000 images (64 wide, batches of
     # 512; docs/gpu.md)
     "whiten-distill-soft-airbench-teacher": (
-        [*AIRBENCH_NET_TEACHER, "--teacher-recipe", "dawnbench", "--distillation-type", "soft"],
+        [*airbench_net_teacher(), "--teacher-recipe", "dawnbench", "--distillation-type", "soft"],
         "the patch embedding whitened, soft distillation from airbench's network as the teacher",
     ),
     # ... and that teacher trained by airbench's recipe (`--teacher-recipe airbench`, the GPU
     # recipe's teacher since): the strongest teacher at the proxy's width
     "whiten-distill-soft-airbench-recipe": (
-        [*AIRBENCH_NET_TEACHER, "--teacher-recipe", "airbench", "--distillation-type", "soft"],
+        [*airbench_net_teacher(), "--teacher-recipe", "airbench", "--distillation-type", "soft"],
         "the patch embedding whitened, soft distillation from airbench's network and recipe",
     ),
     # ... that teacher trained under the student's RandAugment (`--teacher-aa randaug`): the
     # teachers above were right about the student's batches far less often than about the test
     # images, this one more often than any (benchmarks/teacher_targets.py; docs/gpu.md)
     "whiten-distill-soft-airbench-recipe-teacher-aa": (
-        [*AIRBENCH_NET_TEACHER, "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
+        [*airbench_net_teacher(), "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
         + ["--distillation-type", "soft"],
         "... airbench's network and recipe as the teacher, trained under RandAugment",
     ),
@@ -338,7 +343,7 @@ ROWS = {
     # flip-averaged answers were 1.3-1.6 points more often right about the student's batches of
     # epoch 50 (seed 0; docs/gpu.md)
     "whiten-distill-soft-airbench-recipe-teacher-aa-tta": (
-        [*AIRBENCH_NET_TEACHER, "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
+        [*airbench_net_teacher(), "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
         + ["--teacher-tta", "flip", "--distillation-type", "soft"],
         "... that teacher's answers the mean of each image's and its mirror image's",
     ),
@@ -347,8 +352,8 @@ ROWS = {
     # does it follow one that is stronger everywhere? If it does, a wider teacher is the GPU's
     # next lever (its forward pass is inside every student step)
     "whiten-distill-soft-airbench-recipe-teacher-aa-width64": (
-        [*AIRBENCH_NET_TEACHER, "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
-        + ["--teacher-width", "64", "--distillation-type", "soft"],
+        [*airbench_net_teacher(width=64), "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
+        + ["--distillation-type", "soft"],
         "... that teacher 64 wide instead of 32 (the GPU recipe's width)",
     ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
