@@ -356,6 +356,21 @@ ROWS = {
         + ["--distillation-type", "soft"],
         "... that teacher 64 wide instead of 32 (the GPU recipe's width)",
     ),
+    # ... the students of both teachers level (79.90% and 79.83%), each half listening to labels
+    # that CutMix and RandAugment make wrong where the teacher is right (benchmarks/
+    # teacher_targets.py): the student taught by the teacher alone (`--distillation-alpha 1`,
+    # function matching, Beyer et al. 2022), by each width. If the labels held the student
+    # back, the wider teacher's lead shows here
+    "whiten-distill-soft-airbench-recipe-teacher-aa-alpha1": (
+        [*airbench_net_teacher(), "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
+        + ["--distillation-type", "soft", "--distillation-alpha", "1"],
+        "... the student taught by that teacher alone, not by the labels",
+    ),
+    "whiten-distill-soft-airbench-recipe-teacher-aa-width64-alpha1": (
+        [*airbench_net_teacher(width=64), "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
+        + ["--distillation-type", "soft", "--distillation-alpha", "1"],
+        "... by the 64-wide teacher alone, not by the labels",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),

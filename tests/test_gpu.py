@@ -1361,6 +1361,8 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         "whiten-distill-soft-airbench-recipe-teacher-aa",
         "whiten-distill-soft-airbench-recipe-teacher-aa-tta",
         "whiten-distill-soft-airbench-recipe-teacher-aa-width64",
+        "whiten-distill-soft-airbench-recipe-teacher-aa-alpha1",
+        "whiten-distill-soft-airbench-recipe-teacher-aa-width64-alpha1",
     }
     under_randaug = settings["whiten-distill-soft-airbench-recipe-teacher-aa"]
     flipped = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tta"]  # that flag only
@@ -1370,6 +1372,12 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert (wider.teacher_width, under_randaug.teacher_width) == (64, 32)
     same = dict(teacher_width=32, output_dir=under_randaug.output_dir)
     assert dataclasses.replace(wider, **same) == under_randaug
+    # ... and each taught by its teacher alone: the teacher's share of the loss only
+    for name, labelled in (("", under_randaug), ("-width64", wider)):
+        alone = settings[f"whiten-distill-soft-airbench-recipe-teacher-aa{name}-alpha1"]
+        assert (alone.distillation_alpha, labelled.distillation_alpha) == (1.0, 0.5)
+        same = dict(distillation_alpha=0.5, output_dir=labelled.output_dir)
+        assert dataclasses.replace(alone, **same) == labelled
     assert {row.teacher_tta for row in settings.values() if row is not flipped} == {"none"}
     whitened = settings["whiten"]
     # the rows' teacher is the first one, a conv stem and stages (w, 2w, 4w) by the first
