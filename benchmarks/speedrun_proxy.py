@@ -108,6 +108,16 @@ def airbench_net_teacher(width: int = 32) -> list[str]:
     ]
 
 
+# that teacher by airbench's recipe, trained under the student's RandAugment, soft distillation:
+# the `...-teacher-aa` rows, which differ in its width and in the flags after it
+def randaug_teacher(*flags: str, width: int = 32) -> list[str]:
+    return [
+        *airbench_net_teacher(width=width),
+        *("--teacher-recipe", "airbench", "--teacher-aa", "randaug", "--distillation-type", "soft"),
+        *flags,
+    ]
+
+
 # name -> (flags added to BASE, what the row is)
 ROWS = {
     "no-randaug": (["--aa", "none"], "the fourth GPU run's recipe: no RandAugment"),
@@ -335,16 +345,14 @@ ROWS = {
     # teachers above were right about the student's batches far less often than about the test
     # images, this one more often than any (benchmarks/teacher_targets.py; docs/gpu.md)
     "whiten-distill-soft-airbench-recipe-teacher-aa": (
-        [*airbench_net_teacher(), "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
-        + ["--distillation-type", "soft"],
+        randaug_teacher(),
         "... airbench's network and recipe as the teacher, trained under RandAugment",
     ),
     # ... and asked about each image and its mirror image (`--teacher-tta flip`): that teacher's
     # flip-averaged answers were 1.3-1.6 points more often right about the student's batches of
     # epoch 50 (seed 0; docs/gpu.md)
     "whiten-distill-soft-airbench-recipe-teacher-aa-tta": (
-        [*airbench_net_teacher(), "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
-        + ["--teacher-tta", "flip", "--distillation-type", "soft"],
+        randaug_teacher("--teacher-tta", "flip"),
         "... that teacher's answers the mean of each image's and its mirror image's",
     ),
     # ... and twice as wide (stages 64, 256, 256: the GPU recipe's teacher, 4x the arithmetic):
@@ -352,8 +360,7 @@ ROWS = {
     # does it follow one that is stronger everywhere? If it does, a wider teacher is the GPU's
     # next lever (its forward pass is inside every student step)
     "whiten-distill-soft-airbench-recipe-teacher-aa-width64": (
-        [*airbench_net_teacher(width=64), "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
-        + ["--distillation-type", "soft"],
+        randaug_teacher(width=64),
         "... that teacher 64 wide instead of 32 (the GPU recipe's width)",
     ),
     # ... the students of both teachers level (79.90% and 79.83%), each half listening to labels
@@ -362,13 +369,11 @@ ROWS = {
     # function matching, Beyer et al. 2022), by each width. If the labels held the student
     # back, the wider teacher's lead shows here
     "whiten-distill-soft-airbench-recipe-teacher-aa-alpha1": (
-        [*airbench_net_teacher(), "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
-        + ["--distillation-type", "soft", "--distillation-alpha", "1"],
+        randaug_teacher("--distillation-alpha", "1"),
         "... the student taught by that teacher alone, not by the labels",
     ),
     "whiten-distill-soft-airbench-recipe-teacher-aa-width64-alpha1": (
-        [*airbench_net_teacher(width=64), "--teacher-recipe", "airbench", "--teacher-aa", "randaug"]
-        + ["--distillation-type", "soft", "--distillation-alpha", "1"],
+        randaug_teacher("--distillation-alpha", "1", width=64),
         "... by the 64-wide teacher alone, not by the labels",
     ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
