@@ -58,10 +58,11 @@ fi
 NPROC="${NPROC:-2}"
 CPU_RECIPE="${CPU_RECIPE:-auto}"
 if [ "$CPU_RECIPE" = auto ]; then
-    # the recipe, and on an AVX512-BF16 CPU without AMX the measured speed that chose it
+    # the recipe, and on an AVX512-BF16 CPU without AMX the measured speed that chose it, rounded
+    # once so that the figure printed is the figure compared (unrounded, 3.17 printed as 3.2 chose plain)
     read -r CPU_RECIPE SPEEDUP <<<"$(python -c "from vit.inference import precision as p
-s = p.cpu_bf16_matmul_speedup() if p.cpu_has_avx512_bf16() and not p.cpu_has_amx() else None
-print(p.cpu_training_recipe(s), '' if s is None else f'{s:.1f}')")"
+s = round(p.cpu_bf16_matmul_speedup(), 2) if p.cpu_has_avx512_bf16() and not p.cpu_has_amx() else None
+print(p.cpu_training_recipe(s), '' if s is None else f'{s:.2f}')")"
     if [ -n "$SPEEDUP" ]; then
         WHY="; bfloat16 matrix products ${SPEEDUP}x float32's here (the fast recipe from 3.2x)"
     fi
