@@ -1384,14 +1384,18 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     # ... and over 200 epochs, as planned from the recipe's 100: the recipe as it is, and as the
     # chooser runs it from 180 epochs (its own flags after the row's, as it puts them after the
     # recipe's)
-    longer = settings["whiten-distill-soft-airbench-recipe-teacher-aa-epochs200"]
+    name = "whiten-distill-soft-airbench-recipe-teacher-aa-epochs200"
+    longer = settings[name]
     planned = (longer.epochs, longer.warmup_epochs, longer.mixup_off_epoch)
-    same = dict(epochs=100, warmup_epochs=None, mixup_off_epoch=90)  # None: 5% of the epochs
-    same.update(output_dir=under_randaug.output_dir)
+    same = dict(
+        epochs=100,
+        warmup_epochs=None,  # the default: 5% of the epochs
+        mixup_off_epoch=90,
+        output_dir=under_randaug.output_dir,
+    )
     assert planned == (200, 5, 190) and dataclasses.replace(longer, **same) == under_randaug
     chooser = speedrun_chooser(monkeypatch)
     switch = chooser.MIMETIC + chooser.LONG_RUN_AUGMENTATION
-    name = "whiten-distill-soft-airbench-recipe-teacher-aa-epochs200"
     argv = proxy.command(name, "data", tmp_path, seed=1)[2:] + switch
     switched = settings["mimetic-distill-soft-airbench-recipe-teacher-aa-epochs200-randaug3-reprob"]
     assert (switched.mimetic_init, switched.patch_embed_init, switched.aa_n) == (True, "default", 3)
