@@ -396,6 +396,23 @@ ROWS = {
         ),
         "... that teacher, 200 epochs, mimetic, 3 ops, erasing 0.25 (the chooser's switch)",
     ),
+    # ... and over the ~134 epochs of the fourth GPU run's pace, below the chooser's switch: with
+    # the teacher the switched row led from epoch 85 of 200 on (+1.73 at 200), where without one
+    # mimetic alone was level at 134. Does the teacher bring the switch below 180 epochs?
+    "whiten-distill-soft-airbench-recipe-teacher-aa-epochs134": (
+        randaug_teacher(*planned_epochs(134)),
+        "... that teacher, 134 epochs (the recipe as it runs there)",
+    ),
+    "mimetic-distill-soft-airbench-recipe-teacher-aa-epochs134-randaug3-reprob": (
+        randaug_teacher(
+            *planned_epochs(134),
+            "--mimetic-init",
+            "--patch-embed-init",
+            "default",
+            *MORE_AUGMENTATION,
+        ),
+        "... that teacher, 134 epochs, with the chooser's switch (mimetic, 3 ops, erasing 0.25)",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),

@@ -1365,6 +1365,8 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         "whiten-distill-soft-airbench-recipe-teacher-aa-width64-alpha1",
         "whiten-distill-soft-airbench-recipe-teacher-aa-epochs200",
         "mimetic-distill-soft-airbench-recipe-teacher-aa-epochs200-randaug3-reprob",
+        "whiten-distill-soft-airbench-recipe-teacher-aa-epochs134",
+        "mimetic-distill-soft-airbench-recipe-teacher-aa-epochs134-randaug3-reprob",
     }
     under_randaug = settings["whiten-distill-soft-airbench-recipe-teacher-aa"]
     flipped = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tta"]  # that flag only
@@ -1381,26 +1383,31 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         same = dict(distillation_alpha=0.5, output_dir=labelled.output_dir)
         assert dataclasses.replace(alone, **same) == labelled
     assert {row.teacher_tta for row in settings.values() if row is not flipped} == {"none"}
-    # ... and over 200 epochs, as planned from the recipe's 100: the recipe as it is, and as the
-    # chooser runs it from 180 epochs (its own flags after the row's, as it puts them after the
-    # recipe's)
-    name = "whiten-distill-soft-airbench-recipe-teacher-aa-epochs200"
-    longer = settings[name]
-    planned = (longer.epochs, longer.warmup_epochs, longer.mixup_off_epoch)
-    same = dict(
-        epochs=100,
-        warmup_epochs=None,  # the default: 5% of the epochs
-        mixup_off_epoch=90,
-        output_dir=under_randaug.output_dir,
-    )
-    assert planned == (200, 5, 190) and dataclasses.replace(longer, **same) == under_randaug
+    # ... and over 200 and 134 epochs, as planned from the recipe's 100: the recipe as it is, and
+    # as the chooser runs it from 180 epochs (its own flags after the row's, as it puts them after
+    # the recipe's)
     chooser = speedrun_chooser(monkeypatch)
     switch = chooser.MIMETIC + chooser.LONG_RUN_AUGMENTATION
-    argv = proxy.command(name, "data", tmp_path, seed=1)[2:] + switch
-    switched = settings["mimetic-distill-soft-airbench-recipe-teacher-aa-epochs200-randaug3-reprob"]
-    assert (switched.mimetic_init, switched.patch_embed_init, switched.aa_n) == (True, "default", 3)
-    expected = train_script.parse_config(argv)
-    assert dataclasses.replace(expected, output_dir=switched.output_dir) == switched
+    for epochs in (200, 134):
+        name = f"whiten-distill-soft-airbench-recipe-teacher-aa-epochs{epochs}"
+        longer = settings[name]
+        planned = (longer.epochs, longer.warmup_epochs, longer.mixup_off_epoch)
+        same = dict(
+            epochs=100,
+            warmup_epochs=None,  # the default: 5% of the epochs
+            mixup_off_epoch=90,
+            output_dir=under_randaug.output_dir,
+        )
+        assert planned == (epochs, 5, epochs - 10)
+        assert dataclasses.replace(longer, **same) == under_randaug
+        argv = proxy.command(name, "data", tmp_path, seed=1)[2:] + switch
+        switched = settings[
+            f"mimetic-distill-soft-airbench-recipe-teacher-aa-epochs{epochs}-randaug3-reprob"
+        ]
+        expected = (True, "default", 3)
+        assert (switched.mimetic_init, switched.patch_embed_init, switched.aa_n) == expected
+        expected = train_script.parse_config(argv)
+        assert dataclasses.replace(expected, output_dir=switched.output_dir) == switched
     whitened = settings["whiten"]
     # the rows' teacher is the first one, a conv stem and stages (w, 2w, 4w) by the first
     # recipe, whatever the recipe's teacher is now
