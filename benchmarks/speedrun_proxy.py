@@ -158,7 +158,7 @@ ROWS = {
     "mimetic-epochs200": ([*planned_epochs(200), "--mimetic-init"], "mimetic, 200 epochs"),
     # the passes a step the GPU sets may give the speedrun (~3-5x the fifth run's ~90 epochs,
     # docs/gpu.md): the initialisation gained with passes (level at 100 and 134, +1.45 at 200),
-    # and scripts/choose_speedrun_flags.py adds it from 180. Does it still gain at 300, or does
+    # and choose_speedrun_flags.py then added it from 180. Does it gain at 300, or does
     # the model need capacity or regularisation there?
     "mimetic-epochs300": ([*planned_epochs(300), "--mimetic-init"], "mimetic, 300 epochs"),
     # the same arithmetic spent on capacity instead: 192 wide does ~2.2x the arithmetic a step of
@@ -183,7 +183,7 @@ ROWS = {
         "mimetic, 300 epochs, RandAugment 3 ops and erasing 0.25",
     ),
     # the images' regularisation led at 300 epochs (+0.99, ahead from epoch 110; docs/gpu.md), and
-    # the chooser adds it with mimetic from 180: does it pay there? beside mimetic-epochs200
+    # the chooser added it with mimetic from 180 then: does it pay there? beside mimetic-epochs200
     "mimetic-epochs200-randaug3-reprob": (
         [*planned_epochs(200), "--mimetic-init", *MORE_AUGMENTATION],
         "mimetic, 200 epochs, RandAugment 3 ops and erasing 0.25",
@@ -252,7 +252,7 @@ ROWS = {
     # layer: in its ablations 94% in 22 epochs instead of 35): free on any device, and the fewer
     # epochs a lever needs, the sooner the speedrun's first minute gets somewhere
     "whiten": (["--patch-embed-init", "whiten"], "the patch embedding started whitened"),
-    # the chooser adds mimetic initialisation from 180 epochs, and initialisations have clashed
+    # the chooser then added mimetic init from 180 epochs, and initialisations have clashed
     # (8 heads and mimetic: each ahead alone, together 0.59 behind): do these two add up at 200?
     "whiten-mimetic-epochs200": (
         [*planned_epochs(200), "--mimetic-init", "--patch-embed-init", "whiten"],
@@ -271,7 +271,7 @@ ROWS = {
         [*planned_epochs(200), "--patch-embed-init", "whiten"],
         "the patch embedding started whitened, 200 epochs",
     ),
-    # below 180 epochs the chooser keeps the recipe's whitened embedding and 2 RandAugment ops,
+    # below 180 epochs the chooser then kept the recipe's whitened embedding and 2 RandAugment ops,
     # the long run's augmentation (3 ops, erasing 0.25) level at 100 epochs (+0.19) and ahead at
     # 200 (+0.78) and 300 (+0.99) with mimetic: does it pay with whitening at the ~134 epochs a
     # GPU step between the fifth run's and one the GPU sets would give the five minutes?
@@ -377,8 +377,8 @@ ROWS = {
         "... by the 64-wide teacher alone, not by the labels",
     ),
     # the distilled student over 200 epochs, the passes a GPU step the host no longer sets may
-    # give the five minutes: as the recipe runs below 180 epochs (whitened, 2 RandAugment ops),
-    # and as scripts/choose_speedrun_flags.py runs it from 180 (mimetic initialisation with
+    # give the five minutes: as the recipe ran below 180 epochs then (whitened, 2 RandAugment ops),
+    # and as scripts/choose_speedrun_flags.py ran it from 180 (mimetic initialisation with
     # timm's embedding, 3 ops, erasing 0.25: the chooser's flags after the row's, as the chooser
     # puts them after the recipe's). Both were measured without a teacher only: does the switch
     # still pay with one, whose RandAugment follows the student's ops?

@@ -1384,7 +1384,7 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         assert dataclasses.replace(alone, **same) == labelled
     assert {row.teacher_tta for row in settings.values() if row is not flipped} == {"none"}
     # ... and over 200 and 134 epochs, as planned from the recipe's 100: the recipe as it is, and
-    # as the chooser runs it from 180 epochs (its own flags after the row's, as it puts them after
+    # as the chooser runs it from 134 epochs (its own flags after the row's, as it puts them after
     # the recipe's)
     chooser = speedrun_chooser(monkeypatch)
     switch = chooser.MIMETIC + chooser.LONG_RUN_AUGMENTATION
@@ -1780,7 +1780,7 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     finished with a finite loss, the one whose images/s, over the budget's seconds left after
     the start and its first epoch (compiling), trains the most images; its settings as
     train.py's flags, evaluations spaced out where the epochs grow, mimetic initialisation from
-    180 epochs; seeds side by side only where the GPU is idle most of that row's step."""
+    134 epochs; seeds side by side only where the GPU is idle most of that row's step."""
     chooser = speedrun_chooser(monkeypatch)
     refused = [
         pipeline_row("batch_size=1024", 90_000, 10.0, train_loss=float("nan")),
@@ -1794,6 +1794,7 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     assert choice["flags"] == [
         "--graph-step", "--no-compile", "--augment-batches", "16",
         "--eval-interval", "10", "--checkpoint-interval", "10",  # ~150 epochs: every 10th
+        "--mimetic-init", "--patch-embed-init", "default", "--aa-n", "3", "--reprob", "0.25",
     ]  # fmt: skip
     assert choice["expected_images"] == 28_000 * 267 and not choice["together"]  # busy 90%
     assert [row["why"].split(":")[0] for row in choice["refused"]] == [
@@ -1807,7 +1808,7 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     idle = pipeline_row("", 20_000, 45.0, gpu_busy_share=0.2)
     idle = chooser.choose({"rows": [idle]}, RECIPE_TIMES)
     assert idle["flags"] == [] and idle["together"]
-    # a pace that fits 180 epochs: mimetic initialisation too (it pays with passes), with
+    # a pace that fits 180 epochs: mimetic initialisation (it pays with passes), with
     # timm's patch embedding (whitened and mimetic together gained nothing over mimetic alone),
     # and more augmentation (it paid over 200 and 300 epochs, not over 100)
     fast = pipeline_row("graph_step=true", 40_000, 45.0)
@@ -1819,8 +1820,12 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     # a teacher that trained 4 s over a fifth of the images takes 20 s of a whole run's budget
     taught = pipeline_row("graph_step=true", 40_000, 45.0, teacher_seconds=4.0, train_images=10_000)
     assert chooser.choose({"rows": [taught]}, RECIPE_TIMES)["expected_images"] == 40_000 * 205
-    slower = pipeline_row("graph_step=true", 39_000, 45.0)  # 175.5 epochs: none of them
-    assert "--aa-n" not in chooser.choose({"rows": [slower]}, RECIPE_TIMES)["flags"]
+    # from 134 epochs, the fewest the switch was measured paying at with the recipe's teacher
+    at_least = pipeline_row("graph_step=true", 29_800, 45.0)  # 134.1 epochs
+    assert "--mimetic-init" in chooser.choose({"rows": [at_least]}, RECIPE_TIMES)["flags"]
+    slower = pipeline_row("graph_step=true", 29_700, 45.0)  # 133.65 epochs: none of them
+    slower = chooser.choose({"rows": [slower]}, RECIPE_TIMES)["flags"]
+    assert "--aa-n" not in slower and "--mimetic-init" not in slower
 
 
 def test_the_speedruns_choice_refuses_a_row_whose_loss_strays_from_its_batchs(monkeypatch):
