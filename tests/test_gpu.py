@@ -1404,8 +1404,8 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         switched = settings[
             f"mimetic-distill-soft-airbench-recipe-teacher-aa-epochs{epochs}-randaug3-reprob"
         ]
-        expected = (True, "default", 3)
-        assert (switched.mimetic_init, switched.patch_embed_init, switched.aa_n) == expected
+        switched_start = (switched.mimetic_init, switched.patch_embed_init, switched.aa_n)
+        assert switched_start == (True, "default", 3)
         expected = train_script.parse_config(argv)
         assert dataclasses.replace(expected, output_dir=switched.output_dir) == switched
     whitened = settings["whiten"]
@@ -1794,7 +1794,8 @@ def test_the_speedruns_flags_are_the_row_that_trains_the_most_images_in_its_budg
     assert choice["flags"] == [
         "--graph-step", "--no-compile", "--augment-batches", "16",
         "--eval-interval", "10", "--checkpoint-interval", "10",  # ~150 epochs: every 10th
-        "--mimetic-init", "--patch-embed-init", "default", "--aa-n", "3", "--reprob", "0.25",
+        "--mimetic-init", "--patch-embed-init", "default",  # and past 134 epochs the switch
+        "--aa-n", "3", "--reprob", "0.25",
     ]  # fmt: skip
     assert choice["expected_images"] == 28_000 * 267 and not choice["together"]  # busy 90%
     assert [row["why"].split(":")[0] for row in choice["refused"]] == [
