@@ -89,6 +89,9 @@ LARGER_BATCH = ["--batch-size", "256", "--lr", "2.8e-3"]
 PATCH_DROP = ["--patch-drop", "0.5", "--patch-drop-anneal", "2"]
 # the two augmentation leads of 100 epochs together: RandAugment with 3 ops, random erasing 0.25
 MORE_AUGMENTATION = ["--aa-n", "3", "--reprob", "0.25"]
+# what scripts/choose_speedrun_flags.py adds to the recipe's flags for a long run, spelt out here
+# so that a measured row does not change when the chooser does (a test holds the two together)
+CHOOSERS_SWITCH = ["--mimetic-init", "--patch-embed-init", "default", *MORE_AUGMENTATION]
 # the proxy's CNN teacher for the distillation rows: half the width (64) of the GPU recipe's
 # first teacher, whose conv stem, stages (w, 2w, 4w) and recipe they pin (the recipe's may change)
 FIRST_TEACHER = [
@@ -387,13 +390,7 @@ ROWS = {
         "... that teacher, 200 epochs (the recipe below the chooser's switch)",
     ),
     "mimetic-distill-soft-airbench-recipe-teacher-aa-epochs200-randaug3-reprob": (
-        randaug_teacher(
-            *planned_epochs(200),
-            "--mimetic-init",
-            "--patch-embed-init",
-            "default",
-            *MORE_AUGMENTATION,
-        ),
+        randaug_teacher(*planned_epochs(200), *CHOOSERS_SWITCH),
         "... that teacher, 200 epochs, mimetic, 3 ops, erasing 0.25 (the chooser's switch)",
     ),
     # ... and over the ~134 epochs of the fourth GPU run's pace, below the chooser's switch: with
@@ -404,13 +401,7 @@ ROWS = {
         "... that teacher, 134 epochs (the recipe as it runs there)",
     ),
     "mimetic-distill-soft-airbench-recipe-teacher-aa-epochs134-randaug3-reprob": (
-        randaug_teacher(
-            *planned_epochs(134),
-            "--mimetic-init",
-            "--patch-embed-init",
-            "default",
-            *MORE_AUGMENTATION,
-        ),
+        randaug_teacher(*planned_epochs(134), *CHOOSERS_SWITCH),
         "... that teacher, 134 epochs, with the chooser's switch (mimetic, 3 ops, erasing 0.25)",
     ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon

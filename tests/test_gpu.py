@@ -1388,16 +1388,16 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     # the recipe's)
     chooser = speedrun_chooser(monkeypatch)
     switch = chooser.MIMETIC + chooser.LONG_RUN_AUGMENTATION
+    same = dict(
+        epochs=100,
+        warmup_epochs=None,  # the default: 5% of the epochs
+        mixup_off_epoch=90,
+        output_dir=under_randaug.output_dir,
+    )
     for epochs in (200, 134):
         name = f"whiten-distill-soft-airbench-recipe-teacher-aa-epochs{epochs}"
         longer = settings[name]
         planned = (longer.epochs, longer.warmup_epochs, longer.mixup_off_epoch)
-        same = dict(
-            epochs=100,
-            warmup_epochs=None,  # the default: 5% of the epochs
-            mixup_off_epoch=90,
-            output_dir=under_randaug.output_dir,
-        )
         assert planned == (epochs, 5, epochs - 10)
         assert dataclasses.replace(longer, **same) == under_randaug
         argv = proxy.command(name, "data", tmp_path, seed=1)[2:] + switch
