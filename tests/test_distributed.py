@@ -96,6 +96,27 @@ def test_two_processes_equal_one_on_the_same_global_batch(image_folder, tmp_path
     assert len(rows_b) == 2
 
 
+def train_py_after(prelude: str, folder: Path) -> Path:
+    """A script that runs `prelude` and then train.py with its own arguments, in one process
+    of torchrun's."""
+    script = folder / "job.py"
+    script.write_text(
+        f"{prelude}\nimport runpy, sys\n"
+        f"sys.argv = [{str(ROOT / 'train.py')!r}, *sys.argv[1:]]\n"
+        f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n"
+    )
+    return script
+
+
+def torchrun_two(script: Path, args: list[str]) -> subprocess.CompletedProcess:
+    """`python -m vit.distributed` running `script` with `args` in two CPU processes."""
+    command = [sys.executable, "-m", "vit.distributed", "--standalone", "--nproc_per_node", "2"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        command + [str(script), *args], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
 @pytest.mark.parametrize(
     ("ending", "status", "said"),
     [
@@ -113,9 +134,7 @@ def test_torchrun_answers_with_its_processes_status(tmp_path, ending, status, sa
     without torchrun's own report (traceback, ChildFailedError, log lines)."""
     script = tmp_path / "job.py"
     script.write_text(f"import os, signal, sys\nrank = int(os.environ['RANK'])\n{ending}\n")
-    command = [sys.executable, "-m", "vit.distributed", "--standalone", "--nproc_per_node", "2"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(command + [str(script)], env=env, capture_output=True, text=True)
+    done = torchrun_two(script, [])
     assert (done.returncode, done.stderr.strip()) == (status, said)
 
 
@@ -125,9 +144,8 @@ def test_a_loss_gone_nan_in_one_process_stops_both(image_folder, tmp_path, tiny_
     all-reduce) and no checkpoint is written. Each names the first NaN loss it saw itself:
     rank 1 step 3, rank 0 step 4 (once rank 1's NaN gradients reached its weights); which
     one's line comes out first is a race between the two processes' exits."""
-    script = tmp_path / "nan_on_rank_1.py"
-    script.write_text(
-        "import os, runpy, sys\n"
+    script = train_py_after(
+        "import os\n"
         "from vit.models.vision_transformer import VisionTransformer\n"
         "calls, forward_head = [0], VisionTransformer.forward_head\n"
         "def maybe_nan(self, x, pre_logits=False):\n"
@@ -135,18 +153,40 @@ def test_a_loss_gone_nan_in_one_process_stops_both(image_folder, tmp_path, tiny_
         "    calls[0] += self.training\n"
         "    return out * float('nan') if self.training and calls[0] >= 3 else out\n"
         "if os.environ['RANK'] == '1':\n"
-        "    VisionTransformer.forward_head = maybe_nan\n"
-        f"sys.argv = [{str(ROOT / 'train.py')!r}, *sys.argv[1:]]\n"
-        f"runpy.run_path({str(ROOT / 'train.py')!r}, run_name='__main__')\n"
+        "    VisionTransformer.forward_head = maybe_nan",
+        tmp_path,
     )
     run = tmp_path / "run"
     args = tiny_args(image_folder, run, 1, *DETERMINISTIC) + ["--batch-size", "4"]
-    command = [sys.executable, "-m", "vit.distributed", "--standalone", "--nproc_per_node", "2"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        command + [str(script), *args], env=env, capture_output=True, text=True, timeout=300
-    )
+    done = torchrun_two(script, args)
     assert done.returncode == 1, done.stderr[-3000:]
     assert re.search(r"training loss became nan at epoch 1, step [34]/6; stopped\.", done.stderr)
     assert "No checkpoint was written" in done.stderr
     assert not (run / "training_state.pt").exists()
+
+
+def test_no_process_leaves_its_ddp_model_to_the_interpreters_teardown(
+    image_folder, tmp_path, tiny_args
+):
+    """DistributedDataParallel sits in reference cycles. Left to the interpreter's teardown,
+    freeing it aborted a process now and then (SIGABRT: "terminate called without an active
+    exception"), so joining the process group registers a collection at exit. With the cycle
+    collector off, as when it happens not to run before the end, the check registered first
+    (atexit runs handlers last in, first out) finds none left in either process."""
+    script = train_py_after(
+        "import atexit, gc, os, sys, torch\n"
+        "gc.disable()\n"
+        "def left():\n"
+        "    ddp = torch.nn.parallel.DistributedDataParallel\n"
+        "    n = sum(isinstance(o, ddp) for o in gc.get_objects())\n"
+        "    print(f\"rank {os.environ['RANK']}: {n} DDP left\", file=sys.stderr)\n"
+        "atexit.register(left)",
+        tmp_path,
+    )
+    args = tiny_args(image_folder, tmp_path / "run", 1, *DETERMINISTIC) + ["--batch-size", "4"]
+    done = torchrun_two(script, args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(re.findall(r"rank \d: \d+ DDP left", done.stderr)) == [
+        "rank 0: 0 DDP left",
+        "rank 1: 0 DDP left",
+    ]

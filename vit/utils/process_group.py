@@ -11,6 +11,8 @@ Ctrl-C stops them all too: `stop_on_interrupt`. `python -m vit.distributed`
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
 import signal
 from collections.abc import Callable, Iterator, Mapping
@@ -79,6 +81,11 @@ def setup(info: DistInfo, device: torch.device) -> None:
     if info.enabled and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=info.rank, world_size=info.world_size)
+        # DistributedDataParallel sits in reference cycles: the cycle collector frees it when
+        # it next runs, which may be the interpreter's own teardown, where C++ threads can no
+        # longer take the GIL and the process aborted ("terminate called without an active
+        # exception", SIGABRT). Collected at exit, while the interpreter is whole, it did not.
+        atexit.register(gc.collect)
 
 
 def distributed(module: torch.nn.Module, info: DistInfo, device: torch.device) -> torch.nn.Module:
