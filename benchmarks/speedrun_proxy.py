@@ -404,6 +404,13 @@ ROWS = {
         randaug_teacher(*planned_epochs(134), *CHOOSERS_SWITCH),
         "... that teacher, 134 epochs, with the chooser's switch (mimetic, 3 ops, erasing 0.25)",
     ),
+    # ... and over the recipe's 100 epochs, about the fifth GPU run's 88-92: from 80 of 134 epochs
+    # the switched row led (+1.71 at 134, seed 0), where without a teacher mimetic alone was
+    # level at 100. Does the switch pay with the teacher at the recipe's length too?
+    "mimetic-distill-soft-airbench-recipe-teacher-aa-randaug3-reprob": (
+        randaug_teacher(*CHOOSERS_SWITCH),
+        "... that teacher, 100 epochs, with the chooser's switch (mimetic, 3 ops, erasing 0.25)",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),

@@ -1367,6 +1367,7 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         "mimetic-distill-soft-airbench-recipe-teacher-aa-epochs200-randaug3-reprob",
         "whiten-distill-soft-airbench-recipe-teacher-aa-epochs134",
         "mimetic-distill-soft-airbench-recipe-teacher-aa-epochs134-randaug3-reprob",
+        "mimetic-distill-soft-airbench-recipe-teacher-aa-randaug3-reprob",
     }
     under_randaug = settings["whiten-distill-soft-airbench-recipe-teacher-aa"]
     flipped = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tta"]  # that flag only
@@ -1383,11 +1384,7 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         same = dict(distillation_alpha=0.5, output_dir=labelled.output_dir)
         assert dataclasses.replace(alone, **same) == labelled
     assert {row.teacher_tta for row in settings.values() if row is not flipped} == {"none"}
-    # ... and over 200 and 134 epochs, as planned from the recipe's 100: the recipe as it is, and
-    # as the chooser runs it from 134 epochs (its own flags after the row's, as it puts them after
-    # the recipe's)
-    chooser = speedrun_chooser(monkeypatch)
-    switch = chooser.MIMETIC + chooser.LONG_RUN_AUGMENTATION
+    # ... and over 200 and 134 epochs, as planned from the recipe's 100
     same = dict(
         epochs=100,
         warmup_epochs=None,  # the default: 5% of the epochs
@@ -1395,14 +1392,19 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         output_dir=under_randaug.output_dir,
     )
     for epochs in (200, 134):
-        name = f"whiten-distill-soft-airbench-recipe-teacher-aa-epochs{epochs}"
-        longer = settings[name]
+        longer = settings[f"whiten-distill-soft-airbench-recipe-teacher-aa-epochs{epochs}"]
         planned = (longer.epochs, longer.warmup_epochs, longer.mixup_off_epoch)
         assert planned == (epochs, 5, epochs - 10)
         assert dataclasses.replace(longer, **same) == under_randaug
+    # ... each of them and the recipe's 100 epochs as the chooser runs them from 134 epochs (its
+    # own flags after the row's, as it puts them after the recipe's)
+    chooser = speedrun_chooser(monkeypatch)
+    switch = chooser.MIMETIC + chooser.LONG_RUN_AUGMENTATION
+    for epochs in ("-epochs200", "-epochs134", ""):
+        name = f"whiten-distill-soft-airbench-recipe-teacher-aa{epochs}"
         argv = proxy.command(name, "data", tmp_path, seed=1)[2:] + switch
         switched = settings[
-            f"mimetic-distill-soft-airbench-recipe-teacher-aa-epochs{epochs}-randaug3-reprob"
+            f"mimetic-distill-soft-airbench-recipe-teacher-aa{epochs}-randaug3-reprob"
         ]
         switched_start = (switched.mimetic_init, switched.patch_embed_init, switched.aa_n)
         assert switched_start == (True, "default", 3)
