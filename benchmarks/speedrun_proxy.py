@@ -405,7 +405,7 @@ ROWS = {
         "... that teacher, 134 epochs, with the chooser's switch (mimetic, 3 ops, erasing 0.25)",
     ),
     # ... and over the recipe's 100 epochs, about the fifth GPU run's 88-92: from 80 of 134 epochs
-    # the switched row led (+1.71 at 134, seed 0), where without a teacher mimetic alone was
+    # the switched row led (+1.46 at 134, two seeds), where without a teacher mimetic alone was
     # level at 100. Does the switch pay with the teacher at the recipe's length too?
     "mimetic-distill-soft-airbench-recipe-teacher-aa-randaug3-reprob": (
         randaug_teacher(*CHOOSERS_SWITCH),
