@@ -1396,15 +1396,15 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         planned = (longer.epochs, longer.warmup_epochs, longer.mixup_off_epoch)
         assert planned == (epochs, 5, epochs - 10)
         assert dataclasses.replace(longer, **same) == under_randaug
-    # ... each of them and the recipe's 100 epochs as the chooser runs them from 134 epochs (its
-    # own flags after the row's, as it puts them after the recipe's)
+    # ... each of them and the recipe's 100 epochs with the chooser's switch (its own flags after
+    # the row's, as it puts them after the recipe's)
     chooser = speedrun_chooser(monkeypatch)
     switch = chooser.MIMETIC + chooser.LONG_RUN_AUGMENTATION
-    for epochs in ("-epochs200", "-epochs134", ""):
-        name = f"whiten-distill-soft-airbench-recipe-teacher-aa{epochs}"
+    for planned_length in ("-epochs200", "-epochs134", ""):
+        name = f"whiten-distill-soft-airbench-recipe-teacher-aa{planned_length}"
         argv = proxy.command(name, "data", tmp_path, seed=1)[2:] + switch
         switched = settings[
-            f"mimetic-distill-soft-airbench-recipe-teacher-aa{epochs}-randaug3-reprob"
+            f"mimetic-distill-soft-airbench-recipe-teacher-aa{planned_length}-randaug3-reprob"
         ]
         switched_start = (switched.mimetic_init, switched.patch_embed_init, switched.aa_n)
         assert switched_start == (True, "default", 3)
