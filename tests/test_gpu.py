@@ -1368,6 +1368,7 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         "whiten-distill-soft-airbench-recipe-teacher-aa-epochs134",
         "mimetic-distill-soft-airbench-recipe-teacher-aa-epochs134-randaug3-reprob",
         "mimetic-distill-soft-airbench-recipe-teacher-aa-randaug3-reprob",
+        "width192-distill-soft-airbench-recipe-teacher-aa",
     }
     under_randaug = settings["whiten-distill-soft-airbench-recipe-teacher-aa"]
     flipped = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tta"]  # that flag only
@@ -1384,6 +1385,11 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         same = dict(distillation_alpha=0.5, output_dir=labelled.output_dir)
         assert dataclasses.replace(alone, **same) == labelled
     assert {row.teacher_tta for row in settings.values() if row is not flipped} == {"none"}
+    # ... and a student as wide as `width192`, with the same teacher: the model its only change
+    wide_student = settings["width192-distill-soft-airbench-recipe-teacher-aa"]
+    assert wide_student.model_kwargs == settings["width192"].model_kwargs
+    same = dict(model_kwargs=under_randaug.model_kwargs, output_dir=under_randaug.output_dir)
+    assert dataclasses.replace(wide_student, **same) == under_randaug
     # ... and over 200 and 134 epochs, as planned from the recipe's 100
     same = dict(
         epochs=100,
