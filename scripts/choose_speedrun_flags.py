@@ -51,7 +51,7 @@ TOGETHER_BELOW = 0.35  # the fifth run: busy 22% of a step, two side by side eac
 # the recipe's teacher the switch below (mimetic, 3 ops, erasing) paid +1.46 at 134 epochs (two
 # seeds: +1.71 and +1.20) and +1.73 at 200 (one seed), so from the fewest epochs it was measured
 # paying at, the run starts with it (180 before the teacher's rows). At the recipe's 100 epochs
-# it paid a third as much, +0.47 (one seed), below a seed's noise: the fifth run's ~90 stay without.
+# it was level, +0.19 (two seeds: +0.47 and -0.09): the fifth run's ~90 epochs stay without.
 MIMETIC_FROM_EPOCHS = 134
 # ... with timm's patch embedding instead of the recipe's whitened one: on the proxy the two
 # together ended level with mimetic alone at 200 epochs (78.40 against 78.64, two seeds each),
