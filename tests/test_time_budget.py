@@ -105,7 +105,9 @@ def test_a_budgeted_run_ends_inside_its_budget_with_the_epochs_it_planned(
     saved = yaml.safe_load((run / "config.yaml").read_text())
     rows = (run / "metrics.csv").read_text().strip().splitlines()[1:]
     assert saved["time_budget"] is None and saved["warmup_epochs"] == 1  # as given
-    assert len(rows) == saved["epochs"] > 5
+    # more than the first guess of 5 where they fit: the forecast's check below fails a plan held
+    # to the guess (on a machine busy enough that 5 tiny epochs take the 12 s, none more fit)
+    assert len(rows) == saved["epochs"] >= 5
     # the last epochs' time is a forecast: allow a tenth of the budget on a busy machine
     assert took <= left * 1.1, f"{took:.1f} s for a budget of {left} s"
     # The plan's own forecast fills the budget to within an epoch. (Not the wall time: one
