@@ -419,6 +419,14 @@ ROWS = {
         randaug_teacher(),
         "... that teacher, a student 192 wide with 6 heads of 32 (1.81M parameters)",
     ),
+    # ... and that teacher's answers read at DeiT's temperature (`--distillation-tau 3`, its soft
+    # distillation's) instead of 1: the student learns more of what the teacher ranks second and
+    # third. The teacher, trained with label smoothing 0.2 by airbench's recipe, already answers
+    # softly; is its ranking of the wrong classes worth more weight?
+    "whiten-distill-soft-airbench-recipe-teacher-aa-tau3": (
+        randaug_teacher("--distillation-tau", "3"),
+        "... that teacher's answers softened at temperature 3 (DeiT's) instead of 1",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),

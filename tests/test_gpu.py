@@ -1369,6 +1369,7 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         "mimetic-distill-soft-airbench-recipe-teacher-aa-epochs134-randaug3-reprob",
         "mimetic-distill-soft-airbench-recipe-teacher-aa-randaug3-reprob",
         "width192-distill-soft-airbench-recipe-teacher-aa",
+        "whiten-distill-soft-airbench-recipe-teacher-aa-tau3",
     }
     under_randaug = settings["whiten-distill-soft-airbench-recipe-teacher-aa"]
     flipped = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tta"]  # that flag only
@@ -1390,6 +1391,11 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert wide_student.model_kwargs == settings["width192"].model_kwargs
     same = dict(model_kwargs=under_randaug.model_kwargs, output_dir=under_randaug.output_dir)
     assert dataclasses.replace(wide_student, **same) == under_randaug
+    # ... and its answers softened at DeiT's temperature: that flag only
+    softer = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tau3"]
+    assert (softer.distillation_tau, under_randaug.distillation_tau) == (3.0, 1.0)
+    same = dict(distillation_tau=1.0, output_dir=under_randaug.output_dir)
+    assert dataclasses.replace(softer, **same) == under_randaug
     # ... and over 200 and 134 epochs, as planned from the recipe's 100
     same = dict(
         epochs=100,
