@@ -1370,6 +1370,8 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         "mimetic-distill-soft-airbench-recipe-teacher-aa-randaug3-reprob",
         "width192-distill-soft-airbench-recipe-teacher-aa",
         "whiten-distill-soft-airbench-recipe-teacher-aa-tau3",
+        "whiten-distill-soft-airbench-recipe-teacher-aa-epochs50",
+        "width192-distill-soft-airbench-recipe-teacher-aa-epochs50",
     }
     under_randaug = settings["whiten-distill-soft-airbench-recipe-teacher-aa"]
     flipped = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tta"]  # that flag only
@@ -1391,6 +1393,12 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert wide_student.model_kwargs == settings["width192"].model_kwargs
     same = dict(model_kwargs=under_randaug.model_kwargs, output_dir=under_randaug.output_dir)
     assert dataclasses.replace(wide_student, **same) == under_randaug
+    # ... and the two students over a planned 50 epochs: again the model their only difference
+    shorter = settings["whiten-distill-soft-airbench-recipe-teacher-aa-epochs50"]
+    wide_shorter = settings["width192-distill-soft-airbench-recipe-teacher-aa-epochs50"]
+    assert wide_shorter.model_kwargs == wide_student.model_kwargs
+    same = dict(model_kwargs=shorter.model_kwargs, output_dir=shorter.output_dir)
+    assert dataclasses.replace(wide_shorter, **same) == shorter
     # ... and its answers softened at DeiT's temperature: that flag only
     softer = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tau3"]
     assert (softer.distillation_tau, under_randaug.distillation_tau) == (3.0, 1.0)
@@ -1403,7 +1411,7 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         mixup_off_epoch=90,
         output_dir=under_randaug.output_dir,
     )
-    for epochs in (200, 134):
+    for epochs in (200, 134, 50):
         longer = settings[f"whiten-distill-soft-airbench-recipe-teacher-aa-epochs{epochs}"]
         planned = (longer.epochs, longer.warmup_epochs, longer.mixup_off_epoch)
         assert planned == (epochs, 5, epochs - 10)
