@@ -1233,24 +1233,38 @@ def test_a_benchmark_shape_label_gives_width_depth_heads_ratio_and_patch_size(mo
         throughput.parse_shape("256d-8L-4h-p2")
 
 
-def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_ran(
-    monkeypatch, tmp_path, capsys, train_script
-):
-    """benchmarks/speedrun_proxy.py: every row is a train.py command of the speedrun's recipe at
-    the proxy's scale, with its own flags; the table gives each seed and, over several seeds, a
-    mean of only the epochs every seed reached (a run still going is not averaged in)."""
-    import argparse
+def speedrun_proxy(monkeypatch):
+    """benchmarks/speedrun_proxy.py as a module."""
     import importlib
 
-    from vit.training.checkpoint import write_metrics_csv
-
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    monkeypatch.chdir(ROOT)
-    proxy = importlib.import_module("speedrun_proxy")
-    settings = {}
-    for name in proxy.ROWS:
-        argv = proxy.command(name, "data", tmp_path, seed=1)[2:]  # past python and train.py
-        settings[name] = train_script.parse_config(argv)
+    return importlib.import_module("speedrun_proxy")
+
+
+def speedrun_proxy_rows(monkeypatch, tmp_path, train_script) -> dict[str, TrainConfig]:
+    """row name -> the settings train.py parses from the proxy's command for it (seed 1)."""
+    proxy = speedrun_proxy(monkeypatch)
+    monkeypatch.chdir(ROOT)  # the rows' --config is the repository's
+    return {
+        # past python and train.py
+        name: train_script.parse_config(proxy.command(name, "data", tmp_path, seed=1)[2:])
+        for name in proxy.ROWS
+    }
+
+
+def assert_differs_only_in(row: TrainConfig, base: TrainConfig, *fields: str) -> None:
+    """`row` is `base` but for `fields` (and the output folder every row has its own); where it is
+    not, pytest's message shows the settings that differ."""
+    same = {field: getattr(base, field) for field in fields}
+    assert dataclasses.replace(row, **same, output_dir=base.output_dir) == base
+
+
+def test_the_speedrun_proxy_rows_are_train_commands_of_the_recipe_each_with_its_change(
+    monkeypatch, tmp_path, train_script
+):
+    """benchmarks/speedrun_proxy.py: every row is a train.py command of the speedrun's recipe at
+    the proxy's scale, with its own flags (those without a teacher)."""
+    settings = speedrun_proxy_rows(monkeypatch, tmp_path, train_script)
     recipe = settings["recipe"]
     expected = dict(opt="muon", aa="randaug", epochs=100, batch_size=128, train_subset=10000)
     expected.update(seed=1, device="cpu", compile=False)
@@ -1277,18 +1291,17 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     mimetic300 = settings["mimetic-epochs300"]
     planned = (mimetic300.epochs, mimetic300.warmup_epochs, mimetic300.mixup_off_epoch)
     assert planned == (300, 5, 290) and mimetic300.mimetic_init
+    assert (mimetic300.drop_path, mimetic300.aa_n, mimetic300.reprob) == (0.1, 2, 0.0)
     for name, drop_path, aa_n, reprob in (
         ("mimetic-epochs300-drop-path0.2", 0.2, recipe.aa_n, recipe.reprob),
         ("mimetic-epochs300-randaug3-reprob", recipe.drop_path, 3, 0.25),
     ):
         row = settings[name]  # mimetic-epochs300 with one kind of regularisation more
         assert (row.drop_path, row.aa_n, row.reprob) == (drop_path, aa_n, reprob)
-        same = dict(drop_path=0.1, aa_n=2, reprob=0.0, output_dir=mimetic300.output_dir)
-        assert dataclasses.replace(row, **same) == mimetic300
+        assert_differs_only_in(row, mimetic300, "drop_path", "aa_n", "reprob")
     row = settings["mimetic-epochs200-randaug3-reprob"]  # the same at 200 epochs
     assert (row.aa_n, row.reprob, row.drop_path) == (3, 0.25, recipe.drop_path)
-    same = dict(aa_n=2, reprob=0.0, output_dir=mimetic200.output_dir)
-    assert dataclasses.replace(row, **same) == mimetic200
+    assert_differs_only_in(row, mimetic200, "aa_n", "reprob")
     wide150 = settings["width192-mimetic-epochs150"]
     planned = (wide150.epochs, wide150.warmup_epochs, wide150.mixup_off_epoch)
     assert planned == (150, 5, 140) and wide150.mimetic_init
@@ -1326,35 +1339,77 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     assert largest.model_kwargs == recipe.model_kwargs and not largest.mimetic_init
     chunked = settings["augment16"]
     assert (chunked.augment_batches, recipe.augment_batches, chunked.batch_augment) == (16, 1, True)
-    same_run = dict(augment_batches=1, output_dir=recipe.output_dir)
-    assert dataclasses.replace(chunked, **same_run) == recipe  # that flag only
+    assert_differs_only_in(chunked, recipe, "augment_batches")
+    # the whitened patch embedding, that flag only, at each length
     whitened = settings["whiten"]
     assert (whitened.patch_embed_init, recipe.patch_embed_init) == ("whiten", "default")
-    same_run = dict(patch_embed_init="default", output_dir=recipe.output_dir)
-    assert dataclasses.replace(whitened, **same_run) == recipe  # that flag only
-    same_run = dict(patch_embed_init="default", output_dir=shorter.output_dir)
-    assert dataclasses.replace(settings["whiten-epochs50"], **same_run) == shorter
-    same_run = dict(patch_embed_init="default", output_dir=longer.output_dir)
+    assert_differs_only_in(whitened, recipe, "patch_embed_init")
+    assert_differs_only_in(settings["whiten-epochs50"], shorter, "patch_embed_init")
     whitened200 = settings["whiten-epochs200"]
     assert whitened200.patch_embed_init == "whiten"
-    assert dataclasses.replace(whitened200, **same_run) == longer  # that flag only
-    whitened134 = settings["whiten-epochs134"]  # epochs134 with that flag only
-    same_run = dict(patch_embed_init="default", output_dir=settings["epochs134"].output_dir)
-    assert dataclasses.replace(whitened134, **same_run) == settings["epochs134"]
+    assert_differs_only_in(whitened200, longer, "patch_embed_init")
+    whitened134 = settings["whiten-epochs134"]
+    assert_differs_only_in(whitened134, settings["epochs134"], "patch_embed_init")
     row = settings["whiten-epochs134-randaug3-reprob"]  # and the long run's augmentation
     assert (row.aa_n, row.reprob, whitened134.aa_n, whitened134.reprob) == (3, 0.25, 2, 0.0)
-    same_run = dict(aa_n=2, reprob=0.0, output_dir=whitened134.output_dir)
-    assert dataclasses.replace(row, **same_run) == whitened134
+    assert_differs_only_in(row, whitened134, "aa_n", "reprob")
     both = settings["whiten-mimetic-epochs200"]
-    assert dataclasses.replace(both, patch_embed_init="default") == dataclasses.replace(
-        mimetic200, output_dir=both.output_dir
+    assert_differs_only_in(both, mimetic200, "patch_embed_init")
+    for name, init in (("adamw", False), ("adamw-mimetic", True)):
+        row = settings[name]
+        assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)
+    for name, epochs in (("patch-drop-epochs134", 134), ("patch-drop-epochs200", 200)):
+        row = settings[name]
+        assert (row.epochs, row.warmup_epochs, row.mixup_off_epoch) == (epochs, 5, epochs - 10)
+        assert (row.patch_drop, row.patch_drop_anneal, recipe.patch_drop) == (0.5, 2, 0)
+    proxy = speedrun_proxy(monkeypatch)
+    threads = train_script.parse_config(proxy.command("recipe", "data", tmp_path, 0, threads=2)[2:])
+    assert threads.threads == 2
+    # --train-args: flags every row takes (float32 where bfloat16 is emulated), the row's own kept
+    extra = ["--no-amp", "--muon-ns-dtype", "float32"]
+    argv = proxy.command("whiten", "data", tmp_path, seed=1, extra=extra)[2:]
+    fp32 = train_script.parse_config(argv)
+    assert (fp32.amp, fp32.muon_ns_dtype, whitened.amp, whitened.muon_ns_dtype) == (
+        False,
+        "float32",
+        True,
+        "bfloat16",
     )
+    assert_differs_only_in(fp32, whitened, "amp", "muon_ns_dtype")
+
+
+def test_the_speedrun_proxy_rows_with_a_teacher_each_change_one_thing(
+    monkeypatch, tmp_path, train_script
+):
+    """benchmarks/speedrun_proxy.py: the distillation rows are the whitened rows with a teacher,
+    and each row after the first changes one thing of the row it is measured against."""
+    settings = speedrun_proxy_rows(monkeypatch, tmp_path, train_script)
+    recipe, whitened = settings["recipe"], settings["whiten"]
     speedrun = train_script.parse_config(["--config", "configs/cifar10_gpu_speedrun.yaml"])
     assert speedrun.patch_embed_init == "whiten"  # the rows pin timm's: measured before it
     # ... and no teacher, which the recipe took after them; the distillation rows are `whiten`
     # with a teacher of their own, soft or hard, and at 50 epochs whiten-epochs50 with it
     assert speedrun.distillation_type == "soft" and recipe.distillation_type == "none"
-    # ... and its teacher trained under RandAugment, which only the row named so has
+    # the first rows' teacher is the first one, a conv stem and stages (w, 2w, 4w) by the first
+    # recipe, whatever the recipe's teacher is now
+    first_teacher = dict(
+        teacher_stem="conv", teacher_channel_mult=[1, 2, 4], teacher_recipe="dawnbench"
+    )
+    for name, kind in (("whiten-distill-soft", "soft"), ("whiten-distill-hard", "hard")):
+        row = settings[name]
+        assert (row.distillation_type, row.teacher_width, row.teacher_epochs) == (kind, 32, 20)
+        assert {key: getattr(row, key) for key in first_teacher} == first_teacher
+        teacher = ("distillation_type", "teacher_width", *first_teacher)
+        assert_differs_only_in(row, whitened, *teacher)
+    short = settings["whiten-distill-soft-epochs50"]  # the first teacher too
+    assert {key: getattr(short, key) for key in first_teacher} == first_teacher
+    teacher = ("distillation_type", "teacher_width", *first_teacher)
+    assert_differs_only_in(short, settings["whiten-epochs50"], *teacher)
+    longer_taught = settings["whiten-distill-soft-epochs50-teacher40"]
+    assert (longer_taught.teacher_epochs, short.teacher_epochs) == (40, 20)
+    assert_differs_only_in(longer_taught, short, "teacher_epochs")
+    # ... and the teachers trained under RandAugment, which only the rows named so have, as the
+    # recipe's is
     assert speedrun.teacher_aa == "randaug"
     taught = {name for name, row in settings.items() if row.teacher_aa != "none"}
     assert taught == {
@@ -1375,51 +1430,44 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
     }
     under_randaug = settings["whiten-distill-soft-airbench-recipe-teacher-aa"]
     flipped = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tta"]  # that flag only
-    same = dict(teacher_tta="none", output_dir=under_randaug.output_dir)
-    assert dataclasses.replace(flipped, **same) == under_randaug
+    assert (flipped.teacher_tta, under_randaug.teacher_tta) == ("flip", "none")
+    assert_differs_only_in(flipped, under_randaug, "teacher_tta")
+    assert {row.teacher_tta for row in settings.values() if row is not flipped} == {"none"}
     wider = settings["whiten-distill-soft-airbench-recipe-teacher-aa-width64"]  # and that one
     assert (wider.teacher_width, under_randaug.teacher_width) == (64, 32)
-    same = dict(teacher_width=32, output_dir=under_randaug.output_dir)
-    assert dataclasses.replace(wider, **same) == under_randaug
+    assert_differs_only_in(wider, under_randaug, "teacher_width")
     # ... and each taught by its teacher alone: the teacher's share of the loss only
     for name, labelled in (("", under_randaug), ("-width64", wider)):
         alone = settings[f"whiten-distill-soft-airbench-recipe-teacher-aa{name}-alpha1"]
         assert (alone.distillation_alpha, labelled.distillation_alpha) == (1.0, 0.5)
-        same = dict(distillation_alpha=0.5, output_dir=labelled.output_dir)
-        assert dataclasses.replace(alone, **same) == labelled
-    assert {row.teacher_tta for row in settings.values() if row is not flipped} == {"none"}
+        assert_differs_only_in(alone, labelled, "distillation_alpha")
     # ... and a student as wide as `width192`, with the same teacher: the model its only change
     wide_student = settings["width192-distill-soft-airbench-recipe-teacher-aa"]
     assert wide_student.model_kwargs == settings["width192"].model_kwargs
-    same = dict(model_kwargs=under_randaug.model_kwargs, output_dir=under_randaug.output_dir)
-    assert dataclasses.replace(wide_student, **same) == under_randaug
+    assert_differs_only_in(wide_student, under_randaug, "model_kwargs")
+    # ... and its answers softened at DeiT's temperature: that flag only
+    softer = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tau3"]
+    assert (softer.distillation_tau, under_randaug.distillation_tau) == (3.0, 1.0)
+    assert_differs_only_in(softer, under_randaug, "distillation_tau")
+    # ... and over 200, 134 and 50 epochs, as planned from the recipe's 100 (warmup: by default
+    # 5% of the epochs)
+    planned = (under_randaug.epochs, under_randaug.warmup_epochs, under_randaug.mixup_off_epoch)
+    assert planned == (100, None, 90)
+    for epochs in (200, 134, 50):
+        other = settings[f"whiten-distill-soft-airbench-recipe-teacher-aa-epochs{epochs}"]
+        planned = (other.epochs, other.warmup_epochs, other.mixup_off_epoch)
+        assert planned == (epochs, 5, epochs - 10)
+        assert_differs_only_in(other, under_randaug, "epochs", "warmup_epochs", "mixup_off_epoch")
     # ... and the two students over a planned 50 epochs: again the model their only difference
     shorter = settings["whiten-distill-soft-airbench-recipe-teacher-aa-epochs50"]
     wide_shorter = settings["width192-distill-soft-airbench-recipe-teacher-aa-epochs50"]
     assert wide_shorter.model_kwargs == wide_student.model_kwargs
-    same = dict(model_kwargs=shorter.model_kwargs, output_dir=shorter.output_dir)
-    assert dataclasses.replace(wide_shorter, **same) == shorter
-    # ... and its answers softened at DeiT's temperature: that flag only
-    softer = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tau3"]
-    assert (softer.distillation_tau, under_randaug.distillation_tau) == (3.0, 1.0)
-    same = dict(distillation_tau=1.0, output_dir=under_randaug.output_dir)
-    assert dataclasses.replace(softer, **same) == under_randaug
-    # ... and over 200 and 134 epochs, as planned from the recipe's 100
-    same = dict(
-        epochs=100,
-        warmup_epochs=None,  # the default: 5% of the epochs
-        mixup_off_epoch=90,
-        output_dir=under_randaug.output_dir,
-    )
-    for epochs in (200, 134, 50):
-        longer = settings[f"whiten-distill-soft-airbench-recipe-teacher-aa-epochs{epochs}"]
-        planned = (longer.epochs, longer.warmup_epochs, longer.mixup_off_epoch)
-        assert planned == (epochs, 5, epochs - 10)
-        assert dataclasses.replace(longer, **same) == under_randaug
+    assert_differs_only_in(wide_shorter, shorter, "model_kwargs")
     # ... each of them and the recipe's 100 epochs with the chooser's switch (its own flags after
     # the row's, as it puts them after the recipe's)
     chooser = speedrun_chooser(monkeypatch)
     switch = chooser.MIMETIC + chooser.LONG_RUN_AUGMENTATION
+    proxy = speedrun_proxy(monkeypatch)
     for planned_length in ("-epochs200", "-epochs134", ""):
         name = f"whiten-distill-soft-airbench-recipe-teacher-aa{planned_length}"
         argv = proxy.command(name, "data", tmp_path, seed=1)[2:] + switch
@@ -1428,56 +1476,19 @@ def test_the_speedrun_proxy_rows_are_train_commands_and_seeds_average_where_all_
         ]
         switched_start = (switched.mimetic_init, switched.patch_embed_init, switched.aa_n)
         assert switched_start == (True, "default", 3)
-        expected = train_script.parse_config(argv)
-        assert dataclasses.replace(expected, output_dir=switched.output_dir) == switched
-    whitened = settings["whiten"]
-    # the rows' teacher is the first one, a conv stem and stages (w, 2w, 4w) by the first
-    # recipe, whatever the recipe's teacher is now
-    first_teacher = dict(
-        teacher_stem="conv", teacher_channel_mult=[1, 2, 4], teacher_recipe="dawnbench"
-    )
-    for name, kind in (("whiten-distill-soft", "soft"), ("whiten-distill-hard", "hard")):
-        row = settings[name]
-        assert (row.distillation_type, row.teacher_width, row.teacher_epochs) == (kind, 32, 20)
-        same = dict(distillation_type="none", output_dir=whitened.output_dir)
-        assert dataclasses.replace(row, **same) == dataclasses.replace(
-            whitened, teacher_width=32, **first_teacher
-        )
-    short = settings["whiten-distill-soft-epochs50"]
-    same = dict(
-        distillation_type="none",
-        teacher_width=speedrun.teacher_width,
-        teacher_stem=speedrun.teacher_stem,
-        teacher_channel_mult=speedrun.teacher_channel_mult,
-        teacher_recipe=speedrun.teacher_recipe,
-        output_dir=settings["whiten-epochs50"].output_dir,
-    )
-    assert dataclasses.replace(short, **same) == settings["whiten-epochs50"]
-    assert settings["whiten-distill-soft-epochs50-teacher40"].teacher_stem == "conv"
-    longer_taught = settings["whiten-distill-soft-epochs50-teacher40"]
-    same = dict(teacher_epochs=20, output_dir=short.output_dir)
-    assert dataclasses.replace(longer_taught, **same) == short
-    for name, init in (("adamw", False), ("adamw-mimetic", True)):
-        row = settings[name]
-        assert (row.opt, row.lr, row.weight_decay, row.mimetic_init) == ("adamw", 1e-3, 0.05, init)
-    for name, epochs in (("patch-drop-epochs134", 134), ("patch-drop-epochs200", 200)):
-        row = settings[name]
-        assert (row.epochs, row.warmup_epochs, row.mixup_off_epoch) == (epochs, 5, epochs - 10)
-        assert (row.patch_drop, row.patch_drop_anneal, recipe.patch_drop) == (0.5, 2, 0)
-    threads = train_script.parse_config(proxy.command("recipe", "data", tmp_path, 0, threads=2)[2:])
-    assert threads.threads == 2
-    # --train-args: flags every row takes (float32 where bfloat16 is emulated), the row's own kept
-    extra = ["--no-amp", "--muon-ns-dtype", "float32"]
-    argv = proxy.command("whiten", "data", tmp_path, seed=1, extra=extra)[2:]
-    fp32 = train_script.parse_config(argv)
-    assert (fp32.amp, fp32.muon_ns_dtype, whitened.amp, whitened.muon_ns_dtype) == (
-        False,
-        "float32",
-        True,
-        "bfloat16",
-    )
-    same_run = dict(amp=True, muon_ns_dtype="bfloat16")
-    assert dataclasses.replace(fp32, **same_run) == whitened
+        assert_differs_only_in(train_script.parse_config(argv), switched)
+
+
+def test_the_speedrun_proxy_table_averages_seeds_over_the_epochs_all_reached(
+    monkeypatch, tmp_path, capsys
+):
+    """benchmarks/speedrun_proxy.py: the table gives each seed and, over several seeds, a mean of
+    only the epochs every seed reached (a run still going is not averaged in)."""
+    import argparse
+
+    from vit.training.checkpoint import write_metrics_csv
+
+    proxy = speedrun_proxy(monkeypatch)
 
     def finished(name, seed, epochs):  # epochs: (epoch, top-1 %, training loss)
         history = [dict(epoch=e, ema_top1=t / 100, train_loss=loss) for e, t, loss in epochs]
@@ -1514,11 +1525,9 @@ def test_the_speedrun_proxy_starts_the_next_run_as_soon_as_any_one_ends(monkeypa
     end before starting the next, a core idle while the longer run went on. Here the first run
     waits until the third has started, which only a runner that fills a freed slot does."""
     import argparse
-    import importlib
     import threading
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    proxy = importlib.import_module("speedrun_proxy")
+    proxy = speedrun_proxy(monkeypatch)
     third_started = threading.Event()
     started = []
     real_run_one = proxy.run_one
@@ -1549,12 +1558,10 @@ def test_the_speedrun_proxy_resumes_a_run_stopped_part_way_and_keeps_a_finished_
     with train.py --resume (its log appended to, not overwritten), where it had failed on the
     folder it found; a run that has done its epochs is kept, and nothing is started for it."""
     import argparse
-    import importlib
 
     from vit.training.checkpoint import save_yaml, write_metrics_csv
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    proxy = importlib.import_module("speedrun_proxy")
+    proxy = speedrun_proxy(monkeypatch)
     commands = []
 
     def run(cmd, stdout, **kwargs):
