@@ -1197,10 +1197,8 @@ def test_a_pipeline_row_takes_settings_of_its_own_after_a_colon(monkeypatch, tmp
     """benchmarks/training_pipeline.py: 'YAML:KEY=VALUE,KEY=VALUE' is the YAML's recipe with
     those settings, under --set's; a key train.py does not know is refused by name."""
     import argparse
-    import importlib
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pipeline = importlib.import_module("training_pipeline")
+    pipeline = repository_module(monkeypatch, "benchmarks", "training_pipeline")
     args = argparse.Namespace(data=str(tmp_path), images=64, epochs=1, workers=0, cache_dir="none")
     args.set = [("batch_size", 32)]
     row = "configs/cifar10_gpu_speedrun.yaml:graph_update=false,batch_size=1024,lr=0.004"
@@ -1218,10 +1216,8 @@ def test_a_benchmark_shape_label_gives_width_depth_heads_ratio_and_patch_size(mo
     takes: "-p2" after a shape makes its patches 2 pixels (256 tokens of a 32x32 image); a label
     of neither form is refused with the form it should take."""
     import argparse
-    import importlib
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    throughput = importlib.import_module("training_throughput")
+    throughput = repository_module(monkeypatch, "benchmarks", "training_throughput")
     shape = dict(embed_dim=256, depth=8, num_heads=4, mlp_ratio=2.0)
     assert throughput.parse_shape("256d-8L-4h-r2") == ("256d-8L-4h-r2", shape)
     _, patch2 = throughput.parse_shape("256d-8L-4h-r2-p2")
@@ -1233,12 +1229,18 @@ def test_a_benchmark_shape_label_gives_width_depth_heads_ratio_and_patch_size(mo
         throughput.parse_shape("256d-8L-4h-p2")
 
 
-def speedrun_proxy(monkeypatch):
-    """benchmarks/speedrun_proxy.py as a module."""
+def repository_module(monkeypatch, folder: str, name: str):
+    """ROOT/folder/name.py as a module: benchmarks/ and scripts/ are folders of scripts, not
+    packages."""
     import importlib
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    return importlib.import_module("speedrun_proxy")
+    monkeypatch.syspath_prepend(str(ROOT / folder))
+    return importlib.import_module(name)
+
+
+def speedrun_proxy(monkeypatch):
+    """benchmarks/speedrun_proxy.py as a module."""
+    return repository_module(monkeypatch, "benchmarks", "speedrun_proxy")
 
 
 def speedrun_proxy_rows(monkeypatch, tmp_path, train_script) -> dict[str, TrainConfig]:
@@ -1301,6 +1303,7 @@ def test_the_speedrun_proxy_rows_are_train_commands_of_the_recipe_each_with_its_
         assert_differs_only_in(row, mimetic300, "drop_path", "aa_n", "reprob")
     row = settings["mimetic-epochs200-randaug3-reprob"]  # the same at 200 epochs
     assert (row.aa_n, row.reprob, row.drop_path) == (3, 0.25, recipe.drop_path)
+    assert (mimetic200.aa_n, mimetic200.reprob) == (2, 0.0)
     assert_differs_only_in(row, mimetic200, "aa_n", "reprob")
     wide150 = settings["width192-mimetic-epochs150"]
     planned = (wide150.epochs, wide150.warmup_epochs, wide150.mixup_off_epoch)
@@ -1340,7 +1343,9 @@ def test_the_speedrun_proxy_rows_are_train_commands_of_the_recipe_each_with_its_
     chunked = settings["augment16"]
     assert (chunked.augment_batches, recipe.augment_batches, chunked.batch_augment) == (16, 1, True)
     assert_differs_only_in(chunked, recipe, "augment_batches")
-    # the whitened patch embedding, that flag only, at each length
+    # the whitened patch embedding, that flag only, at each length (the rows' own: timm's)
+    unwhitened = (shorter, longer, settings["epochs134"], mimetic200)
+    assert {row.patch_embed_init for row in unwhitened} == {"default"}
     whitened = settings["whiten"]
     assert (whitened.patch_embed_init, recipe.patch_embed_init) == ("whiten", "default")
     assert_differs_only_in(whitened, recipe, "patch_embed_init")
@@ -1395,16 +1400,21 @@ def test_the_speedrun_proxy_rows_with_a_teacher_each_change_one_thing(
     first_teacher = dict(
         teacher_stem="conv", teacher_channel_mult=[1, 2, 4], teacher_recipe="dawnbench"
     )
+    teacher = ("distillation_type", "teacher_width", *first_teacher)
+    untaught = settings["whiten-epochs50"]
+    assert (whitened.distillation_type, untaught.distillation_type) == ("none", "none")
+    # ... rows without one keep the recipe's teacher settings, unused
+    assert {key: getattr(untaught, key) for key in teacher[1:]} == {
+        key: getattr(speedrun, key) for key in teacher[1:]
+    }
     for name, kind in (("whiten-distill-soft", "soft"), ("whiten-distill-hard", "hard")):
         row = settings[name]
         assert (row.distillation_type, row.teacher_width, row.teacher_epochs) == (kind, 32, 20)
         assert {key: getattr(row, key) for key in first_teacher} == first_teacher
-        teacher = ("distillation_type", "teacher_width", *first_teacher)
         assert_differs_only_in(row, whitened, *teacher)
     short = settings["whiten-distill-soft-epochs50"]  # the first teacher too
     assert {key: getattr(short, key) for key in first_teacher} == first_teacher
-    teacher = ("distillation_type", "teacher_width", *first_teacher)
-    assert_differs_only_in(short, settings["whiten-epochs50"], *teacher)
+    assert_differs_only_in(short, untaught, *teacher)
     longer_taught = settings["whiten-distill-soft-epochs50-teacher40"]
     assert (longer_taught.teacher_epochs, short.teacher_epochs) == (40, 20)
     assert_differs_only_in(longer_taught, short, "teacher_epochs")
@@ -1599,14 +1609,12 @@ def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(mon
     kernels' intervals (two overlapping kernels count once, an annotation spanning them not at
     all: summing each event's device time had counted eager kernels twice), kernels ranked by
     device time, host operations by their own CPU time (from a real CPU profile)."""
-    import importlib
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType
     from torch.autograd.profiler_util import Interval
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    pipeline = importlib.import_module("training_pipeline")
+    pipeline = repository_module(monkeypatch, "benchmarks", "training_pipeline")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         a = torch.randn(256, 256)
         (a @ a).sum()
@@ -1635,12 +1643,11 @@ def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(mon
     host = [op["name"] for op in shares["top_host"]]
     assert "aten::mm" in host and "gemm" not in host and len(host) <= pipeline.TOP
     # scripts/gpu_report.py lists them under the pipeline table
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     row = {"config": "c.yaml", "shape": "config", "images_per_s": 1.0, "ms_per_step": 1.0}
     row |= {"data_wait_share": 0.05, "gpu_busy_share": shares["gpu_busy"]}
     row |= {"gpu_top_kernels": shares["top_kernels"], "host_top_ops": shares["top_host"]}
     row |= {"warm_up_seconds": 41.7, "train_loss": 2.1, "captured": {"step": True, "update": None}}
-    lines = importlib.import_module("gpu_report").pipeline_table({"rows": [row]})
+    lines = repository_module(monkeypatch, "scripts", "gpu_report").pipeline_table({"rows": [row]})
     assert "| c.yaml | config | 1 | 1.00 | 5% | 60% | 42 s | 2.100 | step yes |" in lines
     assert "- c.yaml, config, the epoch's GPU by kernel: gemm 60.0%; add 10.0%" in lines
     assert any(line.startswith("- c.yaml, config, the epoch's host by op: ") for line in lines)
@@ -1788,10 +1795,7 @@ def pipeline_row(settings: str, images_per_s: float, warm_up_seconds: float, **m
 
 def speedrun_chooser(monkeypatch):
     """scripts/choose_speedrun_flags.py as a module."""
-    import importlib
-
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    return importlib.import_module("choose_speedrun_flags")
+    return repository_module(monkeypatch, "scripts", "choose_speedrun_flags")
 
 
 RECIPE_TIMES = {"time_budget": 290, "eval_interval": 5, "checkpoint_interval": 5}
