@@ -225,7 +225,10 @@ def parser_of(target: str) -> argparse.ArgumentParser:
         name = "readme_" + re.sub(r"\W", "_", target)
         spec = importlib.util.spec_from_file_location(name, ROOT / target)
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        with pytest.MonkeyPatch.context() as patch:
+            # as `python benchmarks/x.py` runs it: its own folder first, for its sibling modules
+            patch.syspath_prepend(str((ROOT / target).parent))
+            spec.loader.exec_module(module)
     if hasattr(module, "build_parser"):
         parser = module.build_parser()
     else:

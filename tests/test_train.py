@@ -563,6 +563,27 @@ def test_fast_cpu_levers_train_evaluate_on_schedule_and_resume_exactly(
             assert row[key] == ref[key], (key, row["epoch"])
 
 
+def test_evaluating_from_memory_leaves_the_training_draws_alone(
+    image_folder, tmp_path, train_script, tiny_args
+):
+    """With --batch-augment the test images are evaluated from memory, which draws nothing from
+    the global generator that CutMix (its batches and boxes) and patch dropout (its tokens) draw
+    from: how often a run evaluates does not change what it trains. (A DataLoader's iterator
+    draws its workers' base seed from that generator: before the evaluation from memory, each
+    evaluation of the CPU recipes shifted the next epoch's draws.)"""
+    draws = ("--batch-augment", "--cutmix", "1.0", "--mixup-prob", "0.5", "--patch-drop", "0.5")
+    runs = {}
+    for interval in ("1", "3"):
+        out = tmp_path / f"every{interval}"
+        args = tiny_args(image_folder, out, 3, *draws, "--eval-interval", interval)
+        assert train_script.main(args) == 0
+        runs[interval] = [(r["train_loss"], r["train_acc"]) for r in read_rows(out / "metrics.csv")]
+    assert runs["1"] == runs["3"]
+    assert_same_weights(
+        tmp_path / "every1" / "model.safetensors", tmp_path / "every3" / "model.safetensors"
+    )
+
+
 ROUND_TWO = (
     "--batch-augment", "--opt", "muon", "--muon-lr", "3e-3", "--mimetic-init",
     "--pos-embed", "sincos", "--patch-drop", "0.5", "--patch-drop-anneal", "2",
