@@ -563,20 +563,27 @@ def test_fast_cpu_levers_train_evaluate_on_schedule_and_resume_exactly(
             assert row[key] == ref[key], (key, row["epoch"])
 
 
-def test_evaluating_from_memory_leaves_the_training_draws_alone(
-    image_folder, tmp_path, train_script, tiny_args
+# Draws from torch's global generator in every step: the mixing (its batches and boxes), patch
+# dropout (its tokens) and stochastic depth; with --batch-augment the test images are evaluated
+# from memory, without it through a DataLoader.
+TRAINING_DRAWS = (
+    "--cutmix", "1.0", "--mixup-prob", "0.5", "--patch-drop", "0.5", "--drop-path", "0.1",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("pipeline", [("--batch-augment",), ()], ids=["in-memory", "dataloader"])
+def test_how_often_a_run_evaluates_leaves_the_training_draws_alone(
+    image_folder, tmp_path, train_script, tiny_args, pipeline
 ):
-    """With --batch-augment the test images are evaluated from memory, which draws nothing from
-    the global generator that CutMix (its batches and boxes) and patch dropout (its tokens) draw
-    from: how often a run evaluates does not change what it trains. (A DataLoader's iterator
-    draws its workers' base seed from that generator: before the evaluation from memory, each
-    evaluation of the CPU recipes shifted the next epoch's draws.)"""
-    draws = ("--batch-augment", "--cutmix", "1.0", "--mixup-prob", "0.5", "--patch-drop", "0.5")
+    """An evaluation draws nothing from the global generator the training steps draw from:
+    the evaluation from memory draws nothing at all, and the test DataLoader draws its workers'
+    base seed from a generator of its own (with the global one, as before, each evaluation
+    shifted the next epoch's draws, and --eval-interval changed what a run learnt)."""
     runs = {}
     for interval in ("1", "3"):
         out = tmp_path / f"every{interval}"
-        args = tiny_args(image_folder, out, 3, *draws, "--eval-interval", interval)
-        assert train_script.main(args) == 0
+        flags = (*pipeline, *TRAINING_DRAWS, "--eval-interval", interval)
+        assert train_script.main(tiny_args(image_folder, out, 3, *flags)) == 0
         runs[interval] = [(r["train_loss"], r["train_acc"]) for r in read_rows(out / "metrics.csv")]
     assert runs["1"] == runs["3"]
     assert_same_weights(
@@ -674,16 +681,17 @@ def test_a_run_saved_before_the_layout_resumes_exactly(
 ):
     """A run folder written by the code before vit/ was split into floors (tests/fixtures/
     README.md) resumes, and ends with the weights of an uninterrupted run of today's code:
-    exactly on a CPU like the one that wrote it (AMD Zen 3, AVX2), within 2e-5 on others, whose
-    vector instructions round the reference's first epoch differently (2.3e-6 measured on an
-    Intel Xeon with AVX-512 and AMX), where the second epoch alone moves the weights by 9e-4
-    (median) and up to 1e-2."""
+    exactly on a CPU like the one that wrote it (AMD Zen 4, AVX-512), within 2e-5 on others,
+    whose vector instructions round the reference's first epoch differently (2.3e-6 measured
+    between a Zen 3 and an Intel Xeon with AVX-512 and AMX), where the second epoch alone moves
+    the weights by 9e-4 (median) and up to 1e-2."""
     run = tmp_path / "old"
     shutil.copytree(FIXTURE_RUN, run)
     config = (run / "config.yaml").read_text().replace("data: DATA", f"data: {image_folder}")
     (run / "config.yaml").write_text(config)
     assert train_script.main(["--resume", str(run)]) == 0
     reference = tmp_path / "reference"
-    assert train_script.main(tiny_args(image_folder, reference, 2, *RECIPE)) == 0
+    flags = (*RECIPE, "--eval-interval", "2")  # as the fixture's run (tests/fixtures/README.md)
+    assert train_script.main(tiny_args(image_folder, reference, 2, *flags)) == 0
     assert_same_weights(run / "model.safetensors", reference / "model.safetensors", atol=2e-5)
     assert [r["epoch"] for r in read_rows(run / "metrics.csv")] == ["1", "2"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 
+import torch
 from torch.utils.data import DataLoader, Subset
 
 from ..utils.process_group import DistInfo
@@ -46,4 +47,8 @@ def eval_loader(
         num_workers=workers,
         pin_memory=pin,
         worker_init_fn=init_worker,
+        # Each pass draws its workers' base seed from this generator, not torch's global one,
+        # which stochastic depth and the mixing draw from: how often a run evaluates then
+        # changes nothing it learns. The evaluation's transforms draw nothing themselves.
+        generator=torch.Generator(),
     )
