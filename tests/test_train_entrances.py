@@ -149,12 +149,13 @@ def test_cpu_recipe_follows_the_machine_unless_named(image_folder, tmp_path):
 @pytest.mark.parametrize(
     ("name", "may_change"),
     [
-        ("cifar10_cpu_bf16", {"model_kwargs"}),
-        ("cifar10_cpu_bf16_avx512", {"weight_decay"}),
+        ("cifar10_cpu_bf16", {"model_kwargs", "patch_embed_init"}),
+        ("cifar10_cpu_bf16_avx512", {"weight_decay", "patch_embed_init"}),
         (
             "cifar10_cpu_bf16_avx512_fast",
             {"weight_decay", "muon_ns_dtype", "cutmix", "mixup_prob", "mixup_off_epoch"}
-            | {"model_kwargs", "batch_size", "progressive_size", "eval_interval"},
+            | {"model_kwargs", "batch_size", "progressive_size", "eval_interval"}
+            | {"patch_embed_init"},
         ),
     ],
 )
@@ -164,7 +165,8 @@ def test_the_bfloat16_cpu_recipes_are_the_float32_one_with_autocast_and_more_epo
     """The bfloat16 recipes differ from configs/cifar10_cpu.yaml only where the measurement
     says they should (docs/cpu-recipe.md): precision, epochs, (with AMX) the model's depth and
     (with AVX512-BF16 alone) the weight decay; where bf16 products run fastest, also CutMix, the
-    depth, the batch and progressive resizing."""
+    depth, the batch and progressive resizing. The float32 recipe's whitened patch embedding is
+    its own: measured level on the Zen 4 recipe, not measured on the other two."""
     float32 = yaml.safe_load((ROOT / "configs" / "cifar10_cpu.yaml").read_text())
     bfloat16 = yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())
     changed = {
