@@ -19,6 +19,7 @@ from vit.training.teacher_recipe import (
     Lookahead,
     lr_factor,
     param_groups,
+    peak_lr,
     prepare,
     train_teacher,
 )
@@ -82,6 +83,16 @@ def test_airbench_groups_give_the_norms_shifts_64x_the_rate_and_the_same_decay_a
     assert all(m.momentum == 0.4 and not m.weight.requires_grad for m in norms)
     dawn = param_groups(CnnTeacher(10, width=4), RECIPES["dawnbench"], peak=0.5)
     assert [g["weight_decay"] for g in dawn] == [5e-4, 0.0, 0.0, 0.0]
+
+
+def test_the_peak_rate_follows_the_batch_of_every_process_together():
+    """Under torchrun DDP averages the processes' gradients, so one step is over all their
+    images: two processes of 64 take the rate of one process of 128, not of 64."""
+    air = RECIPES["airbench"]
+    assert peak_lr(air, batch_size=512, info=DistInfo()) == pytest.approx(air.lr)
+    two = peak_lr(air, batch_size=64, info=DistInfo(rank=1, world_size=2, local_rank=1))
+    assert two == pytest.approx(peak_lr(air, batch_size=128, info=DistInfo()))
+    assert two == pytest.approx(air.lr / 4)
 
 
 def test_identity_started_convs_pass_their_input_channels_through():

@@ -2,7 +2,8 @@
 
 The teacher (`vit.models.cnn_teacher.CnnTeacher`) trains with SGD and Nesterov momentum on the
 mean cross-entropy of a batch with label smoothing 0.2, its learning rate given for batches of
-512 and scaled in proportion to the batch. The two recipes, per batch of 512 images:
+512 and scaled in proportion to a step's images (under torchrun, every process's together). The
+two recipes, per batch of 512 images:
 
                               dawnbench            airbench
     peak learning rate        0.4                  0.75
@@ -204,6 +205,12 @@ def param_groups(teacher: CnnTeacher, recipe: TeacherRecipe, peak: float) -> lis
     ]
 
 
+def peak_lr(recipe: TeacherRecipe, *, batch_size: int, info: DistInfo) -> float:
+    """The recipe's peak learning rate for one step over `batch_size` images on each of
+    info.world_size processes: DDP averages their gradients, so a step is over all of them."""
+    return recipe.lr * batch_size * info.world_size / REFERENCE_BATCH
+
+
 def train_teacher(
     teacher: CnnTeacher,
     loader,
@@ -221,7 +228,7 @@ def train_teacher(
     Leaves it in eval mode, frozen, with rank 0's batch-norm statistics on every process."""
     prepare(teacher, recipe)
     model = process_group.distributed(teacher, info, device)
-    peak = recipe.lr * loader.batch_size / REFERENCE_BATCH
+    peak = peak_lr(recipe, batch_size=loader.batch_size, info=info)
     groups = [g for g in param_groups(teacher, recipe, peak) if g["params"]]
     optimizer = torch.optim.SGD(groups, lr=peak, momentum=recipe.momentum, nesterov=True)
     total = epochs * len(loader)
