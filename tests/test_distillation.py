@@ -224,6 +224,12 @@ def test_a_saved_teacher_loads_as_it_was_and_a_wrong_file_is_named(tmp_path):
         load_teacher(tmp_path / "teacher.safetensors", num_classes=10)
     with pytest.raises(ValueError, match="no such file"):
         load_teacher(tmp_path / "missing.safetensors", num_classes=3)
+    # a run folder stands for the teacher it wrote; a folder without one is named
+    from_folder, _ = load_teacher(tmp_path, num_classes=3)
+    assert torch.equal(from_folder(images), teacher(images))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="empty: a folder without a teacher.safetensors"):
+        load_teacher(tmp_path / "empty", num_classes=3)
     student = vit.create_model(
         "vit_cifar_patch4_32", embed_dim=32, depth=1, num_heads=2, num_classes=3
     )

@@ -134,6 +134,13 @@ def load_teacher(
     """(the teacher in `path`, frozen, on the CPU; its metadata). ValueError, naming `flag` (what
     gave the file) and the file, for one that is not a teacher this run can use."""
     path = Path(path)
+    if path.is_dir():  # a run folder, as every model argument takes one: the teacher it wrote
+        if not (path / TEACHER_FILE).is_file():
+            raise ValueError(
+                f"{flag} {path}: a folder without a {TEACHER_FILE}; give the folder of a run "
+                f"that distilled (--distillation-type) or its {TEACHER_FILE}"
+            )
+        path = path / TEACHER_FILE
     if not path.is_file():
         raise ValueError(f"{flag} {path}: no such file; give a {TEACHER_FILE} a run wrote")
     try:

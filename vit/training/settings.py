@@ -125,7 +125,7 @@ class TrainConfig:
     distillation_type: str = setting("none", "distillation", "learn from a teacher's predictions of each augmented image as well as from the labels (DeiT): hard takes the teacher's class as a second label, soft its probabilities at --distillation-tau; the teacher, a small CNN, is trained first in the same command (or read from --teacher-path); the ViT trained is the plain model all the same", choices=("none", "soft", "hard"))
     distillation_alpha: float = setting(0.5, "distillation", "the teacher's share of the loss: (1 - ALPHA) x the labels' + ALPHA x the teacher's (DeiT's 0.5)", metavar="ALPHA")
     distillation_tau: float = setting(1.0, "distillation", "soft distillation's temperature")
-    teacher_path: str | None = setting(None, "distillation", "the teacher's weights: a teacher.safetensors an earlier run wrote (default: train one for --teacher-epochs)", metavar="PATH")
+    teacher_path: str | None = setting(None, "distillation", "the teacher's weights: a teacher.safetensors an earlier run wrote, or that run's folder (default: train one for --teacher-epochs)", metavar="PATH")
     teacher_epochs: int = setting(20, "distillation", "epochs the teacher trains over the training images (pad-crop and flips; SGD, one cycle) before the ViT's first step", metavar="N")
     teacher_width: int = setting(64, "distillation", "the teacher's unit of width: its three stages have W x --teacher-channel-mult channels (64: 64, 128, 256, 1.19M parameters)", metavar="W")
     teacher_channel_mult: list[int] = setting(None, "distillation", "the teacher's three stages' widths in units of --teacher-width (as a U-Net's channel_mult; 1 4 4: airbench's 64, 256, 256 at W 64)", factory=lambda: [1, 2, 4], metavar="M", nargs=3)
