@@ -27,12 +27,20 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from ..inference.evaluation import evaluate
 from ..utils import locks, process_group
 from ..utils.process_group import DistInfo
-from .build import Run, build_schedule, default_run_dir, start, start_run_dir
+from .build import (
+    Run,
+    build_schedule,
+    default_run_dir,
+    optimizer_steps,
+    start,
+    start_run_dir,
+)
 from .checkpoint import (
     CONFIG_FILE,
     STATE_FILE,
@@ -216,7 +224,7 @@ def plan_epochs(run: Run, saver: CheckpointSaver, log: RunLog, timings: Timings)
         logger.info(describe_plan(cfg, epochs[0], done, timings))
     for key, value in planned_settings(cfg, epochs[0], done).items():
         setattr(cfg, key, value)
-    steps_per_epoch = len(run.train_loader)
+    steps_per_epoch = optimizer_steps(cfg, len(run.train_loader))
     # The step the last scheduler.step() set up keeps its rate, as it would after --resume
     # (the optimizer's saved state holds it); the schedule's new shape starts from the next.
     schedule = build_schedule(cfg, steps_per_epoch)
@@ -318,11 +326,16 @@ def train_one_epoch(run: Run, epoch: int) -> dict:
         loader, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=None if info.is_main else True
     )
     fetch_started = time.perf_counter()
+    accum = cfg.grad_accum_steps
     for step, (batch_images, labels) in enumerate(bar):
         data_seconds += time.perf_counter() - fetch_started
         batch_images = batch_images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        logits, loss, lr = train_step(run, batch_images, labels)
+        # --grad-accum-steps: this batch is part `part` of an optimizer step over `parts`
+        # batches (fewer for the epoch's last step, over the batches left)
+        first = step - step % accum
+        part, parts = step - first, min(accum, len(loader) - first)
+        logits, loss, lr = train_step(run, batch_images, labels, part=part, parts=parts)
         first_bad = tally(sums, first_bad, step=step, loss=loss, logits=logits, labels=labels)
         last = step + 1 == len(loader)
         if (step + 1) % HOST_SYNC_EVERY == 0 or last:
@@ -397,12 +410,19 @@ def diverged_message(cfg: TrainConfig, loss: float, epoch: int, step: int, steps
 
 
 def train_step(
-    run: Run, images: torch.Tensor, labels: torch.Tensor
+    run: Run, images: torch.Tensor, labels: torch.Tensor, part: int = 0, parts: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """One optimizer step on a batch: (logits (B, K), loss, the learning rate the step took),
-    detached. --graph-step's graph takes it where there is one (until CUDA refuses its
-    capture), else the forward pass and `optimizer_step`."""
+    """One optimizer step on a batch, or with --grad-accum-steps part `part` (from 0) of one
+    over `parts` batches: (logits (B, K), loss, the learning rate the step takes), detached.
+    --graph-step's graph takes it where there is one (until CUDA refuses its capture), else
+    the forward pass and `optimizer_step`."""
     state = run.state
+    if parts > 1:
+        logits, loss = forward_loss_accumulated(run, images, labels, part=part, parts=parts)
+        lr = top_lr(state.optimizer)
+        if part + 1 == parts:
+            apply_update(state, run.cfg.clip_grad, update=run.update)
+        return logits, loss, lr
     if run.step is None or not run.step.capturable:
         logits, loss = forward_loss(run, images, labels)
         lr = optimizer_step(state, loss, run.cfg.clip_grad, update=run.update)
@@ -431,6 +451,24 @@ def forward_loss(
     return run.forward_loss(*mixed(run, images, labels))
 
 
+def forward_loss_accumulated(
+    run: Run, images: torch.Tensor, labels: torch.Tensor, *, part: int, parts: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward and backward pass of one of an optimizer step's `parts` batches, its
+    gradients added to those of the parts before it: (logits (B, K), loss), detached. Each
+    part's loss counts 1/parts, so the step's gradient is their mean, as one batch of all of
+    their images would give (batches of the same size). Under torchrun the processes exchange
+    gradients once a step, on its last part, not on every batch."""
+    state = run.state
+    if part == 0:
+        state.optimizer.zero_grad(set_to_none=True)
+    exchange = part + 1 == parts or not isinstance(run.train_model, DistributedDataParallel)
+    with contextlib.nullcontext() if exchange else run.train_model.no_sync():
+        logits, loss = forward_loss(run, images, labels)
+        state.scaler.scale(loss / parts).backward()
+    return logits.detach(), loss.detach()
+
+
 def top_lr(optimizer: torch.optim.Optimizer) -> float:
     """The learning rate the next step takes; under --layer-decay, the rate at the top."""
     group = optimizer.param_groups[0]
@@ -445,10 +483,20 @@ def optimizer_step(
 ) -> float:
     """Backward, clip, step, EMA (one CUDA graph's replay with `update`, --graph-update),
     schedule; returns the learning rate the step used."""
-    optimizer, scaler = state.optimizer, state.scaler
+    optimizer = state.optimizer
     optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
+    state.scaler.scale(loss).backward()
     lr = top_lr(optimizer)
+    apply_update(state, clip_grad, update=update)
+    return lr
+
+
+def apply_update(
+    state: TrainingState, clip_grad: float | None, update: UpdateGraph | None = None
+) -> None:
+    """Clip the gradients the backward passes left, step, EMA (one CUDA graph's replay with
+    `update`, --graph-update), schedule."""
+    optimizer, scaler = state.optimizer, state.scaler
     if update is not None and update.capturable:  # the same clipping to clip_grad, step and EMA
         update()
     else:  # also once CUDA refused the update's capture: uncaptured, this is the faster way
@@ -460,4 +508,3 @@ def optimizer_step(
         if state.ema is not None:
             state.ema.update(state.model)
     state.scheduler.step()
-    return lr

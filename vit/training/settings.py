@@ -96,6 +96,8 @@ class TrainConfig:
     progressive_size: int | None = setting(None, "optimisation", "train the first epochs at this image size, growing linearly to --img-size (needs --batch-augment; default off)")
     progressive_epochs: float | None = setting(None, "optimisation", "epochs over which the image size grows (default: half of --epochs)")
     clip_grad: float | None = setting(1.0, "optimisation", "max gradient norm, 0 or none for no clipping")
+    grad_accum_steps: int = setting(1, "optimisation", "batches whose gradients are summed into one optimizer step, as timm's flag: a step over N x --batch-size images per process in the memory of one batch (the schedule, warmup and EMA count steps, so a run takes N times fewer); an epoch's last step takes what is left. Not with --graph-update or --graph-step", metavar="N")
+    grad_checkpointing: bool = setting(False, "optimisation", "recompute each block's activations in the backward pass instead of keeping them (timm's flag): less memory, about a third more compute, the same gradients")
     label_smoothing: float = setting(0.1, "optimisation", "label smoothing")
     model_ema: bool = setting(True, "optimisation", "keep an EMA of the weights")
     model_ema_decay: float | None = setting(None, "optimisation", "EMA decay (default: averages over the last ~2% of the optimizer steps)")
@@ -199,6 +201,7 @@ LIMITS: dict[str, Range] = {
     "progressive_size": AT_LEAST_1,
     "progressive_epochs": POSITIVE,
     "clip_grad": NON_NEGATIVE,
+    "grad_accum_steps": AT_LEAST_1,
     "trainable_blocks": AT_LEAST_0,
     "layer_decay": Range(0, 1, low_open=True),
     "val_split": Range(0, 1, low_open=True, high_open=True),
@@ -227,14 +230,15 @@ LIMITS: dict[str, Range] = {
 
 # --resume continues a run with its own settings: one given again must be the run's, except
 # these, which change how long it trains (--epochs, to extend it) or how it is carried out,
-# not what it learns: loader processes and threads, how often checkpoints are written, the
-# device, where the data and the cache of decoded images are found, whether they are held in
-# memory.
+# not what it learns: loader processes and threads, how often checkpoints are written,
+# whether activations are recomputed in the backward pass, the device, where the data and the
+# cache of decoded images are found, whether they are held in memory.
 CHANGEABLE_ON_RESUME = (
     "epochs",
     "workers",
     "threads",
     "checkpoint_interval",
+    "grad_checkpointing",
     "device",
     "data_root",
     "download",
@@ -269,6 +273,12 @@ def check_settings(cfg: TrainConfig) -> None:
             f"{graphed} with --amp-dtype float16: float16's gradient scaler skips steps "
             f"on the host, which the graph cannot; use --amp-dtype bfloat16, or "
             f"leave out {graphed}"
+        )
+    if graphed and cfg.grad_accum_steps > 1:
+        raise ValueError(
+            f"{graphed} with --grad-accum-steps {cfg.grad_accum_steps}: the graph runs a "
+            f"whole optimizer step on each batch, and accumulation steps once every "
+            f"{cfg.grad_accum_steps} batches; leave out one of the two"
         )
     if cfg.graph_step and cfg.compile and cfg.compile_mode == "reduce-overhead":
         raise ValueError(

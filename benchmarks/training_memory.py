@@ -1,0 +1,100 @@
+"""What --grad-accum-steps and --grad-checkpointing save: the peak memory of training steps of
+a large ViT over the same images a step, as one batch, with activations recomputed, and as
+batches accumulated, each row in a fresh process (its peak resident memory is the row's alone).
+
+    python benchmarks/training_memory.py          # ViT-B/16 at 224 px, 32 images a step
+    python benchmarks/training_memory.py --model vit_small_patch16_224 --images 64 --device cuda
+
+Per row: the peak memory (resident set on a CPU, the allocator's peak on a GPU), the seconds of an
+optimizer step (the median of --steps after one warm-up step) and the last step's mean loss.
+Each step is what train.py runs: the mean cross-entropy of every batch divided by the number
+of batches, backward passes adding up the gradients, then one AdamW step; random images and
+labels from a fixed seed, so every row trains on the same numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import vit
+
+# name -> (batches a step, recompute activations)
+ROWS = {
+    "one-batch": (1, False),
+    "checkpointing": (1, True),
+    "accum-4": (4, False),
+    "accum-4-checkpointing": (4, True),
+}
+
+
+def measure(model_name: str, images: int, batches: int, recompute: bool, steps: int, device: str):
+    """One row in this process: (peak MiB, median seconds a step, the last step's loss)."""
+    torch.manual_seed(0)
+    model = vit.create_model(model_name, num_classes=10).to(device).train()
+    model.set_grad_checkpointing(recompute)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    size = model.patch_embed.img_size
+    x = torch.randn(images, 3, *size, generator=torch.Generator().manual_seed(1)).to(device)
+    y = torch.arange(images, device=device) % 10
+    seconds = []
+    for _ in range(steps + 1):
+        started = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = 0.0
+        for part_x, part_y in zip(x.chunk(batches), y.chunk(batches), strict=True):
+            part = F.cross_entropy(model(part_x), part_y) / batches  # of (B, 10) logits
+            part.backward()
+            loss += part.item()
+        optimizer.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+    if device == "cuda":
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10  # KiB on Linux
+    return peak, statistics.median(seconds[1:]), loss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="vit_base_patch16_224")
+    parser.add_argument("--images", type=int, default=32, help="images an optimizer step")
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.child:  # one row, in its own process
+        batches, recompute = ROWS[args.child]
+        row = measure(args.model, args.images, batches, recompute, args.steps, args.device)
+        print(json.dumps(row))
+        return
+    print(f"{args.model}, {args.images} images an optimizer step, {args.device}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}")  # fmt: skip
+    print(f"{'row':<24} {'batch':>6} {'peak MiB':>9} {'s a step':>9} {'loss':>10}")
+    for name in args.rows:
+        command = [sys.executable, __file__, "--child", name, "--model", args.model]
+        command += ["--images", str(args.images), "--steps", str(args.steps)]
+        command += ["--device", args.device]
+        command += ["--threads", str(args.threads)] if args.threads else []
+        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        peak, seconds, loss = json.loads(done.stdout.strip().splitlines()[-1])
+        batch = args.images // ROWS[name][0]
+        print(f"{name:<24} {batch:>6} {peak:>9.0f} {seconds:>9.2f} {loss:>10.5f}")
+
+
+if __name__ == "__main__":
+    main()
