@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..utils.plots import plot_curves, save_figure
 from ..utils.process_group import DistInfo
-from .build import Run
+from .build import Run, optimizer_steps
 from .checkpoint import CURVES_FILE, METRICS_FILE, TENSORBOARD_DIR, write_metrics_csv
 
 logger = logging.getLogger("vit")
@@ -40,14 +40,18 @@ class RunLog:
         if self.writer is None:
             return
         write_metrics_csv(run.state.history, self.run_dir / METRICS_FILE)  # drop later rows
+        batches, accum = len(run.train_loader), run.cfg.grad_accum_steps
+        steps = f"{batches} step(s) per epoch"
+        if accum > 1:  # --grad-accum-steps
+            steps = f"{batches} batches per epoch in {optimizer_steps(run.cfg, batches)} step(s)"
         logger.info(
-            "training %s (%.2fM parameters) on %d images, %d classes, %d step(s) per epoch, "
-            "%d process(es), device %s",
+            "training %s (%.2fM parameters) on %d images, %d classes, %s, %d process(es), "
+            "device %s",
             run.cfg.model,
             sum(p.numel() for p in run.model.parameters()) / 1e6,
             num_images,
             run.model.num_classes,
-            len(run.train_loader),
+            steps,
             run.info.world_size,
             run.device,
         )
