@@ -63,7 +63,7 @@ def test_accumulated_gradients_are_the_mean_over_all_the_batches_images():
     whole = [p.grad.clone() for p in model.parameters()]
     for part in range(2):
         half = slice(8 * part, 8 * part + 8)
-        engine.forward_loss_accumulated(run, images[half], labels[half], part=part, parts=2)
+        engine.accumulate_gradients(run, images[half], labels[half], part=part, parts=2)
     for p, expected in zip(model.parameters(), whole, strict=True):
         torch.testing.assert_close(p.grad, expected, rtol=1e-5, atol=1e-7)
 

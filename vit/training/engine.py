@@ -418,7 +418,7 @@ def train_step(
     the forward pass and `optimizer_step`."""
     state = run.state
     if parts > 1:
-        logits, loss = forward_loss_accumulated(run, images, labels, part=part, parts=parts)
+        logits, loss = accumulate_gradients(run, images, labels, part=part, parts=parts)
         lr = top_lr(state.optimizer)
         if part + 1 == parts:
             apply_update(state, run.cfg.clip_grad, update=run.update)
@@ -451,7 +451,7 @@ def forward_loss(
     return run.forward_loss(*mixed(run, images, labels))
 
 
-def forward_loss_accumulated(
+def accumulate_gradients(
     run: Run, images: torch.Tensor, labels: torch.Tensor, *, part: int, parts: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The forward and backward pass of one of an optimizer step's `parts` batches, its
