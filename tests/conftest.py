@@ -29,6 +29,20 @@ def relative_error(output, reference) -> float:
     return ((output - reference).abs().max() / reference.abs().max()).item()
 
 
+def assert_close_weights(a: Path, b: Path, atol: float = 0.0) -> None:
+    """Every tensor of two weight files within `atol` (0: identical bits)."""
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(a), load_file(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        if atol == 0:
+            assert torch.equal(wa[key], wb[key]), key
+        else:
+            difference = (wa[key] - wb[key]).abs().max().item()
+            assert torch.allclose(wa[key], wb[key], rtol=0, atol=atol), f"{key}: {difference}"
+
+
 def make_image_folder(
     root: Path,
     classes: tuple[str, ...] = CLASSES,

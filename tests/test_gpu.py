@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CLASSES, RTOL, relative_error, stop_after_first_save
+from conftest import CLASSES, RTOL, assert_close_weights, relative_error, stop_after_first_save
 from safetensors.torch import load_file
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
@@ -118,17 +118,6 @@ def device_args(device: torch.device) -> list[str]:
 def read_rows(path: Path) -> list[dict]:
     with open(path) as f:
         return list(csv.DictReader(f))
-
-
-def assert_close_weights(a: Path, b: Path, atol: float) -> None:
-    """Every tensor of two weight files within `atol` (0: identical bits)."""
-    wa, wb = load_file(a), load_file(b)
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        if atol == 0:
-            assert torch.equal(wa[key], wb[key]), key
-        else:
-            assert torch.allclose(wa[key], wb[key], rtol=0, atol=atol), key
 
 
 # Across runs on a GPU (resume, another device), weights agree up to rounding amplified by Adam:

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_resumes_exactly, tiny_train_args
-from safetensors.torch import load_file
+from conftest import assert_close_weights, assert_resumes_exactly, tiny_train_args
 from torch.utils.checkpoint import checkpoint
 
 from vit.models import vision_transformer
@@ -26,14 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # Nothing drawn per batch that a batch's size would change (flips, crop offsets, mixing,
 # dropped paths): a batch of 16 and two of 8 then see the same pixels.
 SAME_PIXELS = ("--batch-augment", "--hflip", "0", "--crop-pad", "0", "--drop-path", "0")
-
-
-def assert_close_weights(a: Path, b: Path, atol: float) -> None:
-    ours, theirs = load_file(a), load_file(b)
-    assert ours.keys() == theirs.keys()
-    for key in theirs:
-        difference = (ours[key] - theirs[key]).abs().max().item()
-        assert difference <= atol, f"{key}: {difference}"
 
 
 def test_an_epochs_last_step_takes_the_batches_left():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from safetensors.torch import load_file
+from conftest import assert_close_weights
 
 import vit
 import vit.training.checkpoint as checkpoint
@@ -42,13 +42,6 @@ RECIPE = ("--drop-path", "0.1", "--mixup", "0.8", "--cutmix", "1.0", "--reprob",
 def read_rows(path: Path) -> list[dict]:
     with open(path) as f:
         return list(csv.DictReader(f))
-
-
-def assert_same_weights(a: Path, b: Path, atol: float = 0.0) -> None:
-    wa, wb = load_file(a), load_file(b)
-    assert wa.keys() == wb.keys()
-    for key in wa:
-        assert torch.allclose(wa[key], wb[key], rtol=0, atol=atol), key
 
 
 def no_temporary_files(run: Path) -> bool:
@@ -228,8 +221,8 @@ def test_killed_run_resumes_to_identical_weights(
 
     assert train_script.main(["--resume", str(run)]) == 0
     assert no_temporary_files(run)
-    assert_same_weights(run / "model.safetensors", reference_run / "model.safetensors")
-    assert_same_weights(run / "best.safetensors", reference_run / "best.safetensors")
+    assert_close_weights(run / "model.safetensors", reference_run / "model.safetensors")
+    assert_close_weights(run / "best.safetensors", reference_run / "best.safetensors")
     ours = torch.load(run / "training_state.pt", weights_only=True)
     theirs = torch.load(reference_run / "training_state.pt", weights_only=True)
     for key in theirs["model"]:
@@ -294,7 +287,7 @@ def test_checkpoint_interval_writes_every_nth_epoch_and_resumes_from_the_last_wr
     monkeypatch.setattr(RunLog, "epoch", logged)
     assert train_script.main(["--resume", str(run)]) == 0
     assert written == [2, 4]
-    assert_same_weights(run / "model.safetensors", reference / "model.safetensors")
+    assert_close_weights(run / "model.safetensors", reference / "model.safetensors")
 
 
 def test_sigkilled_process_resumes_to_identical_weights(
@@ -320,7 +313,7 @@ def test_sigkilled_process_resumes_to_identical_weights(
     assert 1 <= state["epoch"] <= 4
     resumed = subprocess.run(command + ["--resume", str(run)], env=env, capture_output=True)
     assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
-    assert_same_weights(run / "model.safetensors", reference_run / "model.safetensors")
+    assert_close_weights(run / "model.safetensors", reference_run / "model.safetensors")
 
 
 def test_nan_loss_stops_and_keeps_the_last_checkpoint(
@@ -387,7 +380,7 @@ def test_compiled_training_matches_eager(image_folder, tmp_path, train_script, t
     assert train_script.main(tiny_args(image_folder, eager, 1, "--no-model-ema")) == 0
     args = tiny_args(image_folder, compiled, 1, "--no-model-ema", "--compile")
     assert train_script.main(args) == 0
-    assert_same_weights(compiled / "model.safetensors", eager / "model.safetensors", atol=1e-5)
+    assert_close_weights(compiled / "model.safetensors", eager / "model.safetensors", atol=1e-5)
 
 
 def test_corrupt_image_stops_training_naming_it(
@@ -557,7 +550,7 @@ def test_fast_cpu_levers_train_evaluate_on_schedule_and_resume_exactly(
         _interrupt_after_save(patch, at_epoch=3, mid_save=False)
         assert train_script.main(tiny_args(image_folder, run, 5, *FAST)) == 130
     assert train_script.main(["--resume", str(run)]) == 0
-    assert_same_weights(run / "model.safetensors", reference / "model.safetensors")
+    assert_close_weights(run / "model.safetensors", reference / "model.safetensors")
     for row, ref in zip(read_rows(run / "metrics.csv"), rows, strict=True):
         for key in ("epoch", "train_loss", "train_acc", "test_top1", "ema_top1", "image_size"):
             assert row[key] == ref[key], (key, row["epoch"])
@@ -586,7 +579,7 @@ def test_how_often_a_run_evaluates_leaves_the_training_draws_alone(
         assert train_script.main(tiny_args(image_folder, out, 3, *flags)) == 0
         runs[interval] = [(r["train_loss"], r["train_acc"]) for r in read_rows(out / "metrics.csv")]
     assert runs["1"] == runs["3"]
-    assert_same_weights(
+    assert_close_weights(
         tmp_path / "every1" / "model.safetensors", tmp_path / "every3" / "model.safetensors"
     )
 
@@ -615,7 +608,7 @@ def test_second_round_cpu_levers_train_and_resume_exactly(
         _interrupt_after_save(patch, at_epoch=2, mid_save=False)
         assert train_script.main(tiny_args(image_folder, run, 4, *ROUND_TWO)) == 130
     assert train_script.main(["--resume", str(run)]) == 0
-    assert_same_weights(run / "model.safetensors", reference / "model.safetensors")
+    assert_close_weights(run / "model.safetensors", reference / "model.safetensors")
 
 
 def test_a_run_starts_from_the_patch_embedding_that_whitens_its_training_images(
@@ -693,5 +686,5 @@ def test_a_run_saved_before_the_layout_resumes_exactly(
     reference = tmp_path / "reference"
     flags = (*RECIPE, "--eval-interval", "2")  # as the fixture's run (tests/fixtures/README.md)
     assert train_script.main(tiny_args(image_folder, reference, 2, *flags)) == 0
-    assert_same_weights(run / "model.safetensors", reference / "model.safetensors", atol=2e-5)
+    assert_close_weights(run / "model.safetensors", reference / "model.safetensors", atol=2e-5)
     assert [r["epoch"] for r in read_rows(run / "metrics.csv")] == ["1", "2"]
