@@ -146,8 +146,8 @@ ROWS = {
         "bfloat16 autocast, 34 epochs, weight decay 0.2",
     ),
     # The GPU speedrun's whitened patch embedding (airbench's first layer, for a ViT: +0.6-1.1
-    # points on its CPU proxy at 100 epochs, +1.6 at epoch 10, docs/gpu.md), asked of the CPU
-    # recipes, whose short runs are where a better start should show most. On a Zen 4: ahead by
+    # points on its CPU proxy at 100 epochs, +1.6 at epoch 10, docs/speedrun-proxy.md), asked of the
+    # CPU recipes, whose short runs are where a better start should show most. On a Zen 4: ahead by
     # 0.16-0.89 to epoch 24, then 82.13% / 82.42% (83.79% / 84.28% shift TTA) against the recipe's
     # 82.60% / 82.11% (83.64% / 83.69%): level, -0.08 on the mean, the seeds disagreeing
     "amp-34ep-wd0.2-whiten": (

@@ -24,6 +24,7 @@ machine's load (a seed's CPU run is deterministic); wall time does. Prints the E
 every 10 epochs per row and seed, as a table, with each row's mean over the seeds where it ran
 more than one. Run again, a row's run stopped part-way (a session's end: a 300-epoch row takes
 ~1.6 hours with two threads) continues from its last checkpoint, and a finished one is kept.
+Every row measured so far, its curves, host and command: docs/speedrun-proxy.md.
 """
 
 from __future__ import annotations
@@ -160,9 +161,9 @@ ROWS = {
     "mimetic": (["--mimetic-init"], "mimetic initialisation of attention"),
     "mimetic-epochs200": ([*planned_epochs(200), "--mimetic-init"], "mimetic, 200 epochs"),
     # the passes a step the GPU sets may give the speedrun (~3-5x the fifth run's ~90 epochs,
-    # docs/gpu.md): the initialisation gained with passes (level at 100 and 134, +1.45 at 200),
-    # and choose_speedrun_flags.py then added it from 180. Does it gain at 300, or does
-    # the model need capacity or regularisation there?
+    # docs/speedrun-proxy.md): the initialisation gained with passes (level at 100 and 134, +1.45 at
+    # 200), and choose_speedrun_flags.py then added it from 180. Does it gain at 300, or does the
+    # model need capacity or regularisation there?
     "mimetic-epochs300": ([*planned_epochs(300), "--mimetic-init"], "mimetic, 300 epochs"),
     # the same arithmetic spent on capacity instead: 192 wide does ~2.2x the arithmetic a step of
     # 128 (the linear layers' width squared), so where the GPU sets the step's pace 150 epochs of
@@ -185,8 +186,9 @@ ROWS = {
         [*planned_epochs(300), "--mimetic-init", *MORE_AUGMENTATION],
         "mimetic, 300 epochs, RandAugment 3 ops and erasing 0.25",
     ),
-    # the images' regularisation led at 300 epochs (+0.99, ahead from epoch 110; docs/gpu.md), and
-    # the chooser added it with mimetic from 180 then: does it pay there? beside mimetic-epochs200
+    # the images' regularisation led at 300 epochs (+0.99, ahead from epoch 110;
+    # docs/speedrun-proxy.md), and the chooser added it with mimetic from 180 then: does it pay
+    # there? beside mimetic-epochs200
     "mimetic-epochs200-randaug3-reprob": (
         [*planned_epochs(200), "--mimetic-init", *MORE_AUGMENTATION],
         "mimetic, 200 epochs, RandAugment 3 ops and erasing 0.25",
@@ -286,13 +288,13 @@ ROWS = {
         [*planned_epochs(134), "--patch-embed-init", "whiten", *MORE_AUGMENTATION],
         "whitened, 134 epochs, RandAugment 3 ops and erasing 0.25",
     ),
-    # a teacher (docs/gpu.md): none of the levers above is near the 4.4 points between the fifth
-    # GPU run and 94%, and each plays with how the ViT learns a prior of locality from 50,000
-    # images. A small CNN has that prior and learns the task in a few epochs: trained first, in
-    # the same command, it teaches the ViT each augmented image's class (DeiT's distillation,
-    # its students passed their CNN teachers). The proxy's teacher, 32 wide (0.30M parameters,
-    # ~0.5 of the proxy ViT's arithmetic a forward pass, as the GPU's 64 wide is ~0.4 of the
-    # recipe's), 20 epochs over the proxy's 10,000 images; beside `whiten` (the recipe)
+    # a teacher (docs/speedrun-proxy.md): none of the levers above is near the 4.4 points between
+    # the fifth GPU run and 94%, and each plays with how the ViT learns a prior of locality from
+    # 50,000 images. A small CNN has that prior and learns the task in a few epochs: trained first,
+    # in the same command, it teaches the ViT each augmented image's class (DeiT's distillation, its
+    # students passed their CNN teachers). The proxy's teacher, 32 wide (0.30M parameters, ~0.5 of
+    # the proxy ViT's arithmetic a forward pass, as the GPU's 64 wide is ~0.4 of the recipe's), 20
+    # epochs over the proxy's 10,000 images; beside `whiten` (the recipe)
     "whiten-distill-hard": (
         ["--patch-embed-init", "whiten", *TEACHER, "--distillation-type", "hard"],
         "the patch embedding whitened, hard distillation from a CNN trained first",
@@ -333,7 +335,7 @@ ROWS = {
     # is the teacher the student's ceiling? `whiten-distill-soft` with airbench's network as the
     # teacher at the proxy's width (a whitening stem, stages 32, 128, 128: 0.50M parameters),
     # which alone beat the first teacher by 2.6 points over 10,000 images (64 wide, batches of
-    # 512; docs/gpu.md)
+    # 512; docs/speedrun-proxy.md)
     "whiten-distill-soft-airbench-teacher": (
         [*airbench_net_teacher(), "--teacher-recipe", "dawnbench", "--distillation-type", "soft"],
         "the patch embedding whitened, soft distillation from airbench's network as the teacher",
@@ -346,14 +348,14 @@ ROWS = {
     ),
     # ... that teacher trained under the student's RandAugment (`--teacher-aa randaug`): the
     # teachers above were right about the student's batches far less often than about the test
-    # images, this one more often than any (benchmarks/teacher_targets.py; docs/gpu.md)
+    # images, this one more often than any (benchmarks/teacher_targets.py; docs/speedrun-proxy.md)
     "whiten-distill-soft-airbench-recipe-teacher-aa": (
         randaug_teacher(),
         "... airbench's network and recipe as the teacher, trained under RandAugment",
     ),
     # ... and asked about each image and its mirror image (`--teacher-tta flip`): that teacher's
     # flip-averaged answers were 1.3-1.6 points more often right about the student's batches of
-    # epoch 50 (seed 0; docs/gpu.md)
+    # epoch 50 (seed 0; docs/speedrun-proxy.md)
     "whiten-distill-soft-airbench-recipe-teacher-aa-tta": (
         randaug_teacher("--teacher-tta", "flip"),
         "... that teacher's answers the mean of each image's and its mirror image's",

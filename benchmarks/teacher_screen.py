@@ -6,14 +6,13 @@ on the run's own images, batches and recipe (`vit.training.distillation`), rows 
     python benchmarks/teacher_screen.py --data DATA --train-subset 10000 --threads 1 --rows w64
     python benchmarks/teacher_screen.py --data DATA --device cuda --json teachers.json
 
-The speedrun's students ended level with their teacher on the CPU proxy (docs/gpu.md): the
-teacher's own top-1 may be the ceiling of the ViT's, and it costs a fraction of the student's
-arithmetic, so it is screened alone. Each row trains a teacher as `train.py
---distillation-type` does before the ViT's first step: from the run's seed, over the loader the
-run gives its teacher (configs/cifar10_gpu_speedrun.yaml's batches, pad-crop and flips), by the
-row's --teacher-recipe (`vit.training.teacher_recipe`: dawnbench or airbench, some rows less one
-of airbench's parts); then evaluates it on the test images, single view and with TTA (flips;
-flips and shifts).
+The speedrun's students ended level with their teacher on the CPU proxy (docs/speedrun-proxy.md):
+the teacher's own top-1 may be the ceiling of the ViT's, and it costs a fraction of the student's
+arithmetic, so it is screened alone. Each row trains a teacher as `train.py --distillation-type`
+does before the ViT's first step: from the run's seed, over the loader the run gives its teacher
+(configs/cifar10_gpu_speedrun.yaml's batches, pad-crop and flips), by the row's --teacher-recipe
+(`vit.training.teacher_recipe`: dawnbench or airbench, some rows less one of airbench's parts); then
+evaluates it on the test images, single view and with TTA (flips; flips and shifts).
 Prints a row per teacher: parameters, GFLOP a forward pass per image, training seconds and
 images/s, top-1.
 """
@@ -66,7 +65,7 @@ ROWS = {
         "whitening stem, stages 64, 256, 256 (airbench's network, the first recipe)",
     ),
     "airbench": (AIRBENCH_NET, {}, "airbench's network by airbench's recipe"),
-    # the recipe as first written, without two of airbench's parts: a lead (docs/gpu.md)
+    # the recipe as first written, without two of airbench's parts: a lead (docs/speedrun-proxy.md)
     "airbench-first": (
         AIRBENCH_NET,
         {"pool_before_norm": False, "crop_pad": None, "crop_pad_mode": None},

@@ -12,14 +12,15 @@ recipe's time budget: its images/s times the seconds left once the start (STARTU
 epoch's compiling and capturing and, with --distillation-type, its teacher's training are paid. So a
 row without compilation wins where its slower step still trains more images in the seconds the
 compiler would take, and a larger batch where it buys more images (on the CPU proxy twice the batch
-cost 0.19 points at the same epochs, and twice the epochs gained 1.2: docs/gpu.md). The row's
-settings become train.py flags; at several times the recipe's epochs the evaluations and checkpoints
-are spaced out to keep about EVALUATIONS of each a run (0.4 s and 0.2 s each on an H200), and from
-MIMETIC_FROM_EPOCHS epochs on the run starts with mimetic initialisation, which pays with passes
-(and timm's patch embedding, not the recipe's whitened one: the two together ended level with
-mimetic alone), and more augmentation of the images, which pays where the passes are many. Seeds
-side by side where the chosen step leaves the GPU idle most of the time (busy under TOGETHER_BELOW
-of it), one after the other where it does not: the goal's runs are timed alone.
+cost 0.19 points at the same epochs, and twice the epochs gained 1.2: docs/speedrun-proxy.md).
+The row's settings become train.py flags; at several times the recipe's epochs the evaluations and
+checkpoints are spaced out to keep about EVALUATIONS of each a run (0.4 s and 0.2 s each on an
+H200), and from MIMETIC_FROM_EPOCHS epochs on the run starts with mimetic initialisation, which
+pays with passes (and timm's patch embedding, not the recipe's whitened one: the two together
+ended level with mimetic alone), and more augmentation of the images, which pays where the passes
+are many. Seeds side by side where the chosen step leaves the GPU idle most of the time (busy
+under TOGETHER_BELOW of it), one after the other where it does not: the goal's runs are timed
+alone.
 
 Prints two lines: 1 (side by side) or 0 (one after the other), then the flags (an empty line: the
 recipe as it is); the reasons and every row's figures on stderr. Exit status 2 when no row
@@ -46,12 +47,12 @@ TRAIN_IMAGES = 50_000  # CIFAR-10's training split: the recipe's epoch
 STARTUP_S = 20.0  # imports, decoding and building before the first step (the fifth run: 15-25 s)
 EVALUATIONS = 20  # evaluations (and checkpoints) a run, at most, once the epochs grow
 TOGETHER_BELOW = 0.35  # the fifth run: busy 22% of a step, two side by side each 7.5% slower
-# Mimetic initialisation pays with passes on the CPU proxy (docs/gpu.md, two seeds each): level
-# with the recipe at 100 epochs (one seed), +0.28 at 134, +1.45 at 200, without a teacher. With
-# the recipe's teacher the switch below (mimetic, 3 ops, erasing) paid +1.46 at 134 epochs (two
+# Mimetic initialisation pays with passes on the CPU proxy (docs/speedrun-proxy.md, two seeds each):
+# level with the recipe at 100 epochs (one seed), +0.28 at 134, +1.45 at 200, without a teacher.
+# With the recipe's teacher the switch below (mimetic, 3 ops, erasing) paid +1.46 at 134 epochs (two
 # seeds: +1.71 and +1.20) and +1.73 at 200 (one seed), so from the fewest epochs it was measured
-# paying at, the run starts with it (180 before the teacher's rows). At the recipe's 100 epochs
-# it was level, +0.19 (two seeds: +0.47 and -0.09): the fifth run's ~90 epochs stay without.
+# paying at, the run starts with it (180 before the teacher's rows). At the recipe's 100 epochs it
+# was level, +0.19 (two seeds: +0.47 and -0.09): the fifth run's ~90 epochs stay without.
 MIMETIC_FROM_EPOCHS = 134
 # ... with timm's patch embedding instead of the recipe's whitened one: on the proxy the two
 # together ended level with mimetic alone at 200 epochs (78.40 against 78.64, two seeds each),
@@ -63,7 +64,7 @@ MIMETIC = ["--mimetic-init", "--patch-embed-init", "default"]
 # level (+0.17 and +0.27 alone, +0.19 together); stochastic depth 0.2 over 300 ended 0.61 behind.
 # A run long enough for the initialisation is long enough for them
 # With the recipe's teacher the switch pays too: +1.46 at 134 epochs (82.12% against 80.66%, two
-# seeds) and +1.73 at 200 (83.41% against 81.68%, one seed) (docs/gpu.md)
+# seeds) and +1.73 at 200 (83.41% against 81.68%, one seed) (docs/speedrun-proxy.md)
 LONG_RUN_AUGMENTATION = ["--aa-n", "3", "--reprob", "0.25"]
 # Rows of one batch size train on the same images from the same seed; they differ in rounding
 # (compiled or eager kernels, graphs or not) and at most in which augmentations they draw
