@@ -286,3 +286,17 @@ def test_the_module_commands_still_run(module):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "usage:" in result.stdout
+
+
+def test_the_architecture_page_names_every_module():
+    """docs/ARCHITECTURE.md's floors name each module of each subpackage, so a module added
+    without a line there (what it holds, on which floor) fails here."""
+    page = (PACKAGE.parent / "docs" / "ARCHITECTURE.md").read_text()
+    modules = [
+        path.relative_to(PACKAGE.parent)
+        for path in sorted(PACKAGE.glob("*/*.py"))
+        if path.name != "__init__.py"
+    ]
+    assert modules, "no modules found under vit/"
+    unnamed = [str(m) for m in modules if m.name not in page]
+    assert not unnamed, f"docs/ARCHITECTURE.md does not name: {', '.join(unnamed)}"
