@@ -441,6 +441,20 @@ ROWS = {
         randaug_teacher(*planned_epochs(50)),
         "... that teacher, 50 epochs, a student 192 wide with 6 heads of 32",
     ),
+    # ... and CutMix on every batch instead of half (`--mixup-prob 1`): without a teacher every
+    # batch cost 2 points on the GPU at 44 and 60 epochs, CutMix's pasted label areas a wrong
+    # answer where the pasted object is cut away. The teacher answers for the mixed image as it
+    # is (Beyer et al. 2022's consistent teaching, whose function matching mixed every batch):
+    # does mixing every batch pay once the targets follow the images? With the labels' half of
+    # the loss, and without it (`--distillation-alpha 1`: the teacher alone, as in the paper)
+    "whiten-distill-soft-airbench-recipe-teacher-aa-cutmix1": (
+        randaug_teacher("--mixup-prob", "1"),
+        "... that teacher, CutMix on every batch instead of half",
+    ),
+    "whiten-distill-soft-airbench-recipe-teacher-aa-alpha1-cutmix1": (
+        randaug_teacher("--distillation-alpha", "1", "--mixup-prob", "1"),
+        "... by that teacher alone, CutMix on every batch instead of half",
+    ),
     # the paper's optimizer, with and without it: tells the initialisation from its clash with Muon
     "adamw": (ADAMW, "AdamW for every weight (lr 1e-3, weight decay 0.05) instead of Muon"),
     "adamw-mimetic": ([*ADAMW, "--mimetic-init"], "AdamW and mimetic initialisation"),

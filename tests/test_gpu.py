@@ -1426,6 +1426,8 @@ def test_the_speedrun_proxy_rows_with_a_teacher_each_change_one_thing(
         "whiten-distill-soft-airbench-recipe-teacher-aa-tau3",
         "whiten-distill-soft-airbench-recipe-teacher-aa-epochs50",
         "width192-distill-soft-airbench-recipe-teacher-aa-epochs50",
+        "whiten-distill-soft-airbench-recipe-teacher-aa-cutmix1",
+        "whiten-distill-soft-airbench-recipe-teacher-aa-alpha1-cutmix1",
     }
     under_randaug = settings["whiten-distill-soft-airbench-recipe-teacher-aa"]
     flipped = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tta"]  # that flag only
@@ -1444,6 +1446,13 @@ def test_the_speedrun_proxy_rows_with_a_teacher_each_change_one_thing(
     wide_student = settings["width192-distill-soft-airbench-recipe-teacher-aa"]
     assert wide_student.model_kwargs == settings["width192"].model_kwargs
     assert_differs_only_in(wide_student, under_randaug, "model_kwargs")
+    # ... and CutMix on every batch, with the labels' half of the loss and without: that flag
+    # only, against the row of the same alpha
+    row = "whiten-distill-soft-airbench-recipe-teacher-aa"
+    for name, half in (("", under_randaug), ("-alpha1", settings[f"{row}-alpha1"])):
+        every = settings[f"{row}{name}-cutmix1"]
+        assert (every.mixup_prob, half.mixup_prob) == (1.0, 0.5)
+        assert_differs_only_in(every, half, "mixup_prob")
     # ... and its answers softened at DeiT's temperature: that flag only
     softer = settings["whiten-distill-soft-airbench-recipe-teacher-aa-tau3"]
     assert (softer.distillation_tau, under_randaug.distillation_tau) == (3.0, 1.0)
