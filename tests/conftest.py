@@ -3,6 +3,7 @@ and the relative error every equivalence test bounds (`from conftest import rela
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 from pathlib import Path
 
@@ -27,6 +28,12 @@ def relative_error(output, reference) -> float:
     )
     assert reference.abs().max() > 0, "the reference is all zeros: the comparison proves nothing"
     return ((output - reference).abs().max() / reference.abs().max()).item()
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a CSV file (a run's metrics.csv, a benchmark's table) as dicts."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def assert_close_weights(a: Path, b: Path, atol: float = 0.0) -> None:

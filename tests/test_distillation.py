@@ -3,7 +3,6 @@ folder's teacher.safetensors that --resume and --teacher-path read."""
 
 from __future__ import annotations
 
-import csv
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_resumes_exactly, tiny_train_args
+from conftest import assert_resumes_exactly, read_rows, tiny_train_args
 from safetensors.torch import load_file, save_file
 
 import vit
@@ -316,12 +315,7 @@ def test_two_processes_train_one_teacher_and_resume_against_it(tmp_path, image_f
         assert done.returncode == 0, done.stderr.decode()[-3000:]
     facts = load_teacher(run / "teacher.safetensors", num_classes=3)[1]
     assert facts["epochs"] == 3 and 0 <= facts["test_top1"] <= 1
-    assert len(_rows(run)) == 2  # the resumed epoch, after the first
-
-
-def _rows(run: Path) -> list[dict]:
-    with open(run / "metrics.csv", newline="") as handle:
-        return list(csv.DictReader(handle))
+    assert len(read_rows(run / "metrics.csv")) == 2  # the resumed epoch, after the first
 
 
 def test_a_run_whose_teacher_is_gone_is_not_resumed_against_another(

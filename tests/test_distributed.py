@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import read_rows
 from safetensors.torch import load_file
 
 from vit.utils.process_group import DistInfo, from_env, resolve_device
@@ -56,11 +56,6 @@ def test_resolve_device_gives_cuda_an_index_as_set_device_requires(
     assert chosen == [expected]
 
 
-def _metrics(run: Path) -> list[dict]:
-    with open(run / "metrics.csv") as f:
-        return list(csv.DictReader(f))
-
-
 def test_two_processes_equal_one_on_the_same_global_batch(image_folder, tmp_path, tiny_args):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     single, ddp = tmp_path / "single", tmp_path / "ddp"
@@ -86,7 +81,7 @@ def test_two_processes_equal_one_on_the_same_global_batch(image_folder, tmp_path
             assert torch.allclose(a[key], b[key], rtol=0, atol=2e-6), key
     moved = load_file(single / "model.safetensors")["head.weight"].abs().sum()
     assert moved > 0  # the zero-initialised head trained: the comparison is not vacuous
-    rows_a, rows_b = _metrics(single), _metrics(ddp)
+    rows_a, rows_b = read_rows(single / "metrics.csv"), read_rows(ddp / "metrics.csv")
     for row_a, row_b in zip(rows_a, rows_b, strict=True):
         assert float(row_a["train_loss"]) == pytest.approx(float(row_b["train_loss"]), rel=1e-4)
         # evaluation is sharded across processes and the counts summed: same images, once each

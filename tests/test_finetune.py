@@ -4,7 +4,6 @@ validation split, exact resume, and the one-line refusals."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import fake_hub_cache, stop_after_first_save
+from conftest import fake_hub_cache, read_rows, stop_after_first_save
 from safetensors.torch import load_file
 
 import vit
@@ -34,11 +33,6 @@ def same_threads_after():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
-
-
-def read_rows(path: Path) -> list[dict]:
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def exit_status(main, argv: list[str]) -> int:

@@ -23,7 +23,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import CLASSES, RTOL, assert_close_weights, relative_error, stop_after_first_save
+from conftest import (
+    CLASSES,
+    RTOL,
+    assert_close_weights,
+    read_rows,
+    relative_error,
+    stop_after_first_save,
+)
 from safetensors.torch import load_file
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
@@ -113,11 +120,6 @@ def device_args(device: torch.device) -> list[str]:
     threads = ["--threads", "1"] if device.type == "cpu" else []
     no_draws = ["--mixup", "0", "--cutmix", "0", "--drop-path", "0"]
     return ["--device", str(device), *threads, *no_draws]
-
-
-def read_rows(path: Path) -> list[dict]:
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 # Across runs on a GPU (resume, another device), weights agree up to rounding amplified by Adam:

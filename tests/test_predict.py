@@ -1,7 +1,6 @@
 """`python -m vit.predict` and `vit.data.images`: files, folders and globs; CSV/JSON records;
 attention PNGs; evaluate.py's top-1; clear messages for bad input."""
 
-import csv
 import json
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import timm
 import torch
+from conftest import read_rows
 from PIL import Image
 from safetensors.torch import save_file
 
@@ -75,11 +75,6 @@ def make_tree(root, sizes=((40, 56), (64, 48), (37, 37), (50, 90), (33, 45))):
             Image.fromarray(pixels).save(root / name / f"{i}.png")
     (root / "blue" / "notes.txt").write_text("not an image")
     return root
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 # -- vit.data.images ---------------------------------------------------------------------------
@@ -221,7 +216,7 @@ def test_csv_and_json_records_hold_the_model_probabilities(
     assert main([*args, "--output", str(csv_path), "--batch-size", "4"]) == 0
     assert main([*args, "--output", str(json_path), "--batch-size", "15"]) == 0
     assert capsys.readouterr().out == ""  # with --output nothing goes to stdout
-    rows, records = read_csv(csv_path), json.loads(json_path.read_text())
+    rows, records = read_rows(csv_path), json.loads(json_path.read_text())
     assert list(rows[0]) == ["path", "label", "probability", "label_2", "probability_2"]
     assert len(rows) == len(records) == 15
     model = vit.load_model(varied_checkpoint).eval()
@@ -280,7 +275,7 @@ def test_top1_equals_evaluate_on_the_same_images(
         main([str(data / "test"), "--checkpoint", str(varied_checkpoint), "--output", str(out)])
         == 0
     )
-    rows = read_csv(out)
+    rows = read_rows(out)
     report_path = tmp_path / "report.json"
     code = evaluate_script.main(
         [
@@ -383,7 +378,7 @@ def test_features_of_a_headless_backbone_in_npz_csv_and_json(
     expected = embeddings_of(headless_checkpoint, paths)  # model(x), image by image
     np.testing.assert_allclose(features, expected.numpy(), rtol=1e-5, atol=1e-6)
     assert sorted(paths) == sorted(str(p) for p in tree.rglob("*.png"))
-    rows = read_csv(outputs[".csv"])
+    rows = read_rows(outputs[".csv"])
     assert list(rows[0]) == ["path"] + [f"f{i}" for i in range(32)]
     records = json.loads(outputs[".json"].read_text())
     for row, record, vector in zip(rows, records, features, strict=True):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import io
 import os
 import shutil
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import assert_close_weights
+from conftest import assert_close_weights, read_rows
 
 import vit
 import vit.training.checkpoint as checkpoint
@@ -37,11 +36,6 @@ RUN_FILES = (
 # Every stochastic part of the recipe on: RandAugment, erasing, MixUp/CutMix, stochastic
 # depth, EMA. Resuming must restore all of their random streams to match exactly.
 RECIPE = ("--drop-path", "0.1", "--mixup", "0.8", "--cutmix", "1.0", "--reprob", "0.5")
-
-
-def read_rows(path: Path) -> list[dict]:
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def no_temporary_files(run: Path) -> bool:
