@@ -32,7 +32,9 @@ model with a head is scored by its head too, beside its features.
 
 Outputs (confusion_matrix.png, report.json) go to --output-dir, by default RUN/eval-DATA/ for a
 run folder or a run's weights file, and ./eval-NAME-DATA/ for any other file or a model name
-(never silently into a folder of weights); the last line says where they went.
+(never silently into a folder of weights); the last line says where they went. --json FILE
+puts the report there instead, its confusion matrix beside it (FILE's stem +
+_confusion_matrix.png), and an existing FILE is replaced only with --overwrite.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from vit.cli.flags import (
     add_model_dtype_argument,
     add_runtime_argument,
     add_threads_argument,
+    kept_output,
     missing_model_argument,
     number_in,
     runtime_problem,
@@ -116,13 +119,22 @@ def build_parser() -> argparse.ArgumentParser:
         "the compute), shift (moved 1/16 of its side four ways, 5x), flip-shift (both, 10x)",
     )
     p.add_argument(
-        "--json", type=Path, help="write the report here (default: OUTPUT_DIR/report.json)"
+        "--json",
+        type=Path,
+        help="write the report here, its confusion matrix beside it as STEM_confusion_matrix.png "
+        "(default: OUTPUT_DIR/report.json and confusion_matrix.png)",
     )
     p.add_argument(
         "--output-dir",
         type=Path,
-        help="where confusion_matrix.png (and report.json) go (default: RUN/eval-DATA/ for a "
-        "run's weights, else ./eval-NAME-DATA/)",
+        help="where report.json, confusion_matrix.png and the feature caches go (default: "
+        "RUN/eval-DATA/ for a run's weights, else ./eval-NAME-DATA/)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --json file and its PNG (refused otherwise; the reports in "
+        "OUTPUT_DIR are the command's own and are replaced by the next evaluation)",
     )
     return p
 
@@ -185,7 +197,8 @@ def default_output_dir(checkpoint: str, data: str, split: str = "test") -> Path:
     report."""
     from vit.training.checkpoint import CONFIG_FILE, STATE_FILE
 
-    data_name = (Path(data.rstrip("/")).name or data) + ("" if split == "test" else f"-{split}")
+    name = Path(data.rstrip("/")).name or Path(data).resolve().name  # "." -> the folder's
+    data_name = (name or data) + ("" if split == "test" else f"-{split}")
     path = Path(checkpoint)
     folder = path if path.is_dir() else path.parent
     downloaded = (folder / "config.json").is_file()  # a transformers folder
@@ -199,6 +212,14 @@ def default_output_dir(checkpoint: str, data: str, split: str = "test") -> Path:
         return folder / f"eval-{weights}{data_name}"
     name = path.name if path.is_dir() else path.stem if path.is_file() else checkpoint
     return Path(f"eval-{name}-{data_name}")
+
+
+def confusion_png(json_path: Path) -> Path:
+    """The confusion matrix beside its report: report.json's is confusion_matrix.png, r.json's
+    r_confusion_matrix.png."""
+    json_path = Path(json_path)
+    stem = "" if json_path.name == "report.json" else f"{json_path.stem}_"
+    return json_path.with_name(f"{stem}confusion_matrix.png")
 
 
 def data_problem(data: str, split: str) -> str | None:
@@ -271,6 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         problem = unwritable(flag, path, folder)
         if problem:
             parser.error(problem)
+    if args.json is not None:  # a file the user named: what is there may be theirs
+        for path in (args.json, confusion_png(args.json)):
+            problem = kept_output("--json", path, args.overwrite)
+            if problem:
+                parser.error(problem)
     from vit.data.images import CorruptImageError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -387,7 +413,8 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     # the model's) and the features (k, finite values) are checked before the head is scored.
     scored_data = head_data(args, model) if model.num_classes > 0 else None
     features = split_features(args, model, device, out_dir) if probing else None
-    report = {} if scored_data is None else evaluate_head(args, model, device, out_dir, scored_data)
+    png = confusion_png(json_path)
+    report = {} if scored_data is None else evaluate_head(args, model, device, png, scored_data)
     report.update(
         checkpoint=model_argument(args),
         runtime=getattr(model, "runtime", "pytorch"),  # an ONNX file's: onnxruntime or openvino
@@ -425,11 +452,11 @@ def evaluate_head(
     args: argparse.Namespace,
     model: VisionTransformer,
     device: torch.device,
-    out_dir: Path,
+    png_path: Path,
     data: tuple[ImageDataset, list[int]],
 ) -> dict:
     """The head's top-1, top-5, per-class accuracy and confusion matrix on `data` (from
-    `head_data`); writes the confusion matrix PNG into `out_dir`."""
+    `head_data`); writes the confusion matrix to `png_path`."""
     from vit.data.loaders import eval_loader
     from vit.inference.evaluation import evaluate
     from vit.utils.plots import plot_confusion_matrix, save_figure
@@ -459,11 +486,11 @@ def evaluate_head(
     confusion = result["confusion"][present][:, present]
     names = [class_names[i] for i in present]
     data_name = Path(args.data.rstrip("/")).name
-    out_dir.mkdir(parents=True, exist_ok=True)
+    png_path.parent.mkdir(parents=True, exist_ok=True)
     top1 = f"top-1 {100 * result['top1']:.1f}%"
     title = f"{model_argument(args)} on {data_name} ({args.split}): {top1}"
     figure = plot_confusion_matrix(confusion, names, title=title)
-    png = save_figure(figure, out_dir / "confusion_matrix.png")
+    png = save_figure(figure, png_path)
     report = {
         "top1": result["top1"],
         "top5": result["top5"],

@@ -44,8 +44,9 @@ def test_report_keys_and_values(checkpoint, image_folder, tmp_path, evaluate_scr
     assert report["top1"] == pytest.approx(np.trace(confusion) / 18)
     for i, name in enumerate(["blue", "green", "red"]):
         assert report["per_class"][name] == pytest.approx(confusion[i, i] / confusion[i].sum())
-    png = checkpoint / f"eval-{image_folder.name}" / "confusion_matrix.png"
+    png = tmp_path / "confusion_matrix.png"  # beside the report --json named
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report["confusion_matrix_png"] == str(png)
 
     # the same numbers as a direct forward pass over the test images
     model = vit.load_model(checkpoint / "model.safetensors").eval()
@@ -71,6 +72,29 @@ def test_top5_counts_a_hit_anywhere_in_the_five_best():
     assert result["confusion"][3, 7] == 2
 
 
+def test_an_existing_json_is_replaced_only_with_overwrite(
+    checkpoint, image_folder, tmp_path, evaluate_script, capsys, monkeypatch
+):
+    report = tmp_path / "mine.json"
+    report.write_text('{"mine": 1}')
+    args = ["--checkpoint", str(checkpoint), "--data", str(image_folder), "--json", str(report),
+            "--workers", "0", "--device", "cpu"]  # fmt: skip
+    with pytest.raises(SystemExit):
+        evaluate_script.main(args)
+    err = capsys.readouterr().err
+    assert err == (
+        f"evaluate.py: error: --json {report}: exists; add --overwrite to replace it, or "
+        f"choose another file\n"
+    )
+    assert report.read_text() == '{"mine": 1}'
+    assert evaluate_script.main([*args, "--overwrite"]) == 0
+    assert "top1" in json.loads(report.read_text())
+    assert (tmp_path / "mine_confusion_matrix.png").is_file()  # beside its report
+    monkeypatch.chdir(image_folder)  # --data . names the folder it is
+    where = evaluate_script.default_output_dir(str(checkpoint), ".")
+    assert where == checkpoint / f"eval-{image_folder.name}"
+
+
 def test_class_folders_are_matched_by_name(checkpoint, make_images, tmp_path, evaluate_script):
     # a folder holding only two of the model's classes: labels map to the model's indices
     data = make_images(tmp_path / "two", classes=("green", "red"), train_per_class=1)
@@ -81,7 +105,7 @@ def test_class_folders_are_matched_by_name(checkpoint, make_images, tmp_path, ev
     assert list(json.loads(report.read_text())["per_class"]) == ["green", "red"]
     wrong = make_images(tmp_path / "wrong", classes=("cat", "dog"), train_per_class=1)
     args[3] = str(wrong)
-    assert evaluate_script.main(args) == 2
+    assert evaluate_script.main([*args, "--overwrite"]) == 2  # refused for its classes
 
 
 def test_model_name_needs_pretrained(evaluate_script, image_folder, capsys):
@@ -122,7 +146,7 @@ def test_imagenet_style_folder_with_a_model_name(make_images, tmp_path, evaluate
     assert result["per_class"] == {names[0]: 0.0, names[1]: 1.0}
     assert names[:2] == ["tench, Tinca tinca", "goldfish, Carassius auratus"]
     assert result["top1"] == 0.5 and result["num_images"] == 6
-    assert (tmp_path / "out" / "confusion_matrix.png").is_file()
+    assert (tmp_path / "r_confusion_matrix.png").is_file()  # beside its report
 
 
 def test_data_is_checked_before_the_model_is_loaded(

@@ -519,6 +519,49 @@ def test_every_output_is_checked_before_any_is_written(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_what_a_user_saved_is_kept_and_the_input_never_replaced(model, tmp_path, capsys):
+    """An existing output is replaced only with --overwrite (--hf's folder whole, files of the
+    user's in it too, so it is refused without); the weights being exported never are, and a
+    file inside --hf's folder is refused (the folder is put in place after it)."""
+    checkpoint = vit.save_weights(model, tmp_path / "m.safetensors", class_names=NAMES)
+    saved = checkpoint.read_bytes()
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "notes.txt").write_text("mine")
+    (tmp_path / "tv.pth").write_text("mine")
+    refusals = [
+        (["--hf", str(hf)], f"--hf {hf}: exists; add --overwrite to replace it"),
+        (["--torchvision", str(tmp_path / "tv.pth")], "tv.pth: exists; add --overwrite"),
+        (["--hf", str(tmp_path), "--overwrite"], f"would replace the input {checkpoint}"),
+        (["--onnx", str(hf / "m.onnx"), "--hf", str(hf), "--overwrite"], "inside --hf"),
+        (["--onnx", str(tmp_path / "m")], "the file name must end in .onnx"),
+        (["--torchvision", str(tmp_path / "tv.bin")], "must end in .pth or .pt"),
+    ]
+    for argv, message in refusals:
+        with pytest.raises(SystemExit) as exit_info:
+            export.main([str(checkpoint), *argv])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert (hf / "notes.txt").read_text() == "mine" and checkpoint.read_bytes() == saved
+    assert (tmp_path / "tv.pth").read_text() == "mine"
+    with pytest.raises(SystemExit):  # the input, even with --overwrite
+        export.main([str(checkpoint), "--torchvision", str(checkpoint), "--overwrite"])
+    assert checkpoint.read_bytes() == saved
+    torch.set_num_threads(1)
+    assert export.main([str(checkpoint), "--hf", str(hf), "--overwrite"]) == 0
+    assert "notes.txt" not in {p.name for p in hf.iterdir()} and (hf / "config.json").is_file()
+
+
+def test_hf_dot_exports_into_the_current_folder(model, tmp_path, monkeypatch, one_thread):
+    """'.' names a folder that can be replaced, but not renamed as '.'."""
+    checkpoint = vit.save_weights(model, tmp_path / "m.safetensors", class_names=NAMES)
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.chdir(out)
+    assert export.main([str(checkpoint), "--hf", "."]) == 0
+    assert (out / "config.json").is_file() and not leftovers(tmp_path)
+
+
 @pytest.mark.slow
 def test_onnx_families_script_prints_a_table(capsys, one_thread):
     import importlib.util

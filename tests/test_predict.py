@@ -92,6 +92,11 @@ def test_grayscale_and_transparent_images_become_rgb(images, tmp_path):
     Image.fromarray(np.array([[0, 1], [1, 0]], np.uint8), "P").save(palette, transparency=0)
     pixels = load_image(palette)
     assert (pixels[0, 0] == 255).all() and (pixels[1, 1] == 255).all()  # transparent: white
+    deep = tmp_path / "16bit.png"  # 16-bit greyscale: the levels scaled, not clipped to white
+    levels = np.array([[0, 257 * 100], [257 * 200, 65535]], np.uint16)
+    Image.fromarray(levels).save(deep)
+    assert Image.open(deep).mode.startswith("I")
+    assert load_image(deep)[..., 1].tolist() == [[0, 100], [200, 255]]
 
 
 def test_unreadable_images_raise_a_value_error_naming_the_file(tmp_path):
@@ -324,6 +329,55 @@ def test_explain_writes_the_image_beside_its_map(
     left, right = picture[:, : width // 2], picture[:, width // 2 :]
     assert np.abs(left - right).mean() > 5  # the right panel carries the heat map
     assert "wrote 7 attention maps" in capsys.readouterr().err
+
+
+def test_explain_never_replaces_an_image_and_keeps_earlier_maps(
+    checkpoint, tmp_path, one_thread, capsys
+):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    cat = photos / "cat.png"
+    Image.fromarray(np.full((32, 32, 3), 200, np.uint8)).save(cat)
+    before = cat.read_bytes()
+    base = [str(photos), "--checkpoint", str(checkpoint)]
+    for overwrite in ([], ["--overwrite"]):  # the maps' folder is the images': cat.png's map
+        assert main([*base, "--explain", str(photos), *overwrite]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "would replace that image" in err
+    assert cat.read_bytes() == before
+    maps = tmp_path / "maps"
+    assert main([*base, "--explain", str(maps)]) == 0
+    written = (maps / "cat.png").read_bytes()
+    (maps / "cat.png").write_bytes(b"mine")
+    capsys.readouterr()
+    assert main([*base, "--explain", str(maps)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "1 of the maps exist" in err and "--overwrite" in err
+    assert (maps / "cat.png").read_bytes() == b"mine"
+    assert main([*base, "--explain", str(maps), "--overwrite"]) == 0
+    assert (maps / "cat.png").read_bytes() == written
+
+
+def test_flags_that_would_be_ignored_or_collide_are_refused(
+    checkpoint, headless_checkpoint, images, tmp_path, capsys
+):
+    base = [str(images[0]), "--checkpoint", str(checkpoint)]
+    for flags, message in (
+        (["--method", "rollout"], "--method rollout chooses --explain's maps: pass --explain"),
+        (["--workers", "-1"], "--workers must be at least 0"),
+    ):
+        with pytest.raises(SystemExit):
+            main([*base, *flags])
+        assert message in capsys.readouterr().err
+    same = str(tmp_path / "same.csv")
+    assert main([*base, "--output", same, "--features", same]) == 2
+    assert "--features writes there too; give two files" in capsys.readouterr().err
+    features = str(tmp_path / "f.npz")
+    headless = [str(images[0]), "--checkpoint", str(headless_checkpoint), "--features", features]
+    assert main([*headless, "--tta", "flip"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "leave out --tta" in err
+    assert not (tmp_path / "f.npz").exists() and not (tmp_path / "same.csv").exists()
 
 
 def test_runs_as_a_module(checkpoint, images):

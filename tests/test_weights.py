@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import PIL.Image
 import pytest
 import timm
 import torch
@@ -187,6 +188,40 @@ def test_another_num_classes_drops_the_head_with_a_message(timm_tiny, caplog):
             model.forward_head(model.forward_features(x), pre_logits=True),
             timm_tiny.forward_head(timm_tiny.forward_features(x), pre_logits=True),
         )
+
+
+def test_a_weights_file_keeps_its_own_head_size(tmp_path):
+    """create_model(NAME, pretrained=FILE) without num_classes takes the file's head, as timm
+    loads it: a fine-tuned 10-class file classifies as it was trained (the name's 1000-class
+    head would be random); a file without a head gives a feature extractor."""
+    torch.manual_seed(0)
+    theirs = timm.create_model("vit_tiny_patch16_224", num_classes=10).eval()
+    torch.nn.init.normal_(theirs.head.weight, std=0.5)
+    torch.save(theirs.state_dict(), tmp_path / "fine_tuned.pth")
+    ours = vit.create_model("vit_tiny_patch16_224", pretrained=tmp_path / "fine_tuned.pth")
+    assert ours.num_classes == 10 and not ours.load_report.fresh_head
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(x), theirs(x))
+    torch.save(timm.create_model("vit_tiny_patch16_224", num_classes=0).state_dict(),
+               tmp_path / "backbone.pth")  # fmt: skip
+    backbone = vit.create_model("vit_tiny_patch16_224", pretrained=tmp_path / "backbone.pth")
+    assert backbone.num_classes == 0 and not backbone.load_report.fresh_head
+
+
+def test_load_model_keeps_preprocess_and_class_names_in_step_with_the_model(tmp_path):
+    model = vit.VisionTransformer(**TINY)
+    model.preprocess = vit.Preprocess(input_size=(32, 32))
+    names = ["a", "b", "c", "d", "e"]
+    path = vit.save_weights(model, tmp_path / "m.safetensors", class_names=names, model_name="t")
+    bigger = vit.load_model(path, img_size=64)
+    assert tuple(bigger.preprocess.input_size) == (64, 64)
+    image = PIL.Image.new("RGB", (50, 50))
+    assert vit.create_transform(bigger)(image).shape == (3, 64, 64)
+    assert vit.load_model(path, num_classes=2).class_names is None  # 5 names, 2 outputs
+    again = vit.save_weights(vit.load_model(path), tmp_path / "again.safetensors")
+    reloaded = vit.load_model(again)
+    assert reloaded.class_names == names and reloaded.model_name == "t"
 
 
 def test_a_headless_checkpoint_keeps_the_fresh_head(caplog):

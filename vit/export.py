@@ -2,7 +2,7 @@
 
     python -m vit.export CHECKPOINT [--model NAME] [--pretrained [PATH]] [--onnx FILE
         [--static-size] [--optimize] [--int8 [--calibration DATA]]] [--hf DIR]
-        [--torchvision FILE]
+        [--torchvision FILE] [--overwrite]
 
 CHECKPOINT is read as evaluate.py and `python -m vit.predict` read their --checkpoint
 (`vit.resolve_model`): a train.py run folder or a weights file in it, one of our
@@ -14,6 +14,8 @@ before it is put in place: the written file is loaded by the library it is meant
 (onnxruntime, transformers `from_pretrained`, `torchvision.models.vit_*`), run on the same
 random images as our model, and its logits must agree with ours to `--tolerance`
 (max |theirs - ours| / max |ours|). A failed export leaves no file behind.
+An output that exists (a file, or a --hf folder with anything in it) is replaced only with
+--overwrite (the folder whole); the weights being exported never are.
 The ONNX graph takes any batch and any height and width that are multiples of the patch size
 (the position embeddings are resampled inside it; --static-size fixes the model's size);
 --optimize applies onnxruntime's transformer fusions and reports their counts; --int8 stores
@@ -75,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hf", type=Path, metavar="DIR", help="transformers folder")
     parser.add_argument("--torchvision", type=Path, metavar="FILE", help="torchvision state dict")
     parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output (--hf: the whole folder); refused otherwise, and "
+        "the exported weights themselves never",
+    )
+    parser.add_argument(
         "--tolerance", type=number_in(NON_NEGATIVE), default=1e-5, help="max relative logit diff"
     )
     return parser
@@ -88,9 +96,10 @@ if __name__ == "__main__":
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
 import functools
 
-from .cli.flags import unwritable
+from .cli.flags import kept_output, replaced_input, unwritable
 from .cli.model_argument import model_from_flags
 from .data.transforms import evaluation_images
+from .factory.timm_weights import TIMM_WEIGHTS
 from .interop.export_check import MissingExtraError, require
 from .interop.layouts import huggingface
 from .interop.layouts import torchvision as torchvision_layout
@@ -100,18 +109,39 @@ from .interop.transformers_export import export_transformers
 from .models.class_names import class_names_for
 from .models.vision_transformer import VisionTransformer
 
-
 # -- command line --------------------------------------------------------------------------------
-def location_problems(targets: list[tuple[str, Path]]) -> list[str]:
-    """Why an output could not be written at the end (a folder where a file goes, no write
-    permission, one path named twice), found before anything is loaded or written."""
-    problems = [unwritable(f"--{flag}", path, flag == "hf") for flag, path in targets]
+SUFFIXES = {"onnx": (".onnx",), "torchvision": (".pth", ".pt")}  # how the commands read them
+
+
+def location_problems(args: argparse.Namespace, targets: list[tuple[str, Path]]) -> list[str]:
+    """Why an output could not or may not be written at the end (a folder where a file goes,
+    no write permission, one path named twice, a file or folder the user has and --overwrite
+    not given, the weights being exported), found before anything is loaded or written."""
+    given = (args.checkpoint, None if args.pretrained == TIMM_WEIGHTS else args.pretrained)
+    inputs = [Path(p) for p in given if p is not None and Path(p).exists()]
+    problems = []
     seen: dict[Path, str] = {}
     for flag, path in targets:
         key = path.resolve()
         if key in seen:
             problems.append(f"--{flag} {path}: --{seen[key]} writes there too; give two paths")
         seen[key] = flag
+    for flag, path in targets:
+        problems.append(unwritable(f"--{flag}", path, flag == "hf"))
+        problems.append(replaced_input(f"--{flag}", path, inputs))
+        problems.append(kept_output(f"--{flag}", path, args.overwrite))
+        if flag in SUFFIXES and path.suffix.lower() not in SUFFIXES[flag]:
+            problems.append(
+                f"--{flag} {path}: the file name must end in {' or '.join(SUFFIXES[flag])} "
+                f"(how evaluate.py, vit.predict and vit.load_weights recognise it)"
+            )
+    if args.hf is not None:  # the folder is put in place whole, after the files before it
+        problems += [
+            f"--{flag} {path}: inside --hf {args.hf}, which is written as a whole folder; "
+            f"choose a path outside it"
+            for flag, path in targets
+            if flag != "hf" and args.hf.resolve() in path.resolve().parents
+        ]
     return [problem for problem in problems if problem]
 
 
@@ -154,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     targets = [(flag, getattr(args, flag)) for flag in FORMATS if getattr(args, flag) is not None]
     if not targets:
         parser.error("nothing to do: pass --onnx FILE, --hf DIR and/or --torchvision FILE")
-    for problem in location_problems(targets):
+    for problem in location_problems(args, targets):
         parser.error(problem)
     try:
         model = model_from_flags(args, source="CHECKPOINT")

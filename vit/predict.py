@@ -22,7 +22,8 @@ reports (`vit.models.class_names.class_names_for`). Without --output the top-k c
 printed per image; with it, one record per image is written as it goes (CSV or JSON: path, label,
 probability, label_2, probability_2, ...), then put in place at the end. A file that cannot be
 read is named on stderr, the other images are still classified, and the exit status is 1 at
-the end. An existing --output or --features file is replaced only with --overwrite.
+the end. An existing --output or --features file, or a map --explain wrote before, is replaced
+only with --overwrite; an image being read is never replaced.
 
 --features FILE writes one embedding per image with its path, through the embedding engine
 `vit.inference.embed` (docs/embeddings.md): memory flat in the number of images, work saved in
@@ -99,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace an existing --output or --features file (refused otherwise)",
+        help="replace an existing --output or --features file, or --explain's earlier maps "
+        "(refused otherwise; an image being read is never replaced)",
     )
     parser.add_argument("--explain", type=Path, metavar="DIR", help="one attention PNG per image")
     parser.add_argument("--method", choices=sorted(METHOD_NAMES), help=METHOD_HELP)
@@ -145,7 +147,13 @@ from typing import TypeVar
 import torch
 from tqdm import tqdm
 
-from .cli.flags import missing_model_argument, runtime_problem, unwritable, use_threads
+from .cli.flags import (
+    kept_output,
+    missing_model_argument,
+    runtime_problem,
+    unwritable,
+    use_threads,
+)
 from .cli.model_argument import model_from_flags
 from .data.images import expand_image_paths
 from .inference.embed import FeaturesError, FeaturesResult, check_embedding, describe
@@ -194,6 +202,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             parser.error(
                 f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}"
             )
+    if args.workers < 0:
+        parser.error(
+            f"--workers must be at least 0 (0: decode in the main thread), got {args.workers}"
+        )
+    if args.method is not None and args.explain is None:
+        parser.error(f"--method {args.method} chooses --explain's maps: pass --explain DIR too")
     problem = missing_model_argument(args) or runtime_problem(args)
     if problem:
         parser.error(problem)
@@ -209,12 +223,40 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
                 f"--features {args.features}: the file name must end in .npz, .csv or .json"
             )
         writable_location("--features", args.features, folder=False)
+    if args.output is not None and args.features is not None:
+        if args.output.resolve() == args.features.resolve():
+            raise InputError(f"--output {args.output}: --features writes there too; give two files")
     for flag in ("output", "features"):
         path = getattr(args, flag)
-        if path is not None and path.is_file() and not args.overwrite:
+        problem = path is not None and kept_output(f"--{flag}", path, args.overwrite)
+        if problem:
+            raise InputError(problem)
+
+
+def predictions(count: int) -> str:
+    return f"{count} prediction" + ("" if count == 1 else "s")
+
+
+def check_explain_targets(args: argparse.Namespace, paths: list[Path]) -> None:
+    """--explain DIR writes one PNG per image: never over an image being read (a PNG in DIR
+    itself), and over a map written before only with --overwrite."""
+    from .inference.explanations import explanation_paths
+
+    inputs = {path.resolve() for path in paths}
+    targets = list(explanation_paths(paths, args.explain).values())
+    for target in targets:
+        if target.resolve() in inputs:
             raise InputError(
-                f"--{flag} {path}: exists; add --overwrite to replace it, or choose another file"
+                f"--explain {args.explain}: the map of {target} would replace that image; "
+                f"choose a folder apart from the images"
             )
+    existing = [target for target in targets if target.exists()]
+    if existing and not args.overwrite:
+        raise InputError(
+            f"--explain {args.explain}: {len(existing)} of the maps exist ({existing[0]}"
+            f"{', ...' if len(existing) > 1 else ''}); add --overwrite to replace them, or "
+            f"choose another folder"
+        )
 
 
 def check_headless(args: argparse.Namespace, model: VisionTransformer) -> None:
@@ -227,6 +269,11 @@ def check_headless(args: argparse.Namespace, model: VisionTransformer) -> None:
         raise InputError(f"{what}: nothing to classify; use --features FILE or --explain DIR")
     if args.output is not None:
         raise InputError(f"--output {args.output}: {what}; use --features FILE for embeddings")
+    if args.tta != "none":
+        raise InputError(
+            f"--tta {args.tta}: averages the classifier head's probabilities over views, and "
+            f"{what}; leave out --tta"
+        )
     if args.explain is not None and args.method not in (None, "last_block", "rollout"):
         raise InputError(
             f"--method {args.method} explains a class and {what}: use --method last_block (the "
@@ -298,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         paths, problems = expand_image_paths(args.images)
         if not paths:  # before the model is loaded: nothing to do
             raise InputError("; ".join(problems))
+        if args.explain is not None:
+            check_explain_targets(args, paths)
         use_threads(args.threads)
         device = resolve_device(onnx_device(args), info)
         setup(info, device)  # torchrun: join the others (gloo on CPU); nothing otherwise
@@ -367,7 +416,7 @@ def embed_images(
                 result = write_records(
                     output, job.top_k, lambda sink: embed(job, model, device, sink)
                 )
-                print(f"wrote {result.count} predictions to {output}", file=sys.stderr)
+                print(f"wrote {predictions(result.count)} to {output}", file=sys.stderr)
             except _NothingRead as nothing:
                 result = nothing.args[0]
                 problems = problems + [f"no image was read; --output {output} was not written"]
@@ -434,7 +483,7 @@ def classify_images(
             count, unreadable = write_records(
                 output, job.top_k, lambda sink: run_batches(job, model, device, sink)
             )
-            print(f"wrote {count} predictions to {output}", file=sys.stderr)
+            print(f"wrote {predictions(count)} to {output}", file=sys.stderr)
         except _NothingRead as nothing:
             count, unreadable = nothing.args[0]
             problems = problems + [f"no image was read; --output {output} was not written"]

@@ -93,6 +93,27 @@ def unwritable(flag: str, path: Path, folder: bool) -> str | None:
     return None
 
 
+def kept_output(flag: str, path: Path, overwrite: bool) -> str | None:
+    """Why `path` is not written: it holds something a user saved (a file, or a folder with
+    anything in it) and --overwrite was not given; None if it may be written."""
+    path = Path(path)
+    if overwrite or not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        return None
+    what = "folder" if path.is_dir() else "file"
+    return f"{flag} {path}: exists; add --overwrite to replace it, or choose another {what}"
+
+
+def replaced_input(flag: str, path: Path, inputs: list[Path]) -> str | None:
+    """Why `path` is never written, --overwrite or not: it is one of the command's `inputs` or,
+    as a folder that is replaced whole, holds one; None otherwise."""
+    target = Path(path).resolve()
+    for source in inputs:
+        source = Path(source).resolve()
+        if source == target or target in source.parents:
+            return f"{flag} {path}: would replace the input {source}; choose another path"
+    return None
+
+
 # -- the model arguments of evaluate.py, predict and export ---------------------------------------
 CHECKPOINT_HELP = (
     "a train.py run folder (or a weights file in it), one of our .safetensors files, a "

@@ -51,6 +51,11 @@ def open_image(path: str | Path) -> Image.Image:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
+    if image.mode == "I" or image.mode.startswith("I;16"):
+        # 16-bit greyscale (PNG, TIFF): PIL's convert("RGB") clips every value above 255 to
+        # white; scale 0..65535 to 0..255 instead
+        levels = np.asarray(image, dtype=np.float64) / 257.0
+        image = Image.fromarray(np.clip(levels.round(), 0, 255).astype(np.uint8), "L")
     return image.convert("RGB")
 
 

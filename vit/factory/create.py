@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..interop import layouts
 from ..interop.layouts import hf_common, hf_dinov2
-from ..interop.weights import load_weights, read_checkpoint, read_metadata
+from ..interop.weights import head_classes, load_weights, read_checkpoint, read_metadata
 from ..models.feature_maps import FeatureMaps
 from ..models.registry import Preprocess, get_spec, split_tag
 from ..models.vision_transformer import VisionTransformer, ViTConfig, model_class, to_pair
@@ -36,6 +36,8 @@ def create_model(
         Face hub, or read from its cache offline); or a weights file path in any layout
         `vit.load_weights` reads (timm, transformers, torchvision, Google JAX).
     num_classes: replace the classifier (a pretrained head of another size is dropped).
+        None: the name's, or with a weights file the size of the file's own head (0 if it has
+        none), so that a fine-tuned file classifies as it was trained.
     img_size: another input size; pretrained position embeddings are resampled to it.
     features_only, out_indices: timm's: instead of the model, a
     `vit.models.feature_maps.FeatureMaps`
@@ -70,6 +72,9 @@ def create_model(
         checkpoint = read_checkpoint(timm_pretrained(split_tag(name)[0], spec.pretrained_tag))
     elif pretrained:
         checkpoint = read_checkpoint(pretrained)
+    if checkpoint is not None and pretrained is not True and num_classes is None:
+        # timm refuses a head of another size; dropping it would classify at random
+        kwargs["num_classes"] = head_classes(checkpoint.state_dict)
     if checkpoint is not None and checkpoint.norm_eps is not None and "norm_eps" not in overrides:
         kwargs["norm_eps"] = checkpoint.norm_eps
     if checkpoint is not None and "pos_embed_resample" not in overrides:
@@ -142,7 +147,8 @@ def load_model(
         config["dynamic_img_size"] = dynamic_img_size
     model = model_class(config)(**config)
     load_weights(model, path)
-    model.class_names = metadata.get("vit.class_names")
+    names = metadata.get("vit.class_names")
+    model.class_names = names if names and len(names) == model.num_classes else None
     model.model_name = metadata.get("vit.model_name")
     stored = metadata.get("vit.preprocess")
     model.preprocess = (
@@ -150,6 +156,8 @@ def load_model(
         if stored
         else Preprocess(input_size=model.patch_embed.img_size)
     )
+    if img_size is not None:  # the images prepared at the size the model now takes
+        model.preprocess = replace(model.preprocess, input_size=to_pair(img_size, "img_size"))
     return model.eval()
 
 

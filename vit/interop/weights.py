@@ -326,6 +326,12 @@ def _stored_grid(metadata: dict) -> tuple[int, int] | None:
 HEAD_KEYS = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")  # dist: DeiT
 
 
+def head_classes(state_dict: Mapping) -> int:
+    """The number of classes a timm-named state dict's head gives (0 for a feature extractor)."""
+    head = state_dict.get("head.weight")
+    return 0 if head is None else head.shape[0]
+
+
 def _switch_hint(report: LoadReport) -> str:
     """Which model switches (`vit.models.families.SWITCH_TENSORS`) the missing or unexpected keys
     belong to, if any."""
@@ -525,10 +531,16 @@ def save_weights(
 ) -> Path:
     """Write `model`'s weights to a `.safetensors` file whose metadata holds everything needed
     to rebuild it (config, class names, preprocessing). Atomic: a temporary file in the same
-    folder is renamed over the target, so a crash never leaves a half-written file."""
+    folder is renamed over the target, so a crash never leaves a half-written file.
+    class_names, model_name and preprocess default to the model's own attributes (those
+    `vit.load_model` sets), so that a model loaded and saved again keeps them."""
     path = Path(path)
     if path.suffix != ".safetensors":
         raise ValueError(f"save_weights writes .safetensors files, got {path}")
+    if class_names is None:
+        own = getattr(model, "class_names", None)
+        class_names = own if own and len(own) == model.num_classes else None
+    model_name = model_name or getattr(model, "model_name", None)
     metadata = {"vit.config": model.config.to_dict()}
     if class_names is not None:
         if len(class_names) != model.num_classes:

@@ -53,7 +53,7 @@ def atomic_write_dir(path: Path, write: Callable[[Path], object]) -> None:
     folder renamed in, and the old one deleted, so a failure at any point leaves either the old
     folder or the new one under `path`. `path` must be a folder (or absent), never a file.
     """
-    path = Path(path)
+    path = Path(path).resolve()  # "." or "x/.." cannot be renamed; the folder they name can
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"{path} exists and is not a folder; choose a folder path")
     path.parent.mkdir(parents=True, exist_ok=True)
