@@ -151,7 +151,7 @@ def test_two_tower_clip_and_siglip_folders_load_their_image_tower(tmp_path, one_
         torch.manual_seed(0)
         theirs = perturbed(getattr(transformers, name)(config))
         theirs.save_pretrained(tmp_path / name)
-        with caplog.at_level(logging.WARNING, logger="vit"):
+        with caplog.at_level(logging.INFO, logger="vit"):
             ours = vit.load_model(tmp_path / name).eval()
         assert "tensors outside the image tower" in caplog.text
         with torch.no_grad():
@@ -199,7 +199,7 @@ def test_mae_pretraining_folder_loads_its_encoder(tmp_path, one_thread, caplog):
     config = transformers.ViTMAEConfig(**CLIP, mask_ratio=0.0, decoder_hidden_size=16)
     theirs = perturbed(transformers.ViTMAEForPreTraining(config))
     theirs.save_pretrained(tmp_path / "hf")
-    with caplog.at_level(logging.WARNING, logger="vit"):
+    with caplog.at_level(logging.INFO, logger="vit"):
         ours = vit.load_model(tmp_path / "hf").eval()
     assert "ignored the MAE decoder" in caplog.text
     x = images(32)
@@ -376,7 +376,7 @@ def test_open_clip_checkpoint_gives_clips_image_embeddings(tmp_path, one_thread,
         img_size=32, patch_size=16, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0,
         num_classes=24, pre_norm=True, act_layer="quick_gelu", norm_eps=1e-5,
     )  # fmt: skip
-    with caplog.at_level(logging.WARNING, logger="vit"):
+    with caplog.at_level(logging.INFO, logger="vit"):
         report = vit.load_weights(ours, path)
     assert report.layout == "open_clip" and report.missing == [] and report.unexpected == []
     assert "tensors outside the image tower" in caplog.text
@@ -398,7 +398,7 @@ def test_real_dinov2_small_folder_reproduces_transformers_at_224(one_thread, cap
     folder = Path(__file__).resolve().parents[1] / DINOV2_REAL
     if not folder.is_dir():
         pytest.skip(f"{folder} is not on this machine")
-    with caplog.at_level(logging.WARNING, logger="vit"):
+    with caplog.at_level(logging.INFO, logger="vit"):
         ours = vit.load_model(folder).eval()
     # transformers resamples the stored 37x37 grid to each input: ours too (dynamic_img_size)
     assert ours.config.dynamic_img_size and ours.grid_size == (37, 37)

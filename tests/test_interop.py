@@ -88,7 +88,7 @@ def test_eps_matters_and_the_folder_carries_it(tmp_path, one_thread, caplog):
     exact = vit.load_model(tmp_path / "hf")
     assert relative_error(our_logits(exact, x), hf_logits(theirs, x)) <= RTOL
     wrong_eps = vit.VisionTransformer(**{**exact.config.to_dict(), "norm_eps": 1e-6})
-    with caplog.at_level(logging.WARNING, logger="vit"):
+    with caplog.at_level(logging.INFO, logger="vit"):
         vit.load_weights(wrong_eps, tmp_path / "hf")
     assert "trained with LayerNorm eps 1e-12 and the model uses 1e-06" in caplog.text
     assert relative_error(our_logits(wrong_eps, x), hf_logits(theirs, x)) > 1e-3
@@ -103,7 +103,7 @@ def test_vit_model_folder_with_pooler_and_a_pytorch_bin(tmp_path, one_thread, ca
     assert "pooler.dense.weight" in sd
     (folder / "model.safetensors").unlink()
     torch.save(sd, folder / "pytorch_model.bin")
-    with caplog.at_level(logging.WARNING, logger="vit"):
+    with caplog.at_level(logging.INFO, logger="vit"):
         ours = vit.load_model(folder)
     assert "ignored pooler.dense.weight" in caplog.text
     assert ours.num_classes == 0 and ours.class_names is None

@@ -316,6 +316,20 @@ def test_model_alone_means_timms_weights_in_every_command(
         resolve_model(model=TINY)
 
 
+def test_hub_ids_capitals_and_a_file_that_is_no_archive_get_their_own_line(tmp_path):
+    with pytest.raises(ModelArgumentError) as refused:
+        resolve_model("hf-hub:timm/vit_tiny_patch16_224.augreg_in21k", pretrained=True)
+    assert "a Hugging Face Hub id" in str(refused.value)
+    assert "name the model as timm does, vit_tiny_patch16_224.augreg_in21k" in str(refused.value)
+    with pytest.raises(ModelArgumentError, match="did you mean vit_tiny_patch16_224"):
+        resolve_model("VIT_TINY_PATCH16_224", pretrained=True)
+    fake = tmp_path / "fake.npz"
+    fake.write_text("not an archive")
+    with pytest.raises(ModelArgumentError) as refused:
+        resolve_model(fake, model="vit_tiny_patch16_224")
+    assert str(refused.value).endswith("not an .npz archive (a zip of arrays)")
+
+
 def test_python_api_spells_the_keywords_and_allows_random_weights_when_asked():
     with pytest.raises(ModelArgumentError) as refused:
         resolve_model("vit_cifar_patch4_32")

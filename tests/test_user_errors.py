@@ -396,11 +396,13 @@ def test_output_dir_that_is_a_file_is_refused(image_folder, tmp_path, train_scri
     assert f"--output-dir {file}: exists and is not a folder" in err
 
 
-@pytest.mark.parametrize("device", ["gpu0", "cuda:0"])
+@pytest.mark.parametrize("device", ["gpu0", "cuda:0", "mps", "xpu"])
 def test_bad_or_missing_device_is_one_line(evaluate_script, finished_run, image_folder, device,
                                            capsys):  # fmt: skip
     if device.startswith("cuda") and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
+    if device == "mps" and torch.backends.mps.is_available():
+        pytest.skip("this machine has MPS")
     argv = ["--checkpoint", str(finished_run), "--data", str(image_folder), "--device", device,
             "--output-dir", str(finished_run / "unused")]  # fmt: skip
     assert evaluate_script.main(argv) == 2

@@ -128,6 +128,13 @@ def resolve_model(
     path = Path(source)
     if path.exists():
         return _model_from_path(path, model, pretrained, names, onnx).eval()
+    hub = _hub_model_name(str(source))
+    if hub is not None:  # timm's hub ids name a model and its tag; the weights come through timm
+        with_weights = f" with {names.timm_weights}" if role == "source" else ""
+        raise ModelArgumentError(
+            f"{names.given(role, source)}: a Hugging Face Hub id, which is not read directly; "
+            f"name the model as timm does, {hub}{with_weights} (its weights come through timm)"
+        )
     if _looks_like_path(str(source)):
         raise ModelArgumentError(f"{names.given(role, source)}: no such file or folder")
     if model is not None:
@@ -136,6 +143,16 @@ def resolve_model(
             f"{names.given(role, source)} is a model name already: give one of them"
         )
     return _model_from_name(str(source), role, pretrained, names, random_init).eval()
+
+
+def _hub_model_name(text: str) -> str | None:
+    """'hf-hub:timm/vit_base_patch16_224.augreg_in1k' or 'timm/vit_...' -> the model name with
+    its tag; None for anything else."""
+    name = text.removeprefix("hf-hub:").removeprefix("hf_hub:")
+    if not name.startswith("timm/") or name.count("/") != 1:
+        return None
+    name = name.removeprefix("timm/")
+    return name if split_tag(name)[0] in MODELS else None
 
 
 def _looks_like_path(text: str) -> bool:

@@ -229,6 +229,8 @@ def _pickled_callables(path: Path) -> list[str] | None:
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    if not zipfile.is_zipfile(path):  # else np.load falls back to pickle and advises unpickling
+        raise ValueError(f"cannot read {path}: not an .npz archive (a zip of arrays)")
     try:
         with np.load(path, allow_pickle=False) as npz:
             return {k: npz[k] for k in npz.files}
@@ -515,7 +517,13 @@ def load_weights(
         report.messages.append(problem)
     model.load_state_dict({k: v for k, v in state_dict.items() if k in target}, strict=False)
     report.loaded = sorted(set(state_dict) & set(target))
-    for message in report.messages:
+    # What the conversion left out on purpose (a text tower, a mask token used in training only)
+    # is information; what changes the model's outputs or weights (a resampled grid, a dropped
+    # head, another eps, keys not loaded) is a warning.
+    notes = len(checkpoint.notes)
+    for message in report.messages[:notes]:
+        logger.info("%s", message)
+    for message in report.messages[notes:]:
         logger.warning("%s", message)
     return report
 

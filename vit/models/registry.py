@@ -462,7 +462,7 @@ def split_tag(name: str) -> tuple[str, str | None]:
 
 def close_model_names(name: str) -> list[str]:
     """Up to three known model names close to a misspelt one (tag left out), best first."""
-    return difflib.get_close_matches(split_tag(name)[0], MODELS, n=3, cutoff=0.6)
+    return difflib.get_close_matches(split_tag(name)[0].lower(), MODELS, n=3, cutoff=0.6)
 
 
 def get_spec(name: str) -> ModelSpec:

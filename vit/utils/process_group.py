@@ -73,6 +73,13 @@ def resolve_device(name: str, info: DistInfo) -> torch.device:
             index = info.local_rank if info.enabled else torch.cuda.current_device()
             device = torch.device("cuda", index)
         torch.cuda.set_device(device)
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {name}: Apple's MPS is not available here; use --device cpu")
+    elif device.type not in ("cpu", "mps"):
+        raise ValueError(
+            f"--device {name}: not a device this package runs on; accepted: auto, "
+            "cpu, cuda, cuda:N, mps"
+        )
     return device
 
 
