@@ -127,7 +127,7 @@ def test_export_calibrates_on_the_folders_train_images(exported, image_folder, t
         ),
         (
             ["--int8", "--calibration", "MISSING"],
-            "error: --calibration MISSING: --data 'MISSING' is neither one of cifar10, cifar100 "
+            "error: --calibration MISSING: 'MISSING' is neither one of cifar10, cifar100 "
             "nor an existing folder",
         ),
     ],

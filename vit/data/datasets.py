@@ -289,7 +289,7 @@ def load_split(
         root = Path(data)
         if not root.is_dir():
             raise FileNotFoundError(
-                f"--data {data!r} is neither one of {', '.join(TORCHVISION_DATASETS)} nor an "
+                f"{data!r} is neither one of {', '.join(TORCHVISION_DATASETS)} nor an "
                 f"existing folder with train/ and test/ (or val/) subfolders of class folders"
             )
         paths, labels, classes = scan_folder(find_split_dir(root, split))

@@ -88,19 +88,22 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
         splits.append(("test", cfg.test_subset))
 
     def load() -> tuple[ImageDataset, ...]:
-        return tuple(
-            load_split(
-                cfg.data,
-                split,
-                data_root=cfg.data_root,
-                download=cfg.download,
-                cache=cfg.cache,
-                subset=subset,
-                seed=cfg.seed,
-                cache_dir=cfg.cache_path,
+        try:
+            return tuple(
+                load_split(
+                    cfg.data,
+                    split,
+                    data_root=cfg.data_root,
+                    download=cfg.download,
+                    cache=cfg.cache,
+                    subset=subset,
+                    seed=cfg.seed,
+                    cache_dir=cfg.cache_path,
+                )
+                for split, subset in splits
             )
-            for split, subset in splits
-        )
+        except FileNotFoundError as e:  # the message names the data; say which flag gave it
+            raise FileNotFoundError(f"--data {e}") from None
 
     try:
         loaded = process_group.rank0_first(info, load, errors=START_ERRORS)
