@@ -108,13 +108,20 @@ def read_yaml_config(path: Path) -> dict:
     """A YAML mapping of settings, each checked and converted as its flag would be.
 
     Keys are field names with - or _; unknown keys, bad values and values outside a flag's
-    choices are errors that name the file. Strings go through the flag's type (YAML reads
-    1e-3 as a string); a list for model_kwargs is read as KEY=VALUE items.
+    choices are errors that name the file. Every value goes through the flag's type as the
+    flag's text would (YAML reads 1e-3 as a string, and 1.5 for an integer setting must not
+    train 2 epochs); on/off settings take true or false; null only where the flag takes none;
+    model_kwargs a mapping, KEY=VALUE items or one string of them.
     """
     try:
         data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
+    except OSError as e:
         raise SystemExit(f"train.py: error: cannot read config file {path}: {e}") from e
+    except yaml.YAMLError as e:  # PyYAML's message spans lines: its place and problem in one
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SystemExit(f"train.py: error: config file {path}: not YAML: {where}{problem}") from e
     if not isinstance(data, dict):
         raise SystemExit(f"train.py: error: config file {path} must hold a mapping of settings")
     hints = typing.get_type_hints(TrainConfig)
@@ -128,21 +135,59 @@ def read_yaml_config(path: Path) -> dict:
                 f"{', '.join(sorted(known))}"
             )
         options = flag_options(known[key], hints[key])
-        out[key] = _convert(key, value, options, str(path))
+        out[key] = _convert(key, value, options, str(path), optional=_optional(hints[key]))
     return out
 
 
-def _convert(key: str, value, options: dict, source: str):
-    if value is None:
-        return None
+TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "Path": "a path"}
+
+
+def _optional(annotation) -> bool:
+    return isinstance(annotation, types.UnionType) and type(None) in typing.get_args(annotation)
+
+
+def _convert(key: str, value, options: dict, source: str, optional: bool):
+    """One YAML value, read as its flag would read its text (one line naming the file, the
+    key and the value otherwise)."""
+
+    def refuse(accepted: str):
+        shown = yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
+        return SystemExit(f"train.py: error: {source}: {key}: {shown}; accepted: {accepted}")
+
     convert = options.get("type")
+    wanted = TYPE_WORDS.get(getattr(convert, "__name__", ""), "a value")
+    if options.get("nargs") not in (None, "?", "*"):
+        wanted = f"a list of {options['nargs']} items, each {wanted}"
+
+    if value is None:
+        if optional or options.get("type") is key_value:
+            return None
+        raise refuse(f"{wanted} (this setting has no 'none')")
+    if options.get("action") is argparse.BooleanOptionalAction:
+        if not isinstance(value, bool):
+            raise refuse("true or false")
+        return value
     try:
-        if isinstance(value, list) and options.get("nargs") == "*":
-            value = [convert(item) if isinstance(item, str) else item for item in value]
-        elif isinstance(value, str) and convert is not None:
-            value = convert(value)
-    except (ValueError, argparse.ArgumentTypeError) as e:
+        if convert is key_value:  # a mapping, or KEY=VALUE items as the flag takes them
+            if isinstance(value, str):
+                value = value.split()
+            if isinstance(value, list):
+                value = [convert(str(item)) for item in value]
+            elif not isinstance(value, dict):
+                raise refuse("a mapping {KEY: VALUE, ...} or KEY=VALUE items")
+        elif options.get("nargs") not in (None, "?"):  # a list of a fixed number of items
+            count = options["nargs"]
+            if not isinstance(value, list) or (isinstance(count, int) and len(value) != count):
+                raise refuse(wanted)
+            value = [convert(str(item)) for item in value]
+        elif isinstance(value, (list, dict, bool)):  # YAML's yes/no/on/off are booleans too
+            raise refuse(wanted)
+        else:
+            value = convert(str(value))
+    except argparse.ArgumentTypeError as e:
         raise SystemExit(f"train.py: error: {source}: bad value for {key}: {value!r} ({e})") from e
+    except ValueError:
+        raise refuse(wanted) from None
     choices = options.get("choices")
     if choices and value not in choices:
         raise SystemExit(
@@ -203,6 +248,8 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         problem = resume_problem(Path(first.resume), given_settings(argv, first.config))
         if problem:
             parser.error(problem)
+    else:  # the run is resumed from any folder: what it reads must not depend on this one
+        settings.update({key: absolute_path(key, settings[key]) for key in PATH_SETTINGS})
     cfg = TrainConfig(**settings)
     try:
         check_settings(cfg)
@@ -217,6 +264,21 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         if problem:
             parser.error(problem)
     return cfg, overwrite
+
+
+PATH_SETTINGS = ("data", "data_root", "pretrained", "teacher_path")  # files and folders it reads
+
+
+def absolute_path(key: str, value):
+    """A setting that names a file or folder, absolute ('data/x/' -> '/home/me/data/x'); a name
+    (cifar10, timm's weights) or a path that does not exist (yet) as it is, but data_root,
+    where CIFAR is downloaded, always."""
+    from vit.data.datasets import TORCHVISION_DATASETS
+    from vit.factory.timm_weights import TIMM_WEIGHTS
+
+    if not isinstance(value, str) or value.lower() in (*TORCHVISION_DATASETS, TIMM_WEIGHTS):
+        return value
+    return os.path.abspath(value) if key == "data_root" or Path(value).exists() else value
 
 
 def folder_in_use(first: argparse.Namespace) -> str | None:
@@ -252,15 +314,20 @@ def resume_problem(run: Path, given: dict) -> str | None:
     if not saved_file.is_file():  # a run killed before writing it: nothing to compare with
         return None
     saved = {**TrainConfig().to_dict(), **read_yaml_config(saved_file)}
+    given = {key: absolute_path(key, value) if key in PATH_SETTINGS else value
+             for key, value in given.items()}  # fmt: skip
     changed = [
         f"{flag_setting(key, value)} (the run's: {setting_text(saved[key])})"
         for key, value in given.items()
-        if key not in (*CHANGEABLE_ON_RESUME, "resume", "output_dir") and value != saved[key]
+        if key not in (*CHANGEABLE_ON_RESUME, "resume", "output_dir")
+        and value != absolute_path(key, saved[key])  # a relative one, of a run from before
     ]
     if changed:
+        free = ", ".join(map(flag_name, CHANGEABLE_ON_RESUME[1:]))
         return (
             f"--resume {run} continues the run with its own settings, but this command changes "
-            f"{'; '.join(changed)}: leave them out (only --epochs may change, to extend the run)"
+            f"{'; '.join(changed)}: leave them out (--epochs may change, to extend the run, and "
+            f"what does not change what is learnt: {free})"
         )
     processes, started = saved["processes"], process_group.from_env().world_size
     if processes is not None and processes != started:
@@ -325,8 +392,17 @@ def main(argv: list[str] | None = None) -> int:
     # alone says so, the others leave quietly with the same exit status.
     speaks = os.environ.get("RANK", "0") == "0"
     try:
-        with contextlib.nullcontext() if speaks else contextlib.redirect_stderr(io.StringIO()):
-            cfg, overwrite = parse_command(argv)
+        with contextlib.ExitStack() as quiet:
+            if not speaks:  # --help (stdout) and mistakes (stderr) once, not once per process
+                quiet.enter_context(contextlib.redirect_stderr(io.StringIO()))
+                quiet.enter_context(contextlib.redirect_stdout(io.StringIO()))
+            try:
+                cfg, overwrite = parse_command(argv)
+            except SystemExit as e:
+                if not isinstance(e.code, str):
+                    raise
+                print(e.code, file=sys.stderr)  # a config file's mistake: argparse's status
+                return 2
         return run(cfg, overwrite)
     except KeyboardInterrupt:  # Ctrl-C before training was set up
         return said(speaks, NOTHING_WRITTEN, status=130)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -101,14 +102,55 @@ def test_config_yaml_is_overridden_by_flags(tmp_path, train_script):
     [
         ("learning_rate: 0.1\n", "unknown key 'learning_rate'"),
         ("aa: autoaugment\n", "aa must be one of"),
-        ("epochs: many\n", "bad value for epochs"),
+        ("epochs: many\n", "epochs: many; accepted: an integer"),
+        # YAML values that are no strings are read as their flag's text would be: 1.5 epochs
+        # trained 2, 'no' kept EMA on, hflip: yes flipped every image, null crashed
+        ("epochs: 1.5\n", "epochs: 1.5; accepted: an integer"),
+        ("epochs: true\n", "epochs: true; accepted: an integer"),
+        ("epochs: null\n", "epochs: null; accepted: an integer (this setting has no 'none')"),
+        ("model_ema: 'no'\n", "model_ema: 'no'; accepted: true or false"),
+        ("hflip: yes\n", "hflip: true; accepted: a number"),
+        ("teacher_channel_mult: 1\n", "accepted: a list of 3 items, each an integer"),
+        ("model_kwargs: 3\n", "model_kwargs: 3; accepted: a mapping"),
+        ("epochs: [1\n", "not YAML: line 2, column 1: expected ',' or ']'"),
     ],
 )
-def test_bad_config_values_are_named(tmp_path, train_script, text, message):
+def test_bad_config_values_are_named(tmp_path, train_script, text, message, capsys):
     config = tmp_path / "c.yaml"
     config.write_text(text)
-    with pytest.raises(SystemExit, match=message):
+    with pytest.raises(SystemExit, match=re.escape(message)):
         train_script.parse_config(["--config", str(config)])
+    assert train_script.main(["--config", str(config)]) == 2  # argparse's status, one line
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_config_values_are_read_as_their_flags_read_text(tmp_path, train_script):
+    config = tmp_path / "c.yaml"
+    config.write_text("lr: 1e-3\nmodel_kwargs: depth=2 mlp_ratio=2\nepochs: 3\nhflip: 0\n")
+    cfg = train_script.parse_config(["--config", str(config)])
+    assert (cfg.lr, cfg.epochs, cfg.hflip) == (0.001, 3, 0.0)
+    assert cfg.model_kwargs == {"depth": 2, "mlp_ratio": 2}
+
+
+def test_a_run_keeps_absolute_paths_and_resumes_from_any_folder(
+    tmp_path, train_script, image_folder, monkeypatch
+):
+    """A run started with a relative --data is continued from another folder, and the same
+    folder spelt otherwise (relative, a trailing slash) is no change of --data."""
+    shutil.copytree(image_folder, tmp_path / "data" / "images")
+    monkeypatch.chdir(tmp_path)
+    cfg = train_script.parse_config(["--data", "data/images/", "--output-dir", "run"])
+    assert cfg.data == str(tmp_path / "data" / "images")
+    assert cfg.data_root == str(tmp_path / "data") and cfg.pretrained is None
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": "data/images"}))  # a run of before
+    (run / "training_state.pt").write_bytes(b"")  # only read once training starts
+    same = train_script.parse_config(["--resume", "run", "--data", f"{tmp_path}/data/images/"])
+    assert Path(same.data).resolve() == tmp_path / "data" / "images"
+    with pytest.raises(SystemExit):
+        train_script.parse_config(["--resume", "run", "--data", str(image_folder)])
 
 
 def test_shipped_configs_parse(train_script):

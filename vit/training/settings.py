@@ -142,7 +142,7 @@ class TrainConfig:
     checkpoint_interval: int = setting(1, "run", "write the run's weights and training state every N epochs, at each new best and after the last (--resume continues from the last written; a GPU epoch of a second would otherwise wait ~0.2 s for each)")
     device: str = setting("auto", "run", "auto, cpu, cuda, cuda:1, ...")
     output_dir: str | None = setting(None, "run", "run folder (default runs/MODEL-DATA-TIMESTAMP)")
-    resume: str | None = setting(None, "run", "continue the run in RUN_DIR from its last complete checkpoint, with its own settings and number of processes (only --epochs may change, to extend it)", metavar="RUN_DIR")
+    resume: str | None = setting(None, "run", "continue the run in RUN_DIR from its last complete checkpoint, with its own settings and number of processes (--epochs may change, to extend it, and what does not change what is learnt: --workers, --threads, --device, --checkpoint-interval, --grad-checkpointing, the data's location and cache)", metavar="RUN_DIR")
     processes: int | None = setting(None, "run", "training processes, as started by torchrun (--nproc_per_node): recorded by the run, so that --resume continues with as many (default: as started)", metavar="N")
     # fmt: on
 
