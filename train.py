@@ -372,7 +372,7 @@ def resume_command(run: str, processes: int) -> str:
 def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
     """Why a new run cannot go into `folder` (None if it can): it is a file, it cannot be
     written, or it holds a run that only --overwrite may replace."""
-    from vit.training.checkpoint import run_files
+    from vit.training.checkpoint import STATE_FILE, run_files
 
     problem = unwritable("--output-dir", folder, folder=True)
     if problem:
@@ -380,6 +380,12 @@ def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
     previous = run_files(folder)
     if previous and not overwrite:
         names = ", ".join(p.name for p in previous[:4]) + (", ..." if len(previous) > 4 else "")
+        if not (folder / STATE_FILE).is_file():  # stopped in its first epoch: --resume can't
+            return (
+                f"--output-dir {folder} holds a run's files but no checkpoint to resume "
+                f"({names}; a run stopped in its first epoch): start anew with --overwrite, "
+                f"which replaces them, or train into a new folder"
+            )
         return (
             f"--output-dir {folder} holds a run ({names}); continue it with --resume {folder}, "
             f"train into a new folder, or pass --overwrite to replace it"
@@ -466,7 +472,7 @@ def interrupted_message(e: TrainingInterrupted, processes: int) -> str:
         )
     return (
         f"train.py: interrupted in epoch 1, before the run's first checkpoint: {e.run_dir} holds "
-        f"nothing to resume"
+        f"nothing to resume; the same command with --overwrite starts it again"
     )
 
 

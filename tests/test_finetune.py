@@ -18,6 +18,7 @@ import vit
 from vit.data.datasets import ImageDataset
 from vit.data.transforms import EvalTransform
 from vit.inference.probe import fit_linear_probe
+from vit.interop.weights import read_metadata
 from vit.training.finetune import freeze_below, layer_lr_scales, parameter_depths, probe_head
 from vit.training.optimizers import build_optimizer
 
@@ -284,6 +285,11 @@ def test_head_only_run_evaluates_as_an_ordinary_run_folder(
     assert train_script.main(args) == 0
     start, end = load_file(pretrained), load_file(run / "model.safetensors")
     assert all(torch.equal(start[n], end[n]) for n in start if not n.startswith("head."))
+    # the probed head (epoch 0) competes for best.safetensors with the epochs after it
+    # (here the probe separates the three colours, 100%, and the epoch after it does not)
+    best = read_metadata(run / "best.safetensors")
+    epochs = [float(row["ema_top1"]) for row in read_rows(run / "metrics.csv")]
+    assert best["vit.epoch"] == 0 and best["vit.top1"] > max(epochs)
     report = tmp_path / "report.json"
     assert (
         evaluate_script.main(

@@ -80,6 +80,10 @@ def test_output_dir_holding_a_run_is_refused_and_left_untouched(
     assert f"--output-dir {run} holds a run" in err
     assert f"--resume {run}" in err and "--overwrite" in err
     assert snapshot(run) == before
+    (run / "training_state.pt").unlink()  # stopped in its first epoch: --resume is no way on
+    err = refused(train_script, tiny_args(image_folder, run, 1), capsys)
+    assert "holds a run's files but no checkpoint to resume" in err and "--resume" not in err
+    assert "start anew with --overwrite" in err
 
 
 def test_overwrite_replaces_the_run_and_removes_its_stale_outputs(

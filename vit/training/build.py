@@ -423,6 +423,8 @@ class Run:
     # --distillation-type: the frozen teacher, and what is known of it (epochs, test top-1)
     teacher: CnnTeacher | None = None
     teacher_facts: dict | None = None
+    # --head-init probe: the probed head's top-1 and top-5, best.safetensors at epoch 0
+    probed: dict | None = None
 
 
 def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: CheckpointSaver) -> Run:
@@ -449,13 +451,16 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
     train_loader, test_loader = make_loaders(
         cfg, train_set=train_set, test_set=test_set, model=model, info=info, device=device
     )
+    probed = None
     if cfg.head_init == "probe" and not cfg.resume:  # a resumed run's head is in its state
-        init_head_by_probe(cfg, model, train_set, test_loader, info=info, device=device)
+        probed = init_head_by_probe(cfg, model, train_set, test_loader, info=info, device=device)
     teacher, teacher_facts = make_teacher(cfg, train_set, test_loader, model, info, device)
     steps_per_epoch = optimizer_steps(cfg, len(train_loader))
     state = build_training_state(
         cfg, model, steps_per_epoch=steps_per_epoch, device=device, info=info
     )
+    if probed is not None:  # epoch 0 competes for best.safetensors: fine-tuning may only lose
+        state.best_top1 = probed["top1"]
     if cfg.resume:
         resume(saver, state, cfg, info)
     train_model = wrap_model(model, cfg, info, device)
@@ -480,6 +485,7 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
         step=build_step(cfg, forward_loss, model, update),
         teacher=teacher,
         teacher_facts=teacher_facts,
+        probed=probed,
     )
 
 
@@ -508,11 +514,11 @@ def init_head_by_probe(
     *,
     info: DistInfo,
     device: torch.device,
-) -> None:
+) -> dict:
     """--head-init probe: the new head fitted on the frozen features of the training images
     (evaluation transform, no augmentation) before the first step, and its accuracy on the
-    evaluation split logged as epoch 0. Every process fits the same head (the fit is
-    deterministic), as DDP would copy rank 0's anyway."""
+    evaluation split logged as epoch 0 and returned (top1, top5). Every process fits the same
+    head (the fit is deterministic), as DDP would copy rank 0's anyway."""
     prepared = train_set.with_transform(EvalTransform(model.preprocess))
     fit = probe_head(
         model,
@@ -541,6 +547,7 @@ def init_head_by_probe(
             100 * scores["top1"],
             100 * scores["top5"],
         )
+    return {"top1": scores["top1"], "top5": scores["top5"]}
 
 
 def resume(saver: CheckpointSaver, state: TrainingState, cfg: TrainConfig, info: DistInfo) -> None:

@@ -293,6 +293,17 @@ class CheckpointSaver:
 
     def save(self, state: TrainingState, kept_metrics: dict | None, improved: bool) -> None:
         """The epoch's files: best weights if `improved`, the latest weights, the state."""
+        self.save_weights(
+            state, kept_metrics, (BEST_WEIGHTS, LAST_WEIGHTS) if improved else (LAST_WEIGHTS,)
+        )
+        saved = state.state_dict()  # on every process: it gathers their RNG states
+        if self.info.is_main:
+            save_training_state(saved, self.state_path)
+
+    def save_weights(
+        self, state: TrainingState, kept_metrics: dict | None, names: tuple[str, ...]
+    ) -> None:
+        """The kept weights as each of `names` (rank 0), their epoch's metrics in the metadata."""
         if self.info.is_main:
             kept, kept_name = state.kept
             extra = {
@@ -303,14 +314,10 @@ class CheckpointSaver:
                 "data": self.data,
                 "train_config": self.config,
             }
-            names = (BEST_WEIGHTS, LAST_WEIGHTS) if improved else (LAST_WEIGHTS,)
             for name in names:
                 save_weights(
                     kept, self.run_dir / name, kept.class_names, kept.model_name, extra=extra
                 )
-        saved = state.state_dict()  # on every process: it gathers their RNG states
-        if self.info.is_main:
-            save_training_state(saved, self.state_path)
 
 
 def save_yaml(data: dict, path: Path) -> None:

@@ -42,6 +42,7 @@ from .build import (
     start_run_dir,
 )
 from .checkpoint import (
+    BEST_WEIGHTS,
     CONFIG_FILE,
     STATE_FILE,
     TEACHER_FILE,
@@ -132,6 +133,8 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
             started = True
             if run.teacher is not None and not cfg.resume:  # what --resume distils from
                 save_teacher(run.teacher, run_dir / TEACHER_FILE, run.teacher_facts)
+        if run.probed is not None:  # the probed head, before any step: the best so far
+            saver.save_weights(run.state, run.probed, (BEST_WEIGHTS,))
         split = evaluation_split(cfg)
         log = RunLog(run_dir, info, cfg.epochs, start_epoch=run.state.epoch, split=split)
         try:
