@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -210,12 +211,12 @@ def test_finetuning_run_logs_its_rates_and_probe_and_resumes_exactly(
     config = (straight / "config.yaml").read_text()
     assert "val_split: 0.25" in config and "layer_decay: 0.7" in config
 
-    stopped = tmp_path / "stopped"
+    stopped, source = tmp_path / "stopped", tmp_path / "source.safetensors"
+    shutil.copy(pretrained, source)
     with monkeypatch.context() as patch:
         stop_after_first_save(patch)
-        assert (
-            train_script.main(finetune_args(image_folder, stopped, pretrained, 2, *FINETUNE)) == 130
-        )
+        assert train_script.main(finetune_args(image_folder, stopped, source, 2, *FINETUNE)) == 130
+    source.unlink()  # the run resumes from its own folder: its source may be gone (or offline)
     assert train_script.main(["--resume", str(stopped)]) == 0
     resumed = load_file(stopped / "model.safetensors")
     for name, value in end.items():

@@ -194,6 +194,8 @@ def test_every_setting_is_a_flag_and_every_flag_a_setting(train_script):
     }
     assert flags - {"help", "config", "overwrite"} == set(settings.TrainConfig.field_names())
     cfg = train_script.parse_config([])
+    assert cfg.data_root == os.path.abspath("data")  # kept absolute for --resume
+    cfg.data_root = "data"
     assert cfg == settings.TrainConfig()  # the flags' defaults are the dataclass's
 
 

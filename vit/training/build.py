@@ -30,7 +30,7 @@ from ..factory.timm_weights import PretrainedUnavailableError
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
 from ..inference.probe import stratified_holdout
-from ..interop.weights import WeightsMismatchError, names_in_source
+from ..interop.weights import WeightsMismatchError, names_in_source, read_metadata
 from ..models.cnn_teacher import CnnTeacher
 from ..models.families import fine_tuning_pool
 from ..models.initializers import mimetic_init_, sincos_pos_embed_, whiten_patch_embed_
@@ -41,6 +41,7 @@ from ..utils.messages import one_line
 from ..utils.process_group import DistInfo
 from .checkpoint import (
     CONFIG_FILE,
+    LAST_WEIGHTS,
     CheckpointSaver,
     TrainingState,
     remove_run,
@@ -149,16 +150,22 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
         "dynamic_img_size": cfg.progressive_size is not None,
         **cfg.model_kwargs,
     }
-    pool = None
-    if cfg.pretrained is not None:
+    weights, saved = cfg.pretrained_weights, resumed_fine_tuning(cfg)
+    if saved is not None:  # the architecture the run was built with, its weights in the state
+        weights = Path(cfg.resume) / LAST_WEIGHTS
+        kept = {
+            k: v for k, v in saved["vit.config"].items() if k not in ("num_classes", "img_size")
+        }
+        overrides.update(kept)  # (num_classes and img_size: the run's own, --img-size's)
+    elif cfg.pretrained is not None:
         names = names_in_source(cfg.pretrained_weights)  # e.g. a transformers folder's "vit_mae"
         pool = fine_tuning_pool(cfg.model, cfg.pretrained, *names)
-    if pool is not None and "global_pool" not in cfg.model_kwargs:  # as the family's paper does
-        overrides["global_pool"] = pool
+        if pool is not None and "global_pool" not in cfg.model_kwargs:  # as the family's paper
+            overrides["global_pool"] = pool
     try:
         model = create_model(
             cfg.model,
-            pretrained=cfg.pretrained_weights,
+            pretrained=weights,
             num_classes=len(class_names),
             img_size=cfg.img_size,
             **overrides,
@@ -177,9 +184,15 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
             f"prediction per image; train with global_pool token, avg or map"
         )
     model.class_names = list(class_names)
+    if saved is not None and saved.get("vit.preprocess"):  # e.g. torchvision weights' own
+        model.preprocess = Preprocess.from_dict(saved["vit.preprocess"])
     if cfg.trainable_blocks is not None:
-        report = model.load_report
-        new = {n for n, _ in model.named_parameters()} - set(report.loaded) if report else set()
+        if saved is not None:  # what the pretrained weights did not give, as the start found
+            new = set(saved.get("vit.fresh_parameters") or ())
+        else:
+            report = model.load_report
+            new = {n for n, _ in model.named_parameters()} - set(report.loaded) if report else set()
+        model.fresh_parameters = sorted(new)  # saved with the weights, for --resume
         freeze_below(model, cfg.trainable_blocks, new=new)
     if cfg.pretrained_weights is False:  # initialisations for training from scratch only
         if cfg.mimetic_init:
@@ -187,6 +200,16 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
         if cfg.pos_embed == "sincos":
             sincos_pos_embed_(model)
     return model
+
+
+def resumed_fine_tuning(cfg: TrainConfig) -> dict | None:
+    """The metadata of a resumed fine-tuning's last weights (architecture, preprocessing, the
+    parameters its start initialised afresh), None for any other run. A resumed run is built
+    from its own folder, not from --pretrained again: the state holds every weight, and the
+    source may be gone, moved or (timm's) not downloadable offline."""
+    if not cfg.resume or cfg.pretrained is None:
+        return None
+    return read_metadata(Path(cfg.resume) / LAST_WEIGHTS)
 
 
 # The images --patch-embed-init whiten measures the patches of: 32,000 patches of CIFAR's 4x4

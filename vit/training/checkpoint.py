@@ -314,6 +314,9 @@ class CheckpointSaver:
                 "data": self.data,
                 "train_config": self.config,
             }
+            fresh = getattr(state.model, "fresh_parameters", None)  # --trainable-blocks
+            if fresh is not None:
+                extra["fresh_parameters"] = fresh
             for name in names:
                 save_weights(
                     kept, self.run_dir / name, kept.class_names, kept.model_name, extra=extra
