@@ -199,7 +199,7 @@ def test_every_setting_is_a_flag_and_every_flag_a_setting(train_script):
     assert cfg == settings.TrainConfig()  # the flags' defaults are the dataclass's
 
 
-def test_flag_values_keep_their_meaning(train_script):
+def test_flag_values_keep_their_meaning(train_script, tmp_path):
     parse = train_script.parse_config
     cfg = parse(["--train-subset", "5", "--img-size", "48", "--cache-dir", "none", "--no-cache"])
     assert (cfg.train_subset, cfg.img_size, cfg.cache_dir, cfg.cache) == (5, 48, None, False)
@@ -210,6 +210,10 @@ def test_flag_values_keep_their_meaning(train_script):
     assert parse(["--pretrained", "timm"]).pretrained_weights is True
     assert parse(["--pretrained", "w.safetensors"]).pretrained_weights == "w.safetensors"
     assert parse([]).pretrained_weights is False
+    run = tmp_path / "run"  # a train.py run folder means its model.safetensors
+    run.mkdir()
+    (run / "model.safetensors").write_bytes(b"")
+    assert parse(["--pretrained", str(run)]).pretrained_weights == str(run / "model.safetensors")
     cfg = parse(["--model-kwargs", "depth=2", "embed_dim=32", "--no-model-ema", "--amp"])
     assert cfg.model_kwargs == {"depth": 2, "embed_dim": 32}
     assert (cfg.model_ema, cfg.amp, cfg.warmup_epochs, cfg.model_ema_decay) == (

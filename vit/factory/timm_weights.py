@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from urllib.parse import urlsplit
 
 TIMM_WEIGHTS = "timm"  # --pretrained with no value: timm's published weights for the model name
@@ -89,7 +90,13 @@ def _hub_offline_reason(timeout: float = 3.0) -> str | None:
 
 
 def pretrained_weights(value: str | None) -> bool | str:
-    """A --pretrained value -> create_model's `pretrained`: no value means timm's weights."""
+    """A --pretrained value -> create_model's `pretrained`: no value means timm's weights; a
+    train.py run folder means its model.safetensors, as every command's model argument."""
     if not value:
         return False
-    return True if value in (TIMM_WEIGHTS, "true", "True") else value
+    if value in (TIMM_WEIGHTS, "true", "True"):
+        return True
+    run = Path(value)
+    if (run / "model.safetensors").is_file() and not (run / "config.json").exists():
+        return str(run / "model.safetensors")
+    return value

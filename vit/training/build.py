@@ -177,7 +177,7 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
     except WeightsMismatchError as e:  # weights of other switches (registers, a pool)
         raise ValueError(f"--pretrained: {one_line(e.problem)}") from None
     except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
-        raise ValueError(f"--model {cfg.model}: {e}") from e
+        raise ValueError(f"--model {cfg.model}: {one_line(e)}") from e
     if not model.global_pool:  # every token out, one prediction per image is what trains
         raise ValueError(
             f"--model {cfg.model} with global_pool='': the model outputs every token, not one "

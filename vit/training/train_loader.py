@@ -98,8 +98,9 @@ def in_memory_batches(
     shapes = {image.shape for image in train_set.images}
     if len(shapes) != 1 or next(iter(shapes))[:2] != tuple(preprocess.input_size):
         raise ValueError(
-            f"--batch-augment needs every training image at the model's input size "
-            f"{tuple(preprocess.input_size)}; {cfg.data} has sizes {sorted(shapes)[:5]}"
+            f"--batch-augment (the recipe's, a config's or the flag's) needs every training image "
+            f"at the model's input size {tuple(preprocess.input_size)}; {cfg.data} has sizes "
+            f"{sorted(shapes)[:5]}: add --no-batch-augment (each image prepared alone, any size)"
         )
     return InMemoryBatches(
         np.stack(train_set.images) if isinstance(train_set.images, list) else train_set.images,
