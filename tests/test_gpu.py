@@ -921,8 +921,8 @@ def test_evaluate_on_the_device_matches_the_cpu(
     device, weights_file, image_folder, tmp_path, evaluate_script
 ):
     reports = {}
-    for where in (str(device), "cpu"):
-        report = tmp_path / f"{where}.json"
+    for run, where in enumerate((str(device), "cpu")):  # the device may be the CPU too
+        report = tmp_path / f"{run}-{where}.json"
         argv = ["--checkpoint", str(weights_file), "--data", str(image_folder), "--workers", "0"]
         argv += ["--device", where, "--json", str(report), "--output-dir", str(tmp_path / where)]
         assert evaluate_script.main(argv) == 0
