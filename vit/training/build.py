@@ -170,6 +170,9 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
     except WeightsMismatchError as e:  # weights of other switches (registers, a pool)
         raise ValueError(f"--pretrained: {one_line(e.problem)}") from None
     except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
+        # a ConfigValueError names its fields: one given in --model-kwargs is that flag's mistake
+        if set(getattr(e, "fields", ())) & set(cfg.model_kwargs):
+            raise ValueError(f"--model-kwargs: {e}") from e
         raise ValueError(f"--model {cfg.model}: {e}") from e
     if not model.global_pool:  # every token out, one prediction per image is what trains
         raise ValueError(
