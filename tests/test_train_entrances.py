@@ -306,3 +306,17 @@ def test_a_failed_download_leaves_no_data_folder(
     kept.mkdir()
     assert train_script.main(tiny_args("cifar10", run, 1) + ["--data-root", str(kept)]) == 2
     assert kept.is_dir()
+
+
+def test_cifar_missing_under_no_download_says_so(tmp_path, train_script, tiny_args, capsys):
+    """Not "could not be downloaded (... use download=True ...)": no download was tried."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    args = tiny_args("cifar10", tmp_path / "run", 1) + ["--no-download", "--data-root", str(empty)]
+    assert train_script.main(args) == 2
+    assert capsys.readouterr().err == (
+        f"train.py: error: --data cifar10 is not in {empty} (no complete copy there), and "
+        f"downloading it is off (--no-download): drop --no-download to download it there, or "
+        f"point --data-root at a copy\n"
+    )
+    assert not (tmp_path / "run").exists()

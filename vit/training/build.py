@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..data.batch_pipeline import InMemoryBatches, InMemoryEvalBatches
-from ..data.datasets import ImageDataset, load_split
+from ..data.datasets import TORCHVISION_DATASETS, ImageDataset, load_split
 from ..data.loaders import EpochDataLoader
 from ..data.mixup import MixupCutmix, soft_target_cross_entropy
 from ..data.transforms import EvalTransform, train_transform
@@ -103,6 +103,11 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
                 for split, subset in splits
             )
         except FileNotFoundError as e:  # the message names the data; say which flag gave it
+            if cfg.data.lower() in TORCHVISION_DATASETS and not cfg.download:
+                raise FileNotFoundError(
+                    f"--data {e} (--no-download): drop --no-download to download it there, or "
+                    f"point --data-root at a copy"
+                ) from None
             raise FileNotFoundError(f"--data {e}") from None
 
     try:
