@@ -398,10 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     # alone says so, the others leave quietly with the same exit status.
     speaks = os.environ.get("RANK", "0") == "0"
     try:
-        with contextlib.ExitStack() as quiet:
-            if not speaks:  # --help (stdout) and mistakes (stderr) once, not once per process
-                quiet.enter_context(contextlib.redirect_stderr(io.StringIO()))
-                quiet.enter_context(contextlib.redirect_stdout(io.StringIO()))
+        with contextlib.nullcontext() if speaks else contextlib.redirect_stderr(io.StringIO()):
             try:
                 cfg, overwrite = parse_command(argv)
             except SystemExit as e:

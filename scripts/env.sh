@@ -1,4 +1,6 @@
 # Sourced by the other scripts: create or reuse ./.venv with the project installed in it.
+# It leaves the working directory as it was: a script that wants the repository's (test.sh)
+# changes to "$ROOT" itself; train.sh keeps the user's, for the paths they give it.
 # Reinstalls only when pyproject.toml changed since the last install.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,4 +23,3 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     echo "$WANT" > "$STAMP"
 fi
 export PATH="$VENV/bin:$PATH"
-cd "$ROOT"

@@ -15,11 +15,32 @@
 #   DATA=../shared/data/cifar10-jpg bash scripts/train.sh  # a local image-folder copy
 #   DATA=... bash scripts/train.sh --epochs 5              # any train.py flag passes through
 #   bash scripts/train.sh --resume runs/RUN                # continue a run as it was started
+#   bash scripts/train.sh --help                           # these settings, then train.py's flags
+# Paths (DATA, --resume, --output-dir, ...) are the user's, read from the current directory; the
+# recipes' configs are the repository's, wherever it is run from.
 # A mistake is one line from train.py, with its exit status (2); Ctrl-C ends with one line
 # naming the command that continues the run (status 130). The processes start through
 # `python -m vit.distributed`: torchrun, with their exit status and messages as its own.
 export VIT_TRAIN_COMMAND="bash $(printf %q "$0")"  # train.py names it to continue a run
 source "$(dirname "$0")/env.sh"
+
+for ARG in "$@"; do
+    if [ "$ARG" = --help ] || [ "$ARG" = -h ]; then
+        # one process: under torchrun each would print train.py's help
+        cat <<'EOF'
+usage: [DATA=...] [NPROC=N] [CPU_RECIPE=...] [GPU_RECIPE=...] bash scripts/train.sh [TRAIN.PY FLAGS]
+Trains CIFAR-10 with the recipe that suits this machine; settings (environment):
+  DATA        --data: cifar10 (default, downloaded into ./data), cifar100 or an image folder
+  NPROC       processes on a CPU, under torchrun (default 2; a resumed run: its own number)
+  CPU_RECIPE  auto (default: by the CPU), float32, bfloat16, bfloat16-avx512,
+              bfloat16-avx512-fast
+  GPU_RECIPE  speedrun (default: configs/cifar10_gpu_speedrun.yaml) or deit (configs/cifar10.yaml)
+Any train.py flag follows; --resume RUN continues a run as it was started. train.py's flags:
+
+EOF
+        exec python "$ROOT/train.py" --help
+    fi
+done
 
 RESUME=""
 PREVIOUS=""
@@ -35,9 +56,9 @@ if [ -n "$RESUME" ]; then
     NPROC="${NPROC:-${RUN_NPROC:-1}}"
     echo "[vit] resuming $RESUME with its own settings: $NPROC process(es)"
     if [ "$NPROC" = 1 ]; then
-        exec python train.py ${DATA:+--data "$DATA"} "$@"
+        exec python "$ROOT/train.py" ${DATA:+--data "$DATA"} "$@"
     fi
-    exec python -m vit.distributed --standalone --nproc_per_node "$NPROC" train.py \
+    exec python -m vit.distributed --standalone --nproc_per_node "$NPROC" "$ROOT/train.py" \
         ${DATA:+--data "$DATA"} "$@"
 fi
 
@@ -46,10 +67,12 @@ if python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)
     case "${GPU_RECIPE:-speedrun}" in
         speedrun)
             echo "[vit] GPU found: the GPU speedrun recipe, configs/cifar10_gpu_speedrun.yaml"
-            exec python train.py --config configs/cifar10_gpu_speedrun.yaml --data "$DATA" "$@" ;;
+            exec python "$ROOT/train.py" --config "$ROOT/configs/cifar10_gpu_speedrun.yaml" \
+                --data "$DATA" "$@" ;;
         deit)
             echo "[vit] GPU found: the DeiT-style recipe, configs/cifar10.yaml with --amp"
-            exec python train.py --config configs/cifar10.yaml --amp --data "$DATA" "$@" ;;
+            exec python "$ROOT/train.py" --config "$ROOT/configs/cifar10.yaml" --amp \
+                --data "$DATA" "$@" ;;
         *)
             echo "[vit] GPU_RECIPE=$GPU_RECIPE: accepted: speedrun (the default), deit" >&2
             exit 2 ;;
@@ -80,11 +103,11 @@ case "$CPU_RECIPE" in
 esac
 # A CPU config's batch_size is per process of the two it was measured with: NPROC processes
 # share the same images per step.
-STEP_IMAGES=$((2 * $(sed -n 's/^batch_size: *\([0-9][0-9]*\).*/\1/p' "$CONFIG")))
+STEP_IMAGES=$((2 * $(sed -n 's/^batch_size: *\([0-9][0-9]*\).*/\1/p' "$ROOT/$CONFIG")))
 if [ $((STEP_IMAGES % NPROC)) -ne 0 ]; then
     echo "[vit] NPROC=$NPROC does not divide the recipe's $STEP_IMAGES images per step" >&2
     exit 2
 fi
 echo "[vit] no GPU: the $CPU_RECIPE CPU recipe, $CONFIG, $NPROC process(es) x 1 thread${WHY:-}"
-exec python -m vit.distributed --standalone --nproc_per_node "$NPROC" train.py \
-    --config "$CONFIG" --batch-size $((STEP_IMAGES / NPROC)) --data "$DATA" "$@"
+exec python -m vit.distributed --standalone --nproc_per_node "$NPROC" "$ROOT/train.py" \
+    --config "$ROOT/$CONFIG" --batch-size $((STEP_IMAGES / NPROC)) --data "$DATA" "$@"

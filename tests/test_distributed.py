@@ -185,3 +185,26 @@ def test_no_process_leaves_its_ddp_model_to_the_interpreters_teardown(
         "rank 0: 0 DDP left",
         "rank 1: 0 DDP left",
     ]
+
+
+def test_help_under_torchrun_is_printed_once():
+    """Every process reads the flags; help goes to stdout, which the other ranks keep: rank 0
+    alone prints it (each printed it before)."""
+    done = torchrun_two(ROOT / "train.py", ["--help"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("usage: train.py") == 1
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-1"])
+def test_a_number_of_processes_torchrun_cannot_start_is_one_line(tmp_path, value):
+    """torchrun answers these with a traceback (ValueError, AssertionError)."""
+    script = tmp_path / "job.py"
+    script.write_text("")
+    command = [sys.executable, "-m", "vit.distributed", "--standalone", "--nproc_per_node", value]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(command + [str(script)], env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stderr.strip()) == (
+        2,
+        f"python -m vit.distributed: error: --nproc_per_node {value}: processes to start; "
+        f"accepted: an integer >= 1, auto, cpu, or gpu where CUDA is available",
+    )

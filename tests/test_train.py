@@ -435,6 +435,20 @@ def test_corrupt_image_stops_training_naming_it(
     assert f"cannot read image {bad}" in capsys.readouterr().err
 
 
+def test_corrupt_image_read_by_a_loader_worker_is_its_one_line(
+    make_images, tmp_path, train_script, tiny_args, capsys
+):
+    """Images over the cache's size are decoded in DataLoader worker processes: torch raises the
+    worker's error again with its whole traceback as the message; the line is the worker's."""
+    data = make_images(tmp_path / "data", train_per_class=4, test_per_class=2, size=80)
+    bad = data / "train" / "red" / "0002.jpg"
+    bad.write_bytes(b"")
+    args = tiny_args(data, tmp_path / "run", 1, "--batch-size", "4", "--workers", "1")
+    assert train_script.main(args) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if " INFO " not in line]
+    assert len(said) == 1 and said[0].startswith(f"train.py: error: cannot read image {bad}: ")
+
+
 def test_data_errors_exit_with_a_message(tmp_path, train_script, tiny_args, capsys):
     assert train_script.main(tiny_args(tmp_path / "missing", tmp_path / "run")) == 2
     assert "neither one of cifar10, cifar100" in capsys.readouterr().err

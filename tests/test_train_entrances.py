@@ -47,10 +47,11 @@ def venv_env() -> dict[str, str]:
     }
 
 
-def train_sh(*args: str, data: Path | None = None, timeout: float = 300):
-    """`DATA=data bash scripts/train.sh ARGS` (no DATA if None), run to its end."""
+def train_sh(*args: str, data: Path | None = None, timeout: float = 300, cwd: Path | None = None):
+    """`DATA=data bash scripts/train.sh ARGS` (no DATA if None), run to its end in `cwd`."""
     return subprocess.run(
         ["bash", str(TRAIN_SH), *args],
+        cwd=cwd,
         env={**venv_env(), **({"DATA": str(data)} if data else {})},
         capture_output=True,
         text=True,
@@ -105,6 +106,26 @@ def test_a_mistake_under_two_processes_is_one_line_and_leaves_nothing(
     )
     assert done.stdout.startswith("[vit] no GPU") and "Traceback" not in done.stdout
     assert not run.exists()
+
+
+def test_train_sh_reads_the_users_paths_where_it_is_run(image_folder, tmp_path):
+    """DATA, --output-dir and --resume are read from the user's directory, not the repository's
+    (env.sh changed into it); the recipe's config is found all the same."""
+    data = os.path.relpath(image_folder, tmp_path)
+    done = train_sh(*TINY, "--epochs", "2", "--output-dir", "run", data=Path(data), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "run" / "model.safetensors").is_file()
+    again = train_sh("--resume", "run", cwd=tmp_path)  # its processes read from run/config.yaml
+    assert "2 process(es)" in again.stdout and again.returncode == 2
+    [said] = not_logged(again.stderr)
+    assert said.startswith("train.py: error: --resume run: the run has done 2 epochs")
+
+
+def test_train_sh_help_is_its_settings_then_train_py_help_once(tmp_path):
+    done = train_sh("--help", cwd=tmp_path)
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.startswith("usage: [DATA=...] [NPROC=N]") and "CPU_RECIPE" in done.stdout
+    assert done.stdout.count("usage: train.py") == 1
 
 
 def test_cpu_recipe_follows_the_machine_unless_named(image_folder, tmp_path):
@@ -285,3 +306,17 @@ def test_a_failed_download_leaves_no_data_folder(
     kept.mkdir()
     assert train_script.main(tiny_args("cifar10", run, 1) + ["--data-root", str(kept)]) == 2
     assert kept.is_dir()
+
+
+def test_cifar_missing_under_no_download_says_so(tmp_path, train_script, tiny_args, capsys):
+    """Not "could not be downloaded (... use download=True ...)": no download was tried."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    args = tiny_args("cifar10", tmp_path / "run", 1) + ["--no-download", "--data-root", str(empty)]
+    assert train_script.main(args) == 2
+    assert capsys.readouterr().err == (
+        f"train.py: error: --data cifar10 is not in {empty} (no complete copy there), and "
+        f"downloading it is off (--no-download): drop --no-download to download it there, or "
+        f"point --data-root at a copy\n"
+    )
+    assert not (tmp_path / "run").exists()

@@ -255,13 +255,42 @@ def test_unknown_model_kwargs_key_leaves_no_run_folder(
         (("--pretrained", "nope.safetensors"), "weights file not found: nope.safetensors"),
         (("--model", "vit_nope"), "--model vit_nope: unknown model name 'vit_nope'"),
         (("--img-size", "30"), "--model vit_cifar_patch4_32: img_size height 30 is not a multiple"),
-        (("--model-kwargs", "depth=abc"), "--model-kwargs: "),
+        (
+            ("--model-kwargs", "depth=abc"),
+            "--model-kwargs: depth 'abc': transformer blocks; accepted: an integer >= 1",
+        ),
+        (
+            ("--model-kwargs", "depth=-1"),  # trained a model of no blocks
+            "--model-kwargs: depth -1: transformer blocks; accepted: an integer >= 1",
+        ),
+        (
+            ("--model-kwargs", "mlp_ratio=-2"),  # a traceback: a negative tensor size
+            "--model-kwargs: mlp_ratio -2: MLP width / embed_dim; accepted: a number > 0",
+        ),
+        (
+            ("--model-kwargs", "embed_dim=0"),  # a traceback: ZeroDivisionError
+            "--model-kwargs: embed_dim 0: token width; accepted: an integer >= 1",
+        ),
+        (
+            ("--model-kwargs", "patch_size=5"),  # blamed on --model before
+            "--model-kwargs: img_size height 32 is not a multiple of patch_size height 5",
+        ),
         (
             ("--batch-augment", "--aa", "none", "--progressive-size", "64"),
             "--progressive-size 64 is larger than the model's input size 32",
         ),
     ],
-    ids=["missing-weights", "unknown-model", "img-size", "kwarg-type", "progressive-size"],
+    ids=[
+        "missing-weights",
+        "unknown-model",
+        "img-size",
+        "kwarg-type",
+        "kwarg-depth",
+        "kwarg-mlp-ratio",
+        "kwarg-embed-dim",
+        "kwarg-patch-size",
+        "progressive-size",
+    ],
 )
 def test_settings_found_wrong_at_start_leave_no_run_folder(
     image_folder, tmp_path, train_script, tiny_args, capsys, flags, message

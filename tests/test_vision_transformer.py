@@ -254,6 +254,31 @@ def test_bad_arguments_are_named():
 
 
 @pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"depth": -1}, "depth -1: transformer blocks; accepted: an integer >= 1"),  # 0 blocks
+        ({"depth": "abc"}, "depth 'abc': transformer blocks; accepted: an integer >= 1"),
+        ({"depth": 2.5}, "depth 2.5: transformer blocks; accepted: an integer >= 1"),
+        ({"embed_dim": 0}, "embed_dim 0: token width; accepted: an integer >= 1"),
+        ({"num_heads": 0}, "num_heads 0: attention heads; accepted: an integer >= 1"),
+        ({"mlp_ratio": -2}, "mlp_ratio -2: MLP width / embed_dim; accepted: a number > 0"),
+        ({"in_chans": 0}, "in_chans 0: image channels; accepted: an integer >= 1"),
+        ({"num_classes": -1}, "num_classes -1: classes of the head (0: no head); accepted:"),
+        ({"drop_path_rate": 1.0}, "drop_path_rate 1.0: a fraction dropped; accepted: a number"),
+        ({"embed_dim": 30, "num_heads": 4}, "embed_dim 30 is not divisible by num_heads 4"),
+    ],
+)
+def test_architecture_numbers_out_of_range_are_named(kwargs, message):
+    """A value the layers cannot use (a negative tensor size, a division by zero, a model of no
+    blocks before) is a ValueError naming the field and what is accepted."""
+    geometry = {"img_size": 32, "patch_size": 4, "embed_dim": 32, "num_heads": 2}
+    with pytest.raises(ValueError) as raised:
+        vit.VisionTransformer(**{**geometry, **kwargs})
+    assert str(raised.value).startswith(message), raised.value
+    assert set(raised.value.fields) & set(kwargs)  # what train.py blames on --model-kwargs
+
+
+@pytest.mark.parametrize(
     ("switches", "logits", "pre_logits"),
     [
         ({}, (2, 3), (2, 16)),  # the class token

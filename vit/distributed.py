@@ -1,6 +1,7 @@
 """`python -m vit.distributed ARGS`: torchrun (the same ARGS, the same engine) answering as its
 processes do: their exit status as its own, and none of torchrun's report of a process that
 stopped (train.py's rank 0 has said why in one line) or of the Ctrl-C it passed on to them.
+An --nproc_per_node it cannot start (`abc`, `0`: torchrun's traceback) is one line, status 2.
 
 What the processes share once started (the process group, failing together, Ctrl-C) is
 `vit.utils.process_group`.
@@ -11,6 +12,25 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+
+PROG = "python -m vit.distributed"
+
+
+def nproc_problem(argv: list[str]) -> str | None:
+    """Why torchrun's --nproc_per_node in `argv` cannot start processes (None if it can): torchrun
+    answers a number it cannot read, 0 or gpu without CUDA with a traceback."""
+    import torch
+    from torch.distributed.run import parse_args
+
+    value = parse_args(argv).nproc_per_node  # torchrun's own reading: its spellings, its default
+    if (value.isdigit() and int(value) >= 1) or value in ("auto", "cpu"):
+        return None
+    if value == "gpu" and torch.cuda.is_available():
+        return None
+    return (
+        f"{PROG}: error: --nproc_per_node {value}: processes to start; accepted: an integer >= 1, "
+        f"auto, cpu, or gpu where CUDA is available"
+    )
 
 
 def torchrun(argv: list[str]) -> int:
@@ -26,6 +46,10 @@ def torchrun(argv: list[str]) -> int:
     for name in list(logging.root.manager.loggerDict):
         if name.startswith("torch.distributed"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
+    problem = nproc_problem(argv)
+    if problem:
+        print(problem, file=sys.stderr)
+        return 2
     try:
         torchrun_main(argv)
     except ChildFailedError as e:

@@ -24,6 +24,12 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def print_help(self, file=None) -> None:
+        # Under torchrun every process reads the flags: rank 0 alone prints --help (to stdout,
+        # which the front ends do not silence on the other ranks as they do stderr).
+        if os.environ.get("RANK", "0") == "0":
+            super().print_help(file)
+
 
 def module_parser(prog: str, doc: str) -> ArgumentParser:
     """The parser (a bad flag: one line, not the usage text) of a `python -m vit.X` command

@@ -234,6 +234,10 @@ def _torchvision_split(
     try:
         ds = cls(root=str(root), train=train, download=download)
     except (RuntimeError, OSError) as e:  # not found / corrupted; URLError when offline
+        if not download:  # torchvision's "You can use download=True" is no news to the caller
+            raise FileNotFoundError(
+                f"{name} is not in {root} (no complete copy there), and downloading it is off"
+            ) from e
         raise FileNotFoundError(
             f"{name} is not in {root} and could not be downloaded ({e}); run once with "
             f"internet access, or pass --data a folder with train/ and test/ subfolders"

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from numbers import Integral, Real
 from typing import Literal
 
 import torch
@@ -35,10 +36,21 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..utils.ranges import AT_LEAST_0, AT_LEAST_1, DROP_RATE, POSITIVE, out_of_range
+
 # QuickGELU re-exported with the others: `vit.models.vision_transformer.<layer>` names keep working.
 from .layers import ACT_LAYERS, DropPath, LayerScale, PatchDropout, QuickGELU  # noqa: F401
 from .pos_embed import RESAMPLERS, resample_pos_embed
 from .registry import pretrained_cfg_of
+
+
+class ConfigValueError(ValueError):
+    """An architecture setting the model cannot take; `fields` names the ViTConfig fields to
+    blame (train.py names --model-kwargs when the user gave one of them there)."""
+
+    def __init__(self, message: str, *fields: str) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, int]:
@@ -48,9 +60,11 @@ def to_pair(value: int | tuple[int, int] | list[int], name: str) -> tuple[int, i
     elif isinstance(value, (tuple, list)) and len(value) == 2:
         pair = (int(value[0]), int(value[1]))
     else:
-        raise ValueError(f"{name} must be an int or an (height, width) pair, got {value!r}")
+        raise ConfigValueError(
+            f"{name} must be an int or an (height, width) pair, got {value!r}", name
+        )
     if min(pair) <= 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
+        raise ConfigValueError(f"{name} must be positive, got {value!r}", name)
     return pair
 
 
@@ -129,8 +143,10 @@ class PatchEmbed(nn.Module):
             ("height", "width"), self.img_size, self.patch_size, strict=True
         ):
             if image % patch:
-                raise ValueError(
-                    f"img_size {side} {image} is not a multiple of patch_size {side} {patch}"
+                raise ConfigValueError(
+                    f"img_size {side} {image} is not a multiple of patch_size {side} {patch}",
+                    "img_size",
+                    "patch_size",
                 )
         self.grid_size = (
             self.img_size[0] // self.patch_size[0],
@@ -737,8 +753,45 @@ def model_class(config: ViTConfig | dict) -> type[VisionTransformer]:
     return VisionTransformerDistilled if distilled else VisionTransformer
 
 
+# The architecture's numbers: (what they are, the values accepted). A value outside (e.g. a
+# --model-kwargs typo) is refused naming its field, not met deep in the layers as a negative
+# tensor size (mlp_ratio=-2), a division by zero (embed_dim=0) or a model of no blocks (depth=-1).
+NUMBERS = {
+    "embed_dim": ("token width", AT_LEAST_1),
+    "depth": ("transformer blocks", AT_LEAST_1),
+    "num_heads": ("attention heads", AT_LEAST_1),
+    "mlp_ratio": ("MLP width / embed_dim", POSITIVE),
+    "in_chans": ("image channels", AT_LEAST_1),
+    "num_classes": ("classes of the head (0: no head)", AT_LEAST_0),
+    "reg_tokens": ("register tokens", AT_LEAST_0),
+    "norm_eps": ("LayerNorm epsilon", POSITIVE),
+    **{
+        f"{name}_rate": ("a fraction dropped", DROP_RATE)
+        for name in ("drop", "pos_drop", "proj_drop", "attn_drop", "drop_path", "patch_drop")
+    },
+}
+
+
+def _check_numbers(cfg: ViTConfig) -> None:
+    """Refuse an architecture number of the wrong type or out of its range, naming its field."""
+    for name, (what, accepted) in NUMBERS.items():
+        value = getattr(cfg, name)
+        kind = Integral if accepted.integer else Real
+        if isinstance(value, bool) or not isinstance(value, kind) or value not in accepted:
+            shown = value if isinstance(value, Real) else repr(value)
+            raise ConfigValueError(out_of_range(name, shown, accepted, what), name)
+    if cfg.embed_dim % cfg.num_heads:
+        raise ConfigValueError(
+            f"embed_dim {cfg.embed_dim} is not divisible by num_heads {cfg.num_heads}; "
+            f"accepted: a multiple of num_heads (each head gets embed_dim / num_heads channels)",
+            "embed_dim",
+            "num_heads",
+        )
+
+
 def _check_config(cfg: ViTConfig) -> None:
-    """Refuse switch combinations the model cannot build, naming them."""
+    """Refuse numbers out of range and switch combinations the model cannot build, naming them."""
+    _check_numbers(cfg)
     _check_pool(cfg.global_pool, cfg.class_token)
     if cfg.act_layer not in ACT_LAYERS:
         raise ValueError(f"act_layer must be one of {sorted(ACT_LAYERS)}, got {cfg.act_layer!r}")

@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..data.batch_pipeline import InMemoryBatches, InMemoryEvalBatches
-from ..data.datasets import ImageDataset, load_split
+from ..data.datasets import TORCHVISION_DATASETS, ImageDataset, load_split
 from ..data.loaders import EpochDataLoader
 from ..data.mixup import MixupCutmix, soft_target_cross_entropy
 from ..data.transforms import EvalTransform, train_transform
@@ -104,6 +104,11 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
                 for split, subset in splits
             )
         except FileNotFoundError as e:  # the message names the data; say which flag gave it
+            if cfg.data.lower() in TORCHVISION_DATASETS and not cfg.download:
+                raise FileNotFoundError(
+                    f"--data {e} (--no-download): drop --no-download to download it there, or "
+                    f"point --data-root at a copy"
+                ) from None
             raise FileNotFoundError(f"--data {e}") from None
 
     try:
@@ -177,6 +182,9 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
     except WeightsMismatchError as e:  # weights of other switches (registers, a pool)
         raise ValueError(f"--pretrained: {one_line(e.problem)}") from None
     except ValueError as e:  # settings the architecture cannot take (e.g. --img-size 30)
+        # a ConfigValueError names its fields: one given in --model-kwargs is that flag's mistake
+        if set(getattr(e, "fields", ())) & set(cfg.model_kwargs):
+            raise ValueError(f"--model-kwargs: {e}") from e
         raise ValueError(f"--model {cfg.model}: {one_line(e)}") from e
     if not model.global_pool:  # every token out, one prediction per image is what trains
         raise ValueError(

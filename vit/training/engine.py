@@ -51,7 +51,13 @@ from .checkpoint import (
     save_yaml,
 )
 from .distillation import save_teacher
-from .errors import START_ERRORS, NonFiniteLossError, TrainingError, TrainingInterrupted
+from .errors import (
+    START_ERRORS,
+    NonFiniteLossError,
+    TrainingError,
+    TrainingInterrupted,
+    worker_message,
+)
 from .run_log import RunLog
 from .settings import (
     PLAN_AFTER_EPOCHS,
@@ -141,7 +147,7 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
             log.start(run, num_images=run.num_images)
             return run_epochs(run, saver, log)
         except START_ERRORS as e:
-            raise TrainingError(str(e)) from e
+            raise TrainingError(worker_message(e)) from e  # a worker's: its message alone
         finally:
             log.close()
     except BaseException as e:

@@ -30,3 +30,15 @@ START_ERRORS = (ValueError, FileNotFoundError, InUseError)
 class TrainingError(ValueError):
     """One of START_ERRORS met while training (an image that cannot be read) by this process
     alone, which says it itself (a start's is said by rank 0 for every process)."""
+
+
+def worker_message(error: BaseException) -> str:
+    """The message of `error`; of one a DataLoader worker process raised, the worker's own
+    ("cannot read image PATH: ..."): torch raises it again in the main process with its text
+    replaced by "Caught X in DataLoader worker process N." and the worker's whole traceback."""
+    text = str(error)
+    if not (text.startswith("Caught ") and "\nOriginal Traceback" in text):
+        return text
+    # the traceback's last line: "vit.data.images.CorruptImageError: cannot read image ..."
+    name, _, message = text.rstrip().splitlines()[-1].partition(": ")
+    return message if name.split(".")[-1] == type(error).__name__ else text
