@@ -323,7 +323,7 @@ def evaluate(run: Path, data: str) -> dict:
     (rows measured before 2026-11-25 were reported with flip TTA)."""
     report = run / "eval-report.json"
     cmd = [sys.executable, "evaluate.py", "--checkpoint", str(run), "--data", data]
-    cmd += ["--tta", "shift", "--json", str(report)]
+    cmd += ["--tta", "shift", "--json", str(report), "--overwrite"]  # the run's own report
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
     return json.loads((ROOT / report).read_text())
 

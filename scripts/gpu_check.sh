@@ -609,7 +609,7 @@ speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS NAME: one timed train.
     ended="$(date +%s.%N)"
     if [ "$status" -ne 75 ] && [ -f "$run/model.safetensors" ]; then  # the kept (EMA) weights
         "$PYTHON" evaluate.py --checkpoint "$run" --data "$DATA" --device "$DEVICE" --tta flip \
-            --json "$run/tta.json" || true
+            --json "$run/tta.json" --overwrite || true
     fi
     "$PYTHON" - "$run" "$seed" "$status" "$started" "$ended" "$box" \
         "${VIT_GPU_SPEEDRUN_ARGS:-} $extra" "$OUTDIR/speedrun-$name.json" <<'PY'

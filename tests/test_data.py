@@ -228,7 +228,7 @@ def test_torchvision_cifar10_arrays(tmp_path, monkeypatch):
 
 
 def test_missing_cifar_without_download_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"cifar100 is not in .* pass --data a folder"):
+    with pytest.raises(FileNotFoundError, match=r"cifar100 is not in .* downloading it is off"):
         load_split("cifar100", "train", data_root=tmp_path, download=False)
 
 

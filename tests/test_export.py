@@ -519,7 +519,9 @@ def test_every_output_is_checked_before_any_is_written(tmp_path, capsys):
     assert not out.exists()
 
 
-def test_what_a_user_saved_is_kept_and_the_input_never_replaced(model, tmp_path, capsys):
+def test_what_a_user_saved_is_kept_and_the_input_never_replaced(
+    model, tmp_path, capsys, one_thread
+):
     """An existing output is replaced only with --overwrite (--hf's folder whole, files of the
     user's in it too, so it is refused without); the weights being exported never are, and a
     file inside --hf's folder is refused (the folder is put in place after it)."""
@@ -547,7 +549,6 @@ def test_what_a_user_saved_is_kept_and_the_input_never_replaced(model, tmp_path,
     with pytest.raises(SystemExit):  # the input, even with --overwrite
         export.main([str(checkpoint), "--torchvision", str(checkpoint), "--overwrite"])
     assert checkpoint.read_bytes() == saved
-    torch.set_num_threads(1)
     assert export.main([str(checkpoint), "--hf", str(hf), "--overwrite"]) == 0
     assert "notes.txt" not in {p.name for p in hf.iterdir()} and (hf / "config.json").is_file()
 

@@ -95,10 +95,12 @@ def test_overwrite_replaces_the_run_and_removes_its_stale_outputs(
     (run / "eval-old" / "report.json").write_text("{}")
     report = {"top1": 0.5, "checkpoint": str(run), "confusion_matrix": [[1]]}
     (run / "eval.json").write_text(json.dumps(report))  # evaluate.py --json RUN/eval.json
+    (run / "eval_confusion_matrix.png").write_bytes(b"")  # and the picture it writes beside
     (run / "notes.txt").write_text("mine")  # not the run's: kept
     args = tiny_args(image_folder, run, 1) + ["--seed", "1", "--overwrite"]
     assert train_script.main(args) == 0
     assert not (run / "eval-old").exists() and not (run / "eval.json").exists()
+    assert not (run / "eval_confusion_matrix.png").exists()
     assert (run / "notes.txt").read_text() == "mine"
     assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 1
     assert (

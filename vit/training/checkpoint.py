@@ -207,8 +207,9 @@ def run_files(folder: Path) -> list[Path]:
         return []
     found = [folder / name for name in RUN_FILES if (folder / name).exists()]
     found += sorted(p for p in folder.glob("eval-*") if p.is_dir())
-    found += sorted(p for p in folder.glob("*.json") if _is_eval_report(p))
-    return found
+    reports = sorted(p for p in folder.glob("*.json") if _is_eval_report(p))
+    pictures = [p.with_name(f"{p.stem}_confusion_matrix.png") for p in reports]  # beside each
+    return found + reports + [p for p in pictures if p.is_file()]
 
 
 def _is_eval_report(path: Path) -> bool:
