@@ -256,7 +256,7 @@ def test_unknown_model_kwargs_key_leaves_no_run_folder(
     [
         (("--pretrained", "nope.safetensors"), "weights file not found: nope.safetensors"),
         (("--model", "vit_nope"), "--model vit_nope: unknown model name 'vit_nope'"),
-        (("--img-size", "30"), "--model vit_cifar_patch4_32: img_size height 30 is not a multiple"),
+        (("--img-size", "30"), "--img-size 30: img_size height 30 is not a multiple"),
         (
             ("--model-kwargs", "depth=abc"),
             "--model-kwargs: depth 'abc': transformer blocks; accepted: an integer >= 1",

@@ -185,6 +185,8 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
         # a ConfigValueError names its fields: one given in --model-kwargs is that flag's mistake
         if set(getattr(e, "fields", ())) & set(cfg.model_kwargs):
             raise ValueError(f"--model-kwargs: {e}") from e
+        if "img_size" in getattr(e, "fields", ()) and cfg.img_size is not None:
+            raise ValueError(f"--img-size {cfg.img_size}: {e}") from e
         raise ValueError(f"--model {cfg.model}: {one_line(e)}") from e
     if not model.global_pool:  # every token out, one prediction per image is what trains
         raise ValueError(
