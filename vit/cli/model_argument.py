@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..factory.create import create_model, load_model
-from ..factory.timm_weights import PretrainedUnavailableError, pretrained_weights
+from ..factory.timm_weights import PretrainedUnavailableError, pretrained_weights, run_weights
 from ..interop.weights import read_metadata
 from ..models.registry import MODELS, close_model_names, get_spec, split_tag
 from ..models.vision_transformer import VisionTransformer
@@ -160,13 +160,6 @@ def _looks_like_path(text: str) -> bool:
     return "/" in text or os.sep in text or Path(text).suffix.lower() in PATH_SUFFIXES
 
 
-def _run_weights(path: Path) -> Path:
-    """A train.py run folder -> its model.safetensors; any other path as it is."""
-    weights = path / "model.safetensors"
-    is_run = path.is_dir() and weights.is_file() and not (path / "config.json").exists()
-    return weights if is_run else path
-
-
 def _checked_name(name: str, role: str, names: ArgumentNames) -> None:
     """Refuse an unknown model name (naming close ones) or an unknown pretrained tag."""
     if split_tag(name)[0] not in MODELS:
@@ -206,7 +199,7 @@ def _model_from_name(
             )
         weights: bool | Path = True
     else:
-        weights = _run_weights(Path(pretrained))
+        weights = run_weights(Path(pretrained))
         if not weights.exists():
             raise ModelArgumentError(
                 f"{names.given('pretrained', pretrained)}: no such file or folder"
@@ -233,7 +226,7 @@ def _model_from_path(
     """Our .safetensors, a run folder, a transformers folder, a foreign file with `model`, or
     (`onnx`) an exported ONNX file."""
     given = names.given("source", path)
-    weights = _run_weights(path)
+    weights = run_weights(path)
     if weights.is_dir() and not (weights / "config.json").is_file():
         raise ModelArgumentError(
             f"{given}: a folder with neither config.json (a transformers folder) nor "

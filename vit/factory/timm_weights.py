@@ -96,7 +96,13 @@ def pretrained_weights(value: str | None) -> bool | str:
         return False
     if value in (TIMM_WEIGHTS, "true", "True"):
         return True
-    run = Path(value)
-    if (run / "model.safetensors").is_file() and not (run / "config.json").exists():
-        return str(run / "model.safetensors")
-    return value
+    weights = run_weights(Path(value))
+    return str(weights) if weights != Path(value) else value
+
+
+def run_weights(path: Path) -> Path:
+    """A train.py run folder -> its model.safetensors; any other path as it is (a transformers
+    folder holds a model.safetensors too, beside its config.json)."""
+    weights = path / "model.safetensors"
+    is_run = path.is_dir() and weights.is_file() and not (path / "config.json").exists()
+    return weights if is_run else path
