@@ -89,6 +89,21 @@ def test_transformers_dinov2_folder_runs_any_size_as_transformers(tmp_path, one_
             assert relative_error(ours(x), reference.pooler_output) <= RTOL
 
 
+def test_dinov2_folder_given_img_size_is_fixed_at_that_size(tmp_path, one_thread):
+    """load_model(folder, img_size=N) builds a model of that size, as for every other source:
+    transformers' numbers at N, and another size refused, not given features whose grid was
+    resampled twice (once at load, again per call: ~2% off on the real DINOv2-S)."""
+    theirs = tiny_dinov2(tmp_path / "hf")
+    ours = vit.load_model(tmp_path / "hf", img_size=112)
+    assert not ours.config.dynamic_img_size and ours.grid_size == (8, 8)
+    assert ours.preprocess.input_size == (112, 112)
+    x = images(112, 112)
+    with torch.no_grad():
+        assert relative_error(ours(x), theirs(pixel_values=x).pooler_output) <= RTOL
+        with pytest.raises(ValueError, match="does not match the model's img_size"):
+            ours(images(224, 224))
+
+
 def test_dynamic_dinov2_keeps_its_resampling_by_name_and_through_save_weights(tmp_path, one_thread):
     """The folder's weights by timm's name (create_model, dynamic_img_size=True), and the
     loaded model saved as our .safetensors and loaded again: transformers' numbers at 448 px."""
@@ -332,6 +347,17 @@ def test_set_input_size_equals_timms(one_thread):
         assert relative_error(ours(x), theirs(x)) <= RTOL
     with pytest.raises(ValueError, match="cannot change patch_size"):
         ours.set_input_size(patch_size=16)
+
+
+def test_set_input_size_refused_leaves_the_model_as_it_was(one_thread):
+    """A size the patch does not divide is refused, and the model still runs at its own size
+    (it used to keep the refused size and refuse every input after)."""
+    model = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, depth=1).eval()
+    with pytest.raises(ValueError, match="not a multiple of patch_size"):
+        model.set_input_size(img_size=30)
+    assert model.patch_embed.img_size == (32, 32) and model.grid_size == (8, 8)
+    with torch.no_grad():
+        assert model(images(32, 32)).shape == (2, 1000)
 
 
 def test_resolve_model_data_config_is_exported():

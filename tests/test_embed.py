@@ -203,7 +203,8 @@ def test_a_finished_file_is_replaced_only_with_overwrite(tmp_path, one_thread):
     def load(i):
         return Image.open(paths[i]).convert("RGB")
 
-    with pytest.raises(FeaturesError, match=f"^{out} exists .*add --overwrite"):
+    advice = r"add --overwrite \(in Python: overwrite=True\)"  # the caller may be either
+    with pytest.raises(FeaturesError, match=f"^{out} exists .*{advice}"):
         extract_features(model, keys, load, out)
     assert out.read_text() == "precious\n" and not parts_folder(out).exists()
     result = extract_features(model, keys, load, out, overwrite=True)

@@ -360,6 +360,33 @@ def test_class_targets():
         relevance(model, images, target=[0, 1])
 
 
+def test_class_targets_by_name():
+    """A class named as `model.class_names` names it equals its index; a name the model does
+    not have, or a model without names, is one clear ValueError (it was torch's "new():
+    invalid data type 'str'")."""
+    model = tiny_model()
+    model.class_names = ["cat", "dog", "ship", "frog", "bird"]
+    images = images_for(model, batch=2)
+    for method in (gradient_rollout, relevance):
+        torch.testing.assert_close(method(model, images, "ship"), method(model, images, 2))
+        torch.testing.assert_close(
+            method(model, images, ["dog", "cat"]), method(model, images, [1, 0])
+        )
+    with pytest.raises(ValueError, match="'horse' is not one of the model's classes: cat, dog"):
+        relevance(model, images, target="horse")
+    model.class_names = None
+    with pytest.raises(ValueError, match="no class names"):
+        relevance(model, images, target="cat")
+
+
+def test_one_image_without_its_batch_dimension_is_named():
+    model = tiny_model()
+    image = images_for(model, batch=1)[0]  # (C, H, W)
+    for call in (model, lambda x: attention_rollout(model, x)):
+        with pytest.raises(ValueError, match=r"expected a batch of images \(B, C, H, W\)"):
+            call(image)
+
+
 def test_bad_arguments_are_named():
     attentions = random_attention(1, 1, 5, 1)
     with pytest.raises(ValueError, match="head_fusion"):

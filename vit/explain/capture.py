@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Target = int | Sequence[int] | torch.Tensor | None
+Target = int | str | Sequence[int] | Sequence[str] | torch.Tensor | None  # str: a class name
 Similarity = Literal["cosine", "dot"]
 
 
@@ -187,7 +187,8 @@ def record_attention(
     """Run `model` on `images` (B, C, H, W) in eval mode and capture its attention.
 
     With `with_gradients`, also backpropagate each image's `target` logit (None: the predicted
-    class; an int: that class for every image; a sequence/tensor of B ints: one per image) and
+    class; an int or a name in `model.class_names`: that class for every image; a sequence or
+    tensor of B ints, or B names: one per image) and
     return the gradients with respect to each block's attention, paired with that same block.
     With `direction` ((D,) or (B, D), e.g. another image's or a text's embedding) the gradients
     are of the similarity between each image's pooled embedding and the direction instead
@@ -216,7 +217,7 @@ def record_attention(
                         "explain; pass direction= (an embedding to explain the similarity to)"
                     )
                 logits = model(x)
-                targets = _resolve_target(target, logits)
+                targets = _resolve_target(class_indices(model, target), logits)
                 scores = logits.gather(1, targets[:, None])[:, 0]
             else:
                 embeddings = model.forward_head(model.forward_features(x), pre_logits=True)
@@ -241,6 +242,26 @@ def _pool(captured: _Captured) -> torch.Tensor | None:
     if len(captured.pool) > 1:
         raise RuntimeError(f"the attention pool ran {len(captured.pool)} times in one forward")
     return captured.pool[0].detach() if captured.pool else None
+
+
+def class_indices(model: nn.Module, target: Target) -> Target:
+    """`target` with class names ("cat", or B names) read as their indices in
+    `model.class_names`; any other target as it is."""
+    names = [target] if isinstance(target, str) else target
+    if not (isinstance(names, Sequence) and names and all(isinstance(n, str) for n in names)):
+        return target
+    known = list(getattr(model, "class_names", None) or ())
+    if not known:
+        raise ValueError(
+            f"target {target!r}: the model has no class names (model.class_names); give the "
+            f"class index instead"
+        )
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        shown = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
+        raise ValueError(f"target {unknown[0]!r} is not one of the model's classes: {shown}")
+    indices = [known.index(name) for name in names]
+    return indices[0] if isinstance(target, str) else indices
 
 
 def _resolve_target(target: Target, logits: torch.Tensor) -> torch.Tensor:

@@ -165,7 +165,8 @@ def gradient_rollout(
 ) -> torch.Tensor:
     """Gradient-weighted attention rollout for a class or a direction: (B, gh, gw).
 
-    target: None for each image's predicted class, an int for one class for all, or B ints.
+    target: None for each image's predicted class, an int or a class name (one of
+    `model.class_names`) for one class for all, or B ints or names.
     direction: instead of a class, an embedding ((D,) or (B, D)) whose `similarity` ("cosine"
     or "dot") to each image's pooled embedding is explained (headless backbones). Other
     arguments as in `attention_rollout`; the attention pool's row is grad * attention fused,

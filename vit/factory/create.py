@@ -109,10 +109,11 @@ def load_model(
     dynamic_img_size: accept any input size that is a multiple of the patch size, the
         position embeddings resampled per call the way the weights' source library does
         (timm's option). None: as stored (our files), or as transformers runs the folder's
-        model: True for DINOv2 (+- registers), which transformers resamples in every forward,
-        so the model keeps the stored 518-px grid (37x37) and equals transformers at any
-        size; its preprocessing stays 224 px (DINOv2's transform when the folder has no
-        preprocessor_config.json). False for the other transformers families.
+        model: True for DINOv2 (+- registers) without `img_size`, as transformers resamples
+        it in every forward, so the model keeps the stored 518-px grid (37x37) and equals
+        transformers at any size; its preprocessing stays 224 px (DINOv2's transform when the
+        folder has no preprocessor_config.json). False for the other transformers families,
+        and for DINOv2 given `img_size`: a model of that size, which refuses other sizes.
     The result is ready for inference, as transformers' `from_pretrained`: in eval mode
     (dropout, stochastic depth and patch dropout off; `.train()` turns them back on for
     fine-tuning). It carries `model.class_names` (None when unknown), `model.model_name` and
@@ -185,7 +186,9 @@ def _load_transformers_folder(
     if num_classes is not None:
         config["num_classes"] = num_classes
     checkpoint = read_checkpoint(folder)
-    dynamic = dinov2 if dynamic_img_size is None else dynamic_img_size
+    # An img_size asks for a model of that size: fixed, resampled once (resampling the
+    # resampled grid again per call would be ~2% off transformers at other sizes).
+    dynamic = dinov2 and not img_size if dynamic_img_size is None else dynamic_img_size
     config.update(dynamic_img_size=dynamic, pos_embed_resample=checkpoint.pos_embed)
     if img_size:
         config["img_size"] = preprocess["input_size"] = to_pair(img_size, "img_size")

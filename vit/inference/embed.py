@@ -230,8 +230,8 @@ def _prepare_parts(out: Path, manifest: dict, overwrite: bool) -> int:
     the number of shards already done."""
     if out.exists() and not overwrite:
         raise FeaturesError(
-            f"{out} exists (a finished features file); add --overwrite to replace it, "
-            "or choose another file"
+            f"{out} exists (a finished features file); add --overwrite (in Python: "
+            "overwrite=True) to replace it, or choose another file"
         )
     parts = parts_folder(out)
     manifest_path = parts / "manifest.json"
@@ -244,8 +244,8 @@ def _prepare_parts(out: Path, manifest: dict, overwrite: bool) -> int:
             if not overwrite:
                 raise FeaturesError(
                     f"{parts} holds the parts of another job (other items, model, embedding or "
-                    f"shard size); remove it, choose another file, or add --overwrite to start "
-                    "anew"
+                    f"shard size); remove it, choose another file, or add --overwrite (in "
+                    "Python: overwrite=True) to start anew"
                 )
             shutil.rmtree(parts)
     if not parts.exists():

@@ -137,17 +137,17 @@ class PatchEmbed(nn.Module):
         )
 
     def set_input_size(self, img_size) -> None:
-        """The fixed input size (H, W) and its patch grid (gh, gw); a multiple of the patch."""
-        self.img_size = to_pair(img_size, "img_size")
-        for side, image, patch in zip(
-            ("height", "width"), self.img_size, self.patch_size, strict=True
-        ):
+        """The fixed input size (H, W) and its patch grid (gh, gw); a multiple of the patch.
+        A size refused leaves the module as it was."""
+        size = to_pair(img_size, "img_size")
+        for side, image, patch in zip(("height", "width"), size, self.patch_size, strict=True):
             if image % patch:
                 raise ConfigValueError(
                     f"img_size {side} {image} is not a multiple of patch_size {side} {patch}",
                     "img_size",
                     "patch_size",
                 )
+        self.img_size = size
         self.grid_size = (
             self.img_size[0] // self.patch_size[0],
             self.img_size[1] // self.patch_size[1],
@@ -155,6 +155,11 @@ class PatchEmbed(nn.Module):
         self.num_patches = self.grid_size[0] * self.grid_size[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != 4:  # one image (C, H, W) would fail below as "not enough values to unpack"
+            raise ValueError(
+                f"expected a batch of images (B, C, H, W), got a tensor of shape "
+                f"{tuple(x.shape)}; one image (C, H, W) becomes a batch with x.unsqueeze(0)"
+            )
         B, C, H, W = x.shape
         if self.dynamic_img_size:
             if H % self.patch_size[0] or W % self.patch_size[1]:
