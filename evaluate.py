@@ -34,7 +34,9 @@ Outputs (confusion_matrix.png, report.json) go to --output-dir, by default RUN/e
 run folder or a run's weights file, and ./eval-NAME-DATA/ for any other file or a model name
 (never silently into a folder of weights); the last line says where they went. --json FILE
 puts the report there instead, its confusion matrix beside it (FILE's stem +
-_confusion_matrix.png), and an existing FILE is replaced only with --overwrite.
+_confusion_matrix.png), and an existing FILE is replaced only with --overwrite. In the output
+folder, evaluate.py replaces its own reports and caches; a file of those names that it did not
+write is replaced only with --overwrite.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -133,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace an existing --json file and its PNG (refused otherwise; the reports in "
-        "OUTPUT_DIR are the command's own and are replaced by the next evaluation)",
+        help="replace an existing --json file and its PNG, or files in --output-dir of the "
+        "names evaluate.py writes that it did not write (refused otherwise; its own reports and "
+        "feature caches there are replaced by the next evaluation)",
     )
     return p
 
@@ -214,6 +218,34 @@ def default_output_dir(checkpoint: str, data: str, split: str = "test") -> Path:
     return Path(f"eval-{name}-{data_name}")
 
 
+REPORT_KEYS = {"checkpoint", "data"}  # in every report evaluate.py has written
+
+
+def others_files(args: argparse.Namespace, out_dir: Path, json_path: Path) -> list[Path]:
+    """The files of OUTPUT_DIR this evaluation would replace that evaluate.py did not write (a
+    report.json, confusion_matrix.png or features-SPLIT.npz of the user's): kept unless
+    --overwrite. evaluate.py's own are replaced: a stale cache, the last evaluation's report."""
+    found = []
+    if args.json is None:  # (an existing --json FILE is refused whoever wrote it)
+        try:
+            report = json.loads(json_path.read_text())
+        except (OSError, ValueError):
+            report = None
+        ours = isinstance(report, dict) and REPORT_KEYS <= set(report)
+        if json_path.exists() and not ours:
+            found.append(json_path)
+        png = confusion_png(json_path)  # ours if our report names it
+        named = Path(report.get("confusion_matrix_png", "")).name if ours else None
+        if png.exists() and named != png.name:
+            found.append(png)
+    if args.knn or args.linear_probe:
+        from vit.inference.probe import is_feature_cache
+
+        caches = [out_dir / f"features-{split}.npz" for split in ("train", "test")]
+        found += [cache for cache in caches if cache.exists() and not is_feature_cache(cache)]
+    return found
+
+
 def confusion_png(json_path: Path) -> Path:
     """The confusion matrix beside its report: report.json's is confusion_matrix.png, r.json's
     r_confusion_matrix.png."""
@@ -278,6 +310,13 @@ def label_mapping(data_classes: list[str], model: VisionTransformer) -> list[int
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # each process would evaluate everything
+        if os.environ.get("RANK", "0") != "0":
+            return 2  # rank 0 says why
+        parser.error(
+            "runs in one process: start it without torchrun (python -m vit.predict --features "
+            "splits images between processes)"
+        )
     problem = missing_model_argument(args) or runtime_problem(args)
     if problem:
         parser.error(problem)
@@ -297,6 +336,13 @@ def main(argv: list[str] | None = None) -> int:
             problem = kept_output("--json", path, args.overwrite)
             if problem:
                 parser.error(problem)
+    if not args.overwrite:
+        for path in others_files(args, out_dir, json_path):
+            parser.error(
+                f"--output-dir {out_dir}: {path.name} there is not one evaluate.py wrote, and "
+                f"this evaluation would replace it; add --overwrite to replace it, or choose "
+                f"another --output-dir"
+            )
     from vit.data.images import CorruptImageError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -306,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CorruptImageError, FileNotFoundError, ValueError, locks.InUseError) as e:
         print(f"evaluate.py: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, what was kept and how to go on
+        print(interrupted_message(out_dir, json_path), file=sys.stderr)
+        return 130
     if "top1" in report:
         print(
             f"top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
@@ -325,6 +374,24 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def interrupted_message(out_dir: Path, json_path: Path) -> str:
+    """After Ctrl-C: the report is not written; a feature extraction's finished shards are
+    kept, and the same command continues from them."""
+    from vit.inference.embed import parts_folder
+
+    line = f"evaluate.py: interrupted; {json_path} not written"
+    parts = [
+        parts_folder(out_dir / f"features-{split}.extracting.npz") for split in ("train", "test")
+    ]
+    shards = sum(len(list(folder.glob("shard-*.npz"))) for folder in parts if folder.is_dir())
+    if shards:
+        line += (
+            f"; {shards} finished shard{'' if shards == 1 else 's'} of the features kept in "
+            f"{out_dir}, from which the same command continues"
+        )
+    return line
 
 
 @contextlib.contextmanager

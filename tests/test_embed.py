@@ -278,6 +278,41 @@ def test_formats_hold_the_same_rows_and_progress_is_a_line_per_shard(
 
 
 # -- kill and continue -------------------------------------------------------------------------
+def test_ctrl_c_says_in_one_line_what_was_kept_and_how_to_go_on(backbone, tmp_path):
+    """Ctrl-C in the middle of --features: one line (not a traceback) naming the finished
+    shards and the command that continues from them; exit status 130, the shards kept."""
+    write_images(tmp_path / "a", 20)
+    pipe = tmp_path / "0020.png"  # an image that never arrives: the run waits there
+    os.mkfifo(pipe)
+    out = tmp_path / "f.npz"
+    command = [sys.executable, "-m", "vit.predict", str(tmp_path / "a"), str(pipe),
+               "--checkpoint", str(backbone), "--features", str(out), "--shard-size", "10",
+               "--batch-size", "4", "--workers", "1"]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        env=subprocess_env(),
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )
+    parts = parts_folder(out)
+    deadline = time.monotonic() + 120
+    while len(list(parts.glob("shard-*.npz"))) < 2:
+        assert process.poll() is None, process.stderr.read()
+        assert time.monotonic() < deadline, "no shard was written"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    with open(pipe, "wb"):  # the image's decode, waited for, ends (an empty file): the run stops
+        pass
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert err.splitlines()[-1] == (
+        f"interrupted; 2 finished shards of --features {out} kept in {parts}, from which the "
+        f"same command continues"
+    )
+    assert "Traceback" not in err and len(list(parts.glob("shard-*.npz"))) == 2
+
+
 def test_a_killed_run_continues_from_its_last_shard_to_the_uninterrupted_file(
     backbone, tmp_path, one_thread, capsys
 ):
@@ -348,6 +383,36 @@ def test_two_processes_under_torchrun_write_the_single_process_file(backbone, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "backbone.safetensors", "images", "single.npz", "two.npz"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--output", "o.csv"], "error: --output: under torchrun, predict splits --features only"),
+        (["--top-k", "0"], "python -m vit.predict: error: --top-k must be at least 1, got 0"),
+        (["--features", "f.txt"], "python -m vit.predict: error: --features f.txt: the file"),
+    ],
+    ids=["output-without-features", "bad-flag", "bad-features-name"],
+)
+def test_a_mistake_under_torchrun_is_said_once(
+    backbone, tmp_path, capsys, monkeypatch, flags, message
+):
+    """Every process meets the same mistake: rank 0 says it in one line, the others nothing;
+    --output is refused for itself (adding --features, as the check once advised, does not
+    make it work)."""
+    write_images(tmp_path / "images", 2)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in ("1", "0"):
+        monkeypatch.setenv("RANK", rank)
+        try:
+            status = main(["images", "--checkpoint", str(backbone), *flags])
+        except SystemExit as stopped:  # argparse's refusal
+            status = stopped.code
+        assert status == 2
+        err = capsys.readouterr().err
+        assert err == "" if rank == "1" else err.count("\n") == 1 and err.startswith(message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["backbone.safetensors", "images"]
 
 
 # -- the picture of a backbone -----------------------------------------------------------------

@@ -223,6 +223,83 @@ def test_knn_and_linear_probe_end_to_end_reuse_the_features(
     assert second["knn"] == report["knn"] and second["linear_probe"] == report["linear_probe"]
 
 
+@pytest.mark.parametrize(
+    "name", ["report.json", "confusion_matrix.png", "features-train.npz", "features-test.npz"]
+)
+def test_a_users_file_in_the_output_folder_is_replaced_only_with_overwrite(
+    checkpoint, image_folder, tmp_path, evaluate_script, capsys, one_thread, name
+):
+    """A file of a name evaluate.py writes, that it did not write (a report, a picture, a
+    `vit.predict --features` file of hours), is refused in one line and left as it was;
+    --overwrite replaces it (evaluate.py's own reports and caches are replaced without it:
+    the test above)."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    users = out / name
+    with open(users, "wb") as f:  # an .npz, but no evaluate.py cache (any name: a file object)
+        np.savez(f, features=np.zeros((2, 3)))
+    before = users.read_bytes()
+    argv = probe_args(checkpoint / "head.safetensors", image_folder, out, "--knn", "--knn-k", "5")
+    with pytest.raises(SystemExit) as stopped:
+        evaluate_script.main(argv)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        f"evaluate.py: error: --output-dir {out}: {name} there is not one evaluate.py wrote, and "
+        f"this evaluation would replace it; add --overwrite to replace it, or choose another "
+        f"--output-dir\n"
+    )
+    assert users.read_bytes() == before and sorted(out.iterdir()) == [users]
+    assert evaluate_script.main([*argv, "--overwrite"]) == 0
+    assert users.read_bytes() != before
+    assert evaluate_script.main(argv) == 0  # now evaluate.py's own: replaced without it
+
+
+def test_ctrl_c_is_one_line_naming_what_was_kept(
+    checkpoint, image_folder, tmp_path, evaluate_script, capsys, monkeypatch
+):
+    """Ctrl-C while the features are extracted: one line (no traceback) saying the report was
+    not written and which finished shards the same command continues from; exit status 130."""
+    import vit.inference.probe
+    from vit.inference.embed import parts_folder
+
+    def interrupted(model, dataset, work_path, **kwargs):  # Ctrl-C after a shard was saved
+        parts_folder(work_path).mkdir(parents=True)
+        (parts_folder(work_path) / "shard-00000.npz").write_bytes(b"")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vit.inference.probe, "extract_features", interrupted)
+    out = tmp_path / "out"
+    argv = probe_args(checkpoint / "head.safetensors", image_folder, out, "--knn", "--knn-k", "5")
+    assert evaluate_script.main(argv) == 130
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"evaluate.py: interrupted; {out / 'report.json'} not written; 1 finished shard of the "
+        f"features kept in {out}, from which the same command continues"
+    )
+    assert not (out / "report.json").exists()
+
+
+def test_under_torchrun_it_says_once_that_it_runs_in_one_process(
+    checkpoint, image_folder, tmp_path, evaluate_script, capsys, monkeypatch
+):
+    """Each process would evaluate everything and lock the others out of the report (blaming
+    a sibling for holding it): rank 0 says in one line to start it alone; nothing is made."""
+    out = tmp_path / "out"
+    argv = probe_args(checkpoint / "head.safetensors", image_folder, out)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert evaluate_script.main(argv) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as stopped:
+        evaluate_script.main(argv)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        "evaluate.py: error: runs in one process: start it without torchrun (python -m "
+        "vit.predict --features splits images between processes)\n"
+    )
+    assert not out.exists()
+
+
 def test_a_headless_backbone_is_scored_by_its_features_only(
     checkpoint, image_folder, tmp_path, evaluate_script, capsys, one_thread
 ):

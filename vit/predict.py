@@ -140,6 +140,7 @@ if __name__ == "__main__":
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
 import contextlib
+import io
 from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
@@ -285,14 +286,14 @@ def check_distributed(args: argparse.Namespace, info: DistInfo) -> None:
     """Under torchrun the processes split the --features work; nothing else is split."""
     if not info.enabled:
         return
-    if args.features is None:
-        raise InputError("under torchrun, predict splits --features FILE only; add it")
-    for flag in ("output", "explain"):
+    for flag in ("output", "explain"):  # first: adding --features would not make them work
         if getattr(args, flag) is not None:
             raise InputError(
                 f"--{flag}: under torchrun, predict splits --features only; "
                 f"run --{flag} in a single process"
             )
+    if args.features is None:
+        raise InputError("under torchrun, predict splits --features FILE only; add it")
 
 
 def writable_location(flag: str, path: Path, folder: bool) -> None:
@@ -336,11 +337,50 @@ def build_job(args: argparse.Namespace, model: VisionTransformer, paths: list[Pa
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    with unless_main_quiet(from_env()):
+        args = parser.parse_args(argv)
+    try:
+        return predict(parser, args)
+    except KeyboardInterrupt:  # Ctrl-C: one line, what was kept and how to go on
+        if from_env().is_main:
+            print(interrupted_message(args), file=sys.stderr)
+        return 130
+
+
+def interrupted_message(args: argparse.Namespace) -> str:
+    """After Ctrl-C: what the interrupted job kept, and how to go on."""
+    from .inference.embed import parts_folder
+
+    kept = []
+    if args.features is not None:
+        parts = parts_folder(args.features)
+        shards = len(list(parts.glob("shard-*.npz"))) if parts.is_dir() else 0
+        kept.append(
+            f"{shards} finished shard{'' if shards == 1 else 's'} of --features {args.features} "
+            f"kept in {parts}, from which the same command continues"
+            if shards
+            else f"--features {args.features}: no shard finished yet"
+        )
+    if args.output is not None:
+        kept.append(f"--output {args.output} not written (it is put in place at the end)")
+    if args.explain is not None:
+        kept.append(f"the maps written so far in --explain {args.explain} (--overwrite replaces)")
+    return "; ".join(["interrupted", *kept])
+
+
+def unless_main_quiet(info: DistInfo):
+    """stderr as it is on rank 0, silenced on the others: argparse's refusals, which under
+    torchrun every process meets, said once."""
+    return contextlib.nullcontext() if info.is_main else contextlib.redirect_stderr(io.StringIO())
+
+
+def predict(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The command after its flags are read; the exit status."""
     info = from_env()
     outputs = contextlib.ExitStack()  # this process's hold on --output and --features
     try:
-        check_args(parser, args)
+        with unless_main_quiet(info):
+            check_args(parser, args)
         check_distributed(args, info)
         paths, problems = expand_image_paths(args.images)
         if not paths:  # before the model is loaded: nothing to do
@@ -371,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         job = build_job(args, model, paths)
     except (InputError, ValueError, KeyError, FileNotFoundError, RuntimeError) as e:
         outputs.close()
-        print(f"error: {e}", file=sys.stderr)
+        if info.is_main:  # under torchrun every process meets the same mistake: one line
+            print(f"error: {e}", file=sys.stderr)
         return 2
     # --features on a classifier: its classes come from the features' own forward pass, unless
     # test-time views or explanations need passes of their own.
@@ -420,8 +461,9 @@ def embed_images(
             except _NothingRead as nothing:
                 result = nothing.args[0]
                 problems = problems + [f"no image was read; --output {output} was not written"]
-    except FeaturesError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except FeaturesError as e:  # the job's own mistake, the same on every process
+        if info.is_main:
+            print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:
         print(f"error: --features {job.features}: cannot write it ({e})", file=sys.stderr)

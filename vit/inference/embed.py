@@ -394,25 +394,33 @@ def _embed_items(model, indices: range, how: _How, reporter: _Progress) -> _Shar
     size = how.batch_size
     batches = [indices[s : s + size] for s in range(0, len(indices), size)]
     with ThreadPoolExecutor(max(1, how.workers)) as pool:  # PIL decodes without holding the GIL
-        pending = _submit(pool, prepare, batches[0]) if batches else []
-        for b in range(len(batches)):
-            results = [f.result() for f in pending]
-            pending = _submit(pool, prepare, batches[b + 1]) if b + 1 < len(batches) else []
-            good = [i for i, r in zip(batches[b], results, strict=True) if not isinstance(r, str)]
-            data.errors += [
-                (i, r) for i, r in zip(batches[b], results, strict=True) if isinstance(r, str)
-            ]
-            if good:
-                batch = torch.stack([r for r in results if not isinstance(r, str)]).to(how.device)
-                if how.logits:
-                    features, logits = embed_batch(model, batch, how.embedding, logits=True)
-                    data.logits.append(logits.numpy())
-                else:
-                    features = embed_batch(model, batch, how.embedding)
-                data.features.append(features.numpy())
-                data.indices += good
-                del batch, results  # the images go now, not at the next batch
-            reporter.update(len(batches[b]))
+        try:
+            pending = _submit(pool, prepare, batches[0]) if batches else []
+            for b in range(len(batches)):
+                results = [f.result() for f in pending]
+                pending = _submit(pool, prepare, batches[b + 1]) if b + 1 < len(batches) else []
+                good = [
+                    i for i, r in zip(batches[b], results, strict=True) if not isinstance(r, str)
+                ]
+                data.errors += [
+                    (i, r) for i, r in zip(batches[b], results, strict=True) if isinstance(r, str)
+                ]
+                if good:
+                    batch = torch.stack([r for r in results if not isinstance(r, str)]).to(
+                        how.device
+                    )
+                    if how.logits:
+                        features, logits = embed_batch(model, batch, how.embedding, logits=True)
+                        data.logits.append(logits.numpy())
+                    else:
+                        features = embed_batch(model, batch, how.embedding)
+                    data.features.append(features.numpy())
+                    data.indices += good
+                    del batch, results  # the images go now, not at the next batch
+                reporter.update(len(batches[b]))
+        except BaseException:  # Ctrl-C or an error: the next batch's decodes are not waited for
+            pool.shutdown(cancel_futures=True)
+            raise
     return data
 
 

@@ -104,6 +104,17 @@ def read_cached_features(cache_path: Path, identity: dict) -> tuple[np.ndarray, 
         return None
 
 
+def is_feature_cache(path: Path) -> bool:
+    """Whether `path` is a cache `dataset_features` wrote (its features, labels and identity),
+    whatever model or data it was for: a file of that name that is not one is someone else's."""
+    try:
+        with np.load(path, allow_pickle=False) as stored:
+            identity = json.loads(str(stored["identity"]))
+            return {"features", "labels"} <= set(stored.files) and "model" in identity
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def extract_features(
     model: VisionTransformer,
     dataset: ImageDataset,
