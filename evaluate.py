@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 # Only light modules here: --help and flag errors must not wait for torch.
 from vit.cli.flags import (
     ArgumentParser,
+    add_data_root_argument,
     add_model_arguments,
     add_model_dtype_argument,
     add_runtime_argument,
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         help="cifar10, cifar100, or a folder with test/ (or val/) class folders",
     )
-    p.add_argument("--data-root", default="data", help="where CIFAR is downloaded")
+    add_data_root_argument(p)
     p.add_argument("--split", default="test", choices=("test", "train"))
     p.add_argument(
         "--subset",

@@ -9,8 +9,10 @@ process, a DataLoader worker forked later no longer ignored SIGINT, and a later 
 2026.4.1, torch 2.14.1). A command loads it once, in its own process, and is not affected.
 """
 
+import itertools
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -19,11 +21,18 @@ import numpy as np
 import pytest
 import torch
 
+import vit
+from vit import benchmark
 from vit.benchmark import main as benchmark_main
-from vit.cli.model_argument import resolve_model
+from vit.cli.flags import missing_model_argument, runtime_problem
+from vit.cli.model_argument import model_from_flags, resolve_model
+from vit.data import datasets
+from vit.export import build_parser as export_parser
 from vit.inference import cpu_paths
 from vit.interop.onnx_export import OnnxOptions, quantized_copy
 from vit.interop.onnx_runtime import OnnxModel
+from vit.predict import build_parser as predict_parser
+from vit.predict import check_args as predict_check_args
 from vit.predict import main as predict_main
 
 pytest.importorskip("onnxruntime", reason="running ONNX files needs onnxruntime ([interop])")
@@ -305,3 +314,156 @@ def test_benchmark_without_data_times_random_images(exported, capsys, one_thread
     assert "against PyTorch float32 on the 4 random images" in out
     assert "not timed: onnxruntime int8 static: static int8 needs calibration images" in out
     assert "fastest here: " in out
+
+
+def without_openvino(monkeypatch) -> None:
+    """The benchmark's paths but OpenVINO's, which would load it into this process (see the
+    docstring): a benchmark test that needs no OpenVINO path runs here."""
+    installed = cpu_paths._installed
+    monkeypatch.setattr(
+        cpu_paths, "_installed", lambda name: name != "openvino" and installed(name)
+    )
+
+
+def printed_commands(text: str) -> dict[str, list[str]]:
+    """The commands an advice prints, by program ("vit.export", "evaluate.py", "vit.predict"),
+    each as the words its parser gets from the shell (the comment dropped)."""
+    commands = {}
+    for line in text.splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:2] == ["python", "-m"]:
+            commands[words[2]] = words[3:]
+        elif words[:1] == ["python"]:
+            commands[words[1]] = words[2:]
+    return commands
+
+
+SOURCES = (
+    "weights file",
+    "state dict with --model",
+    "name with --pretrained PATH",
+    "name with --pretrained",
+)
+
+
+@pytest.fixture(scope="module")
+def model_sources(onnx_exports, tmp_path_factory) -> dict[str, list[str]]:
+    """The benchmark's model arguments for each kind of source; the state dict's file name has
+    a space, which the printed commands must quote."""
+    state_dict = tmp_path_factory.mktemp("sources") / "tiny state.pth"
+    torch.manual_seed(0)
+    torch.save(vit.create_model("vit_tiny_patch4_32", num_classes=3).state_dict(), state_dict)
+    arguments = (
+        [str(onnx_exports / "tiny.safetensors")],
+        [str(state_dict), "--model", "vit_tiny_patch4_32"],
+        ["vit_tiny_patch4_32", "--pretrained", str(state_dict)],
+        ["vit_tiny_patch4_32", "--pretrained"],  # timm's weights: parsed, never loaded here
+    )
+    return dict(zip(SOURCES, arguments, strict=True))
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_benchmark_advice_is_accepted_as_printed_with_the_model_arguments_given(
+    source, model_sources, exported, evaluate_script, tmp_path, monkeypatch
+):
+    """For every path, headless or not: vit.export gets the model arguments the benchmark got,
+    evaluate.py and vit.predict those (a PyTorch path) or the exported file, and each command's
+    parser and checks take the line as the shell splits it."""
+    monkeypatch.chdir(tmp_path)  # predict checks its --features file there
+    args = benchmark.build_parser().parse_args([*model_sources[source], "--data", "my data"])
+    given = (args.checkpoint, args.model, args.pretrained)
+    monkeypatch.setattr(cpu_paths, "_installed", lambda name: False)  # every path, none exported
+    model = resolve_model(exported / "tiny.safetensors")
+    paths = cpu_paths.cpu_paths(model, tmp_path, log=lambda line: None)
+    assert len(paths) == 8
+    parsers = {
+        "vit.export": export_parser(),
+        "evaluate.py": evaluate_script.build_parser(),
+        "vit.predict": predict_parser(),
+    }
+    for path, classifier in itertools.product(paths, (True, False)):
+        printed = printed_commands(benchmark.advice(path, 1.0, args, classifier))
+        made = [] if path.export is None else ["vit.export"]
+        assert sorted(printed) == sorted(["evaluate.py", "vit.predict", *made]), path.label
+        parsed = {program: parsers[program].parse_args(words) for program, words in printed.items()}
+        evaluate, predict = parsed["evaluate.py"], parsed["vit.predict"]
+        assert missing_model_argument(evaluate) is None and runtime_problem(evaluate) is None
+        predict_check_args(parsers["vit.predict"], predict)
+        assert (evaluate.data, evaluate.knn) == ("my data", not classifier)
+        assert predict.images == ["IMAGES"]
+        assert predict.features == (None if classifier else Path("embeddings.npz"))
+        for runner in (evaluate, predict):
+            ran = (runner.checkpoint, runner.model, runner.pretrained)
+            if path.export is None:
+                assert ran == given, path.label
+            else:
+                export = parsed["vit.export"]
+                assert (export.checkpoint, export.model, export.pretrained) == given, path.label
+                assert ran == (str(export.onnx), None, None), path.label
+                assert export.calibration == ("my data" if "static" in path.label else None)
+    if source != "name with --pretrained":  # the printed arguments load the weights
+        float32 = printed_commands(benchmark.advice(paths[0], 1.0, args))["evaluate.py"]
+        assert model_from_flags(parsers["evaluate.py"].parse_args(float32)).num_classes == 3
+
+
+def test_agreement_of_embeddings_is_their_least_cosine_similarity():
+    reference = torch.tensor([[1.0, 0.0], [0.0, 2.0], [3.0, 4.0]])
+    outputs = torch.tensor([[2.0, 0.0], [1.0, 1.0], [3.0, 4.0]])  # scaled, 45 degrees off, same
+    difference, cosine = cpu_paths.agreement(reference, outputs, classifier=False)
+    assert cosine == pytest.approx(2**-0.5)
+    assert difference == pytest.approx(1 / 4)  # max |outputs - reference| / max |reference|
+    assert cpu_paths.agreement(reference, outputs)[1] == pytest.approx(2 / 3)  # top-1 same
+
+
+def test_benchmark_of_a_headless_model_compares_embeddings_and_advises_knn(
+    exported, image_folder, evaluate_script, tmp_path, capsys, monkeypatch, one_thread
+):
+    without_openvino(monkeypatch)
+    keep = tmp_path / "files"
+    headless = str(exported / "headless.safetensors")
+    argv = [headless, "--data", str(image_folder), "--batch-size", "6"]
+    fast = ["--rounds", "1", "--round-seconds", "0.01", "--calibration-images", "9"]
+    assert benchmark_main([*argv, *fast, "--onnx-dir", str(keep)]) == 0
+    out = capsys.readouterr().out
+    rows = {line[:26].strip(): line[26:].split() for line in out.splitlines()}
+    assert rows["path"] == ["images/s", "x", "float32", "min", "cosine", "max", "rel", "diff"]
+    assert rows["PyTorch float32"][2] == "1.00000"
+    assert float(rows["onnxruntime float32"][2]) > 0.9999
+    assert "(min cosine of an image's embedding and max rel diff: against PyTorch" in out
+    printed = printed_commands(out.split("fastest here: ")[1])
+    assert "--knn" in printed["evaluate.py"] and "--features" in printed["vit.predict"]
+    monkeypatch.chdir(keep)  # where the printed ONNX file names are
+    report = ["--knn-k", "10", "--workers", "0", "--output-dir", str(tmp_path / "eval")]
+    assert evaluate_script.main([*printed["evaluate.py"], *report]) == 0
+    assert "knn_top1" in json.loads((tmp_path / "eval" / "report.json").read_text())
+
+
+def test_benchmark_reads_cifar_as_evaluate_does(
+    exported, evaluate_script, tmp_path, capsys, monkeypatch, one_thread
+):
+    """--data cifar10 is the data set, in --data-root (./data by default) and downloaded there
+    when missing, as evaluate.py reads it, even beside a folder ./cifar10."""
+    calls = []
+
+    def torchvision_split(name, root, train, download, **dataset):
+        calls.append((name, root, train, download))
+        images = np.random.default_rng(0).integers(0, 256, (20, 32, 32, 3), dtype=np.uint8)
+        classes = [f"class {i}" for i in range(10)]
+        return datasets.ImageDataset(np.arange(20) % 10, classes, images=images, **dataset)
+
+    monkeypatch.setattr(datasets, "_torchvision_split", torchvision_split)
+    monkeypatch.setattr(cpu_paths, "_installed", lambda name: False)  # PyTorch's paths: quick
+    monkeypatch.chdir(tmp_path)
+    for split in ("train", "test"):
+        (tmp_path / "cifar10" / split / "a").mkdir(parents=True)
+    fast = ["--batch-size", "4", "--rounds", "1", "--round-seconds", "0.01"]
+    elsewhere = tmp_path / "elsewhere"
+    for root, extra in ((Path("data"), []), (elsewhere, ["--data-root", str(elsewhere)])):
+        calls.clear()
+        argv = [str(exported / "tiny.safetensors"), "--data", "cifar10", *extra, *fast]
+        assert benchmark_main(argv) == 0
+        assert calls == [("cifar10", root, False, True), ("cifar10", root, True, True)]
+        out = capsys.readouterr().out
+        assert "on the 4 test images of cifar10" in out
+        evaluate = evaluate_script.build_parser().parse_args(printed_commands(out)["evaluate.py"])
+        assert (evaluate.data, Path(evaluate.data_root)) == ("cifar10", root)

@@ -1,7 +1,7 @@
 """Which way of running a model is fastest on this CPU, measured on it (a minute or a few).
 
     python -m vit.benchmark CHECKPOINT [--model NAME] [--pretrained [PATH]] [--data DATA]
-        [--batch-size 32] [--threads N] [--onnx-dir DIR]
+        [--data-root DIR] [--batch-size 32] [--threads N] [--onnx-dir DIR]
 
 CHECKPOINT is read as evaluate.py reads --checkpoint (a run folder, a weights file, a
 transformers folder, a model name with --pretrained). The paths are timed side by side on one
@@ -9,18 +9,29 @@ batch, taking turns round by round: the PyTorch model in float32 and with bfloat
 (--model-dtype bfloat16, where the CPU multiplies bfloat16 natively), its ONNX export in
 onnxruntime (float32, int8, and static int8 calibrated on DATA's train images), and in OpenVINO
 where it is installed (float32, bfloat16, static int8). Each path's outputs are compared with
-PyTorch float32's on the same images (DATA's test images, else random ones); the fastest path
-is printed with the commands that make and run it. Its accuracy on a whole test set is
-evaluate.py's to tell: the command is printed too. See docs/fast-inference.md.
+PyTorch float32's on the same images (DATA's test images, else random ones): a classifier's by
+the share of top-1 classes that agree, a headless model's embeddings by their least cosine
+similarity. The fastest path is printed with the commands that make and run it, with the model
+arguments given here. Its accuracy on a whole test set is evaluate.py's to tell (a headless
+model's: --knn on its features): the command is printed too. See docs/fast-inference.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
-from .cli.flags import add_model_arguments, add_threads_argument, module_parser, number_in
+from .cli.flags import (
+    DATA_ROOT,
+    add_data_root_argument,
+    add_model_arguments,
+    add_threads_argument,
+    module_parser,
+    number_in,
+)
+from .factory.timm_weights import TIMM_WEIGHTS
 from .utils.ranges import AT_LEAST_1, POSITIVE
 
 
@@ -31,10 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--data",
         metavar="DATA",
-        help="cifar10, cifar100 or a folder with train/ and test/: the batch is its test "
-        "images and static int8 is calibrated on its train images (default: random images, "
-        "no static int8)",
+        help="cifar10, cifar100 (in --data-root; a folder of that name: ./cifar10) or a folder "
+        "with train/ and test/: the batch is its test images and static int8 is calibrated on "
+        "its train images (default: random images, no static int8)",
     )
+    add_data_root_argument(parser)
     parser.add_argument(
         "--batch-size", type=number_in(AT_LEAST_1), default=32, help="(default: %(default)s)"
     )
@@ -101,39 +113,77 @@ def onnx_dir_problem(folder: Path | None) -> str | None:
     return None
 
 
-def print_table(paths: list[InferencePath], speed: dict, agreements: dict, shown: str) -> None:
+def print_table(
+    paths: list[InferencePath], speed: dict, agreements: dict, shown: str, classifier: bool
+) -> None:
+    """`agreements`: label -> `agreement` (a headless model's: the least cosine similarity)."""
     base = speed["PyTorch float32"]
-    header = ("images/s", "x float32", "top-1 same", "max rel diff")
+    header = ("images/s", "x float32", "top-1 same" if classifier else "min cosine", "max rel diff")
     print(f"\n{'path':26s} {header[0]:>9s} {header[1]:>9s} {header[2]:>10s} {header[3]:>12s}")
     for path in paths:
         if path.run is None:
             continue
-        difference, same = agreements[path.label]
+        difference, score = agreements[path.label]
+        score_text = f"{100 * score:9.1f}%" if classifier else f"{score:10.5f}"
         print(
             f"{path.label:26s} {speed[path.label]:9.1f} {speed[path.label] / base:9.2f} "
-            f"{100 * same:9.1f}% {difference:12.1e}"
+            f"{score_text} {difference:12.1e}"
         )
-    print(f"(top-1 same and max rel diff: against PyTorch float32 on the {shown})")
+    if classifier:
+        print(f"(top-1 same and max rel diff: against PyTorch float32 on the {shown})")
+    else:
+        print(
+            f"(min cosine of an image's embedding and max rel diff: against PyTorch float32 "
+            f"on the {shown})"
+        )
     for path in paths:
         if path.skipped:
             print(f"not timed: {path.label}: {path.skipped}")
 
 
-def source_name(args: argparse.Namespace) -> str:
-    return str(args.checkpoint or args.model)
+def model_arguments(args: argparse.Namespace, source_flag: str = "--checkpoint") -> list[str]:
+    """The model arguments given to the benchmark, as another command takes them: CHECKPOINT
+    after `source_flag` (evaluate.py's and vit.predict's --checkpoint; "" for vit.export's
+    positional), then --model and --pretrained [PATH], without which a state dict or a model
+    name is refused."""
+    words = [source_flag, args.checkpoint] if source_flag else [args.checkpoint]
+    if args.model is not None:
+        words += ["--model", args.model]
+    if args.pretrained == TIMM_WEIGHTS:  # given bare; in every printed command a flag follows
+        words.append("--pretrained")
+    elif args.pretrained is not None:
+        words += ["--pretrained", args.pretrained]
+    return words
 
 
-def advice(best: InferencePath, ratio: float, args: argparse.Namespace) -> str:
-    """The fastest path and the commands that make and run it."""
-    source = source_name(args)
+def command(program: str, *words: str) -> str:
+    """A printed command line, its words quoted for the shell where they need it."""
+    return f"  {program} {shlex.join(words)}"
+
+
+def advice(
+    best: InferencePath, ratio: float, args: argparse.Namespace, classifier: bool = True
+) -> str:
+    """The fastest path and the commands that make and run it; `classifier` False (a headless
+    model): its features are scored (--knn) and written (--features), as it classifies nothing."""
+    data = args.data or "DATA"
     lines = [f"\nfastest here: {best.label}, {ratio:.2f}x PyTorch float32"]
-    checkpoint = f"--checkpoint {source}" if best.export is None else ""
-    if best.export is not None:
-        export = best.export.replace("DATA", args.data or "DATA")
-        lines.append(f"  python -m vit.export {source} {export}")
-    run_flags = " ".join(f for f in (checkpoint, best.flags) if f)
-    lines.append(f"  python evaluate.py {run_flags} --data {args.data or 'DATA'}  # its accuracy")
-    lines.append(f"  python -m vit.predict IMAGES {run_flags}")
+    run = best.flags.split()
+    if best.export is None:  # the PyTorch model itself, from the arguments given here
+        run = model_arguments(args) + run
+    else:  # an exported file, which names its model alone
+        export = [data if word == "DATA" else word for word in best.export.split()]
+        lines.append(command("python -m vit.export", *model_arguments(args, ""), *export))
+    data_flags = ["--data", data]
+    if args.data_root != DATA_ROOT:
+        data_flags += ["--data-root", args.data_root]
+    if classifier:
+        lines.append(command("python evaluate.py", *run, *data_flags) + "  # its accuracy")
+        lines.append(command("python -m vit.predict IMAGES", *run))
+    else:
+        evaluate = command("python evaluate.py", *run, *data_flags, "--knn")
+        lines.append(evaluate + "  # its features' kNN accuracy")
+        lines.append(command("python -m vit.predict IMAGES", *run, "--features", "embeddings.npz"))
     return "\n".join(lines)
 
 
@@ -148,8 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         model = model_from_flags(args, source="CHECKPOINT").float().eval()
         if args.data is not None:
             preprocess = model.preprocess
-            batch = evaluation_images(args.data, "test", args.batch_size, preprocess)
-            calibration = evaluation_images(args.data, "train", args.calibration_images, preprocess)
+            # as evaluate.py reads --data: CIFAR from --data-root, downloaded there when missing
+            read = {"data_root": args.data_root, "download": True}
+            batch = evaluation_images(args.data, "test", args.batch_size, preprocess, **read)
+            calibration = evaluation_images(
+                args.data, "train", args.calibration_images, preprocess, **read
+            )
             shown = f"{len(batch)} test images of {args.data}"
         else:
             channels, (height, width) = model.config.in_chans, model.preprocess.input_size
@@ -161,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     native = "native" if fast_bfloat16(torch.device("cpu")) else "emulated"
     print(f"CPU: {cpu_name()}; {cpu_flags()}; bfloat16 {native}; {torch.get_num_threads()} threads")
-    name = model.model_name or source_name(args)
+    name = model.model_name or args.checkpoint
     print(f"model: {name}, input {tuple(batch.shape[1:])}, batch {len(batch)}")
     print("exporting (each file checked against the model):")
     with tempfile.TemporaryDirectory() as tmp:
@@ -171,11 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         run = {path.label: path.run for path in paths if path.run is not None}
         pixels = batch.numpy()
         reference = run["PyTorch float32"](pixels)
-        agreements = {label: agreement(reference, fn(pixels)) for label, fn in run.items()}
+        classifier = model.num_classes > 0  # else the outputs are embeddings
+        agreements = {
+            label: agreement(reference, fn(pixels), classifier) for label, fn in run.items()
+        }
         speed = time_paths(run, pixels, args.rounds, args.round_seconds)
-    print_table(paths, speed, agreements, shown)
+    print_table(paths, speed, agreements, shown, classifier)
     best = max((p for p in paths if p.run is not None), key=lambda p: speed[p.label])
-    print(advice(best, speed[best.label] / speed["PyTorch float32"], args))
+    print(advice(best, speed[best.label] / speed["PyTorch float32"], args, classifier))
     if args.onnx_dir is not None:
         print(f"the ONNX files are in {args.onnx_dir}")
     return 0

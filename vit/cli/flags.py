@@ -151,6 +151,21 @@ def add_model_arguments(parser: argparse.ArgumentParser, positional: bool = Fals
     )
 
 
+DATA_ROOT = "data"  # --data-root's default, relative to where the command runs
+
+
+def add_data_root_argument(parser: argparse.ArgumentParser) -> None:
+    """--data-root: where --data cifar10/cifar100 is read, and downloaded when it is not there
+    (`vit.data.datasets.load_split`); evaluate.py's and `vit.benchmark`'s."""
+    parser.add_argument(
+        "--data-root",
+        default=DATA_ROOT,
+        metavar="DIR",
+        help="where --data cifar10/cifar100 is read, downloaded there when missing "
+        "(default: %(default)s)",
+    )
+
+
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
     """--threads: one setting for both runtimes (`use_threads`)."""
     parser.add_argument(

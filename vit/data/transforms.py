@@ -10,6 +10,7 @@ evaluate.py, predict and timm agree; `evaluation_images`: a few images of a data
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import albumentations as A
 import cv2
@@ -136,11 +137,25 @@ class EvalTransform:
         return self.transform(Image.fromarray(image))  # (3, H, W)
 
 
-def evaluation_images(data: str, split: str, count: int, preprocess: Preprocess) -> torch.Tensor:
+def evaluation_images(
+    data: str,
+    split: str,
+    count: int,
+    preprocess: Preprocess,
+    data_root: str | Path = "data",
+    download: bool = False,
+) -> torch.Tensor:
     """`count` images (N, C, H, W) of `data`'s split ("cifar10", "cifar100" or an image folder),
     spread over the classes, prepared as the model's evaluation prepares them: calibration and
-    benchmark batches for the inference paths. Nothing is downloaded or cached."""
+    benchmark batches for the inference paths. CIFAR is read from `data_root`, downloaded there
+    only with `download`; nothing is cached."""
     dataset = load_split(
-        data, split, download=False, cache=False, subset=count, transform=EvalTransform(preprocess)
+        data,
+        split,
+        data_root,
+        download=download,
+        cache=False,
+        subset=count,
+        transform=EvalTransform(preprocess),
     )
     return torch.stack([dataset[i][0] for i in range(len(dataset))])

@@ -200,9 +200,15 @@ def time_paths(
     return {label: len(batch) / statistics.median(s) for label, s in seconds.items()}
 
 
-def agreement(reference: torch.Tensor, outputs: torch.Tensor) -> tuple[float, float]:
-    """(max |outputs - reference| / max |reference|, share of top-1 classes equal) of two
-    outputs (B, K) of the same images."""
+def agreement(
+    reference: torch.Tensor, outputs: torch.Tensor, classifier: bool = True
+) -> tuple[float, float]:
+    """(max |outputs - reference| / max |reference|, a score of the same images' two outputs
+    (B, K)): a classifier's share of top-1 classes equal; for embeddings (classifier=False:
+    a headless model's, whose argmax means nothing) the least cosine similarity of an image's
+    two embeddings, which is what a nearest-neighbour search (evaluate.py --knn) compares."""
     scale = reference.abs().max().clamp_min(1e-12)
     difference = float((outputs - reference).abs().max() / scale)
+    if not classifier:
+        return difference, float(torch.cosine_similarity(outputs, reference, dim=-1).min())
     return difference, float((outputs.argmax(-1) == reference.argmax(-1)).float().mean())
