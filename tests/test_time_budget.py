@@ -108,14 +108,16 @@ def test_a_budgeted_run_ends_inside_its_budget_with_the_epochs_it_planned(
     # more than the first guess of 5 where they fit: the forecast's check below fails a plan held
     # to the guess (on a machine busy enough that 5 tiny epochs take the 12 s, none more fit)
     assert len(rows) == saved["epochs"] >= 5
-    # the last epochs' time is a forecast: allow a tenth of the budget on a busy machine
-    assert took <= left * 1.1, f"{took:.1f} s for a budget of {left} s"
     # The plan's own forecast fills the budget to within an epoch. (Not the wall time: one
     # slow timed epoch or save on a busy machine makes an honest forecast end the run early.)
     [(done, timings, planned)] = plans
     assert done == 5 and planned == saved["epochs"]
     assert spent_before < timings.elapsed < spent_before + took  # what was spent before counts
     per_epoch = timings.epoch + timings.evaluation + timings.checkpoint  # both every epoch here
+    # the last epochs' time is a forecast: allow a tenth of the budget; where the 5 timed
+    # epochs alone outlast it (a machine busy enough), the run ends the epoch after them
+    timed = timings.elapsed - spent_before
+    assert took <= max(left * 1.1, timed + 2 * per_epoch), f"{took:.1f} s for a budget of {left} s"
     last_extra = timings.evaluation + timings.checkpoint  # due after the last epoch
     forecast = timings.elapsed + (planned - done) * per_epoch + last_extra
     usable = (spent_before + left) * (1 - MARGIN)
