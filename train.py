@@ -417,6 +417,7 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
     from vit.training.errors import (
         START_ERRORS,
         NonFiniteLossError,
+        PeerGone,
         TrainingError,
         TrainingInterrupted,
     )
@@ -434,8 +435,14 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         return said(info.is_main, f"train.py: stopped: {e}", status=1)
     except TrainingError as e:  # this process's own: it says so
         return said(True, f"train.py: error: {e}", status=2)
+    except locks.InUseError as e:  # another start took the folder since folder_in_use looked
+        flag = "--resume" if cfg.resume else "--output-dir"
+        return said(info.is_main, f"train.py: error: {flag} {e}", status=2)
     except START_ERRORS as e:  # met by every process alike: rank 0 says so
         return said(info.is_main, f"train.py: error: {e}", status=2)
+    except PeerGone:  # torchrun names the process that ended; nothing to add, no C++ teardown
+        sys.stderr.flush()
+        os._exit(1)
     except TrainingInterrupted as e:
         if not info.is_main:  # its process group broken by rank 0 leaving: no C++ teardown
             sys.stderr.flush()
