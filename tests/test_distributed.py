@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -257,6 +260,31 @@ def test_help_under_torchrun_is_printed_once():
     done = torchrun_two(ROOT / "train.py", ["--help"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("usage: train.py") == 1
+
+
+def test_ctrl_c_before_the_processes_start_is_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the launcher loads
+    torch or waits at the rendezvous, which here waits for a second machine that never comes:
+    the processes never start. It was KeyboardInterrupt's 30-40 line traceback."""
+    script = tmp_path / "job.py"
+    script.write_text("")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    command = [sys.executable, "-m", "vit.distributed", "--nnodes", "2", "--nproc_per_node", "1"]
+    command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", str(script)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    launcher = subprocess.Popen(
+        command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    time.sleep(3)
+    os.killpg(launcher.pid, signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert (launcher.returncode, err) == (
+        130,
+        "python -m vit.distributed: interrupted before the processes started; nothing was "
+        "written\n",
+    )
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-1"])
