@@ -220,11 +220,10 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         if not run.is_dir():
             parser.error(f"--resume {run}: no such run folder")
         if not (run / STATE_FILE).is_file():
-            again = f"--config {run / CONFIG_FILE} " if (run / CONFIG_FILE).is_file() else ""
             parser.error(
                 f"--resume {run}: no checkpoint there ({STATE_FILE} is written at the end of "
-                f"each epoch); start that run again with {again}--output-dir {run} --overwrite, "
-                f"or resume another folder"
+                f"each epoch); start that run again with {start_again_command(run)}, or resume "
+                f"another folder"
             )
         if first.overwrite:
             parser.error(f"--resume {run} continues that run; --overwrite would start anew")
@@ -360,13 +359,33 @@ def resume_command(run: str, processes: int) -> str:
     """The command that continues `run` in `processes` processes, through the entrance that
     started this one: scripts/train.sh (which names itself in VIT_TRAIN_COMMAND and starts as
     many processes as the run has), torchrun, or python."""
-    script = sys.argv[0] if sys.argv[0].endswith("train.py") else "train.py"
     if os.environ.get("VIT_TRAIN_COMMAND"):
         return f"{os.environ['VIT_TRAIN_COMMAND']} --resume {shlex.quote(run)}"
+    return train_command(f"--resume {shlex.quote(run)}", processes)
+
+
+def start_again_command(run: Path) -> str:
+    """The command that starts `run`, stopped before its first checkpoint, anew from its
+    config.yaml, in as many processes as it had (its flags, when it wrote no config.yaml).
+    Not scripts/train.sh's: it would add its recipe's --data and --batch-size over the run's."""
+    from vit.training.checkpoint import CONFIG_FILE
+    from vit.utils import process_group
+
+    again = f"--output-dir {shlex.quote(str(run))} --overwrite"
+    config = run / CONFIG_FILE
+    if not config.is_file():
+        return f"its own flags and {again}"
+    processes = read_yaml_config(config).get("processes") or process_group.from_env().world_size
+    return train_command(f"--config {shlex.quote(str(config))} {again}", processes)
+
+
+def train_command(args: str, processes: int) -> str:
+    """train.py with `args` in `processes` processes: torchrun's command where there are several
+    (or this start is torchrun's), else python's."""
+    script = shlex.quote(sys.argv[0] if sys.argv[0].endswith("train.py") else "train.py")
     if processes > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
-        launch = f"torchrun --standalone --nproc_per_node {processes}"
-        return f"{launch} {script} --resume {shlex.quote(run)}"
-    return f"python {script} --resume {shlex.quote(run)}"
+        return f"torchrun --standalone --nproc_per_node {processes} {script} {args}"
+    return f"python {script} {args}"
 
 
 def output_dir_problem(folder: Path, overwrite: bool) -> str | None:

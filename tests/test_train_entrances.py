@@ -254,6 +254,39 @@ def test_single_process_ctrl_c_is_one_line_and_resumable(image_folder, tmp_path,
     assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 5
 
 
+def test_a_two_process_run_without_a_checkpoint_is_started_again_as_said(
+    image_folder, tmp_path, train_script, tiny_args, capsys
+):
+    """A run of two processes stopped in its first epoch (its config.yaml written, no
+    checkpoint): --resume names the command that starts it again, its launcher and number of
+    processes included (it named only the flags, which python train.py refuses: --processes 2),
+    and that command, run as printed, trains it."""
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1)) == 0
+    (run / "training_state.pt").unlink()
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "config.yaml").write_text(yaml.safe_dump({**config, "processes": 2}))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        train_script.main(["--resume", str(run)])
+    assert refused.value.code == 2
+    command = (
+        f"torchrun --standalone --nproc_per_node 2 train.py --config {run}/config.yaml "
+        f"--output-dir {run} --overwrite"
+    )
+    assert capsys.readouterr().err.strip() == (
+        f"train.py: error: --resume {run}: no checkpoint there (training_state.pt is written at "
+        f"the end of each epoch); start that run again with {command}, or resume another folder"
+    )
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # this environment's torchrun
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    again = subprocess.run(
+        torchrun + command.split()[1:], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 1
+
+
 def test_resuming_a_finished_run_asks_for_more_epochs(
     image_folder, tmp_path, train_script, tiny_args, capsys
 ):
