@@ -121,6 +121,37 @@ def test_train_sh_reads_the_users_paths_where_it_is_run(image_folder, tmp_path):
     assert said.startswith("train.py: error: --resume run: the run has done 2 epochs")
 
 
+@pytest.mark.parametrize("nproc", ["abc", "0", "-1"])
+def test_an_nproc_train_sh_cannot_use_is_one_line_before_any_work(tmp_path, nproc):
+    """It was bash's own error ("abc: unbound variable", "division by 0") after the GPU probe
+    and the bfloat16 timing (7-9 s); nothing is printed on stdout before the line now."""
+    command = ["bash", str(TRAIN_SH), "--epochs", "1"]
+    env = {**venv_env(), "NPROC": nproc}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2,
+        "",
+        f"[vit] NPROC={nproc}: processes on a CPU; accepted: an integer >= 1 that divides the "
+        f"recipe's images per step (128; 256 for bfloat16-avx512-fast)\n",
+    )
+
+
+def test_train_sh_resuming_in_another_nproc_than_the_runs_is_one_line(tmp_path):
+    """train.py refused it advising `bash scripts/train.sh --resume RUN`, which NPROC, still
+    set, made fail again."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("processes: 2\n")
+    command = ["bash", str(TRAIN_SH), "--resume", "run"]
+    env = {**venv_env(), "NPROC": "1"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (
+        2,
+        "[vit] NPROC=1: run trains in 2 process(es); leave NPROC out (a resumed run takes its "
+        "own number) or set NPROC=2\n",
+    )
+
+
 def test_train_sh_help_is_its_settings_then_train_py_help_once(tmp_path):
     done = train_sh("--help", cwd=tmp_path)
     assert done.returncode == 0 and done.stderr == ""
