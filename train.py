@@ -30,6 +30,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 import types
 import typing
 from pathlib import Path
@@ -459,9 +460,8 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         return said(info.is_main, f"train.py: error: {flag} {e}", status=2)
     except START_ERRORS as e:  # met by every process alike: rank 0 says so
         return said(info.is_main, f"train.py: error: {e}", status=2)
-    except PeerGone:  # torchrun names the process that ended; nothing to add, no C++ teardown
-        sys.stderr.flush()
-        os._exit(1)
+    except PeerGone:
+        left_for_peer()
     except TrainingInterrupted as e:
         if not info.is_main:  # its process group broken by rank 0 leaving: no C++ teardown
             sys.stderr.flush()
@@ -474,6 +474,29 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         f"training_state.pt{', teacher.safetensors' if cfg.distillation_type != 'none' else ''}",
         status=0,
     )
+
+
+# How long a process whose collectives another process's end broke waits for torchrun to end
+# it: torchrun checks its processes every 0.1 s (its --monitor-interval).
+PEER_WAIT_SECONDS = 10
+
+
+def left_for_peer() -> None:
+    """Leave after another process's end broke this one's collectives. torchrun, which saw that
+    process end, ends this one (SIGTERM) and names that one: a survivor that left first could
+    be named in its place (of two that ended together, torchrun names the lower rank). Where
+    none does (another launcher, another machine), one line says so. os._exit: no C++
+    teardown of the broken process group, which can abort the process."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's
+        with contextlib.suppress(KeyboardInterrupt):
+            time.sleep(PEER_WAIT_SECONDS)
+    print(
+        "train.py: stopped: another process of this run ended (its launcher's or its own "
+        "output says why)",
+        file=sys.stderr,
+    )
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def said(speaks: bool, line: str, status: int) -> int:
