@@ -30,6 +30,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 import types
 import typing
 from pathlib import Path
@@ -220,11 +221,10 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         if not run.is_dir():
             parser.error(f"--resume {run}: no such run folder")
         if not (run / STATE_FILE).is_file():
-            again = f"--config {run / CONFIG_FILE} " if (run / CONFIG_FILE).is_file() else ""
             parser.error(
                 f"--resume {run}: no checkpoint there ({STATE_FILE} is written at the end of "
-                f"each epoch); start that run again with {again}--output-dir {run} --overwrite, "
-                f"or resume another folder"
+                f"each epoch); start that run again with {start_again_command(run)}, or resume "
+                f"another folder"
             )
         if first.overwrite:
             parser.error(f"--resume {run} continues that run; --overwrite would start anew")
@@ -360,13 +360,33 @@ def resume_command(run: str, processes: int) -> str:
     """The command that continues `run` in `processes` processes, through the entrance that
     started this one: scripts/train.sh (which names itself in VIT_TRAIN_COMMAND and starts as
     many processes as the run has), torchrun, or python."""
-    script = sys.argv[0] if sys.argv[0].endswith("train.py") else "train.py"
     if os.environ.get("VIT_TRAIN_COMMAND"):
         return f"{os.environ['VIT_TRAIN_COMMAND']} --resume {shlex.quote(run)}"
+    return train_command(f"--resume {shlex.quote(run)}", processes)
+
+
+def start_again_command(run: Path) -> str:
+    """The command that starts `run`, stopped before its first checkpoint, anew from its
+    config.yaml, in as many processes as it had (its flags, when it wrote no config.yaml).
+    Not scripts/train.sh's: it would add its recipe's --data and --batch-size over the run's."""
+    from vit.training.checkpoint import CONFIG_FILE
+    from vit.utils import process_group
+
+    again = f"--output-dir {shlex.quote(str(run))} --overwrite"
+    config = run / CONFIG_FILE
+    if not config.is_file():
+        return f"its own flags and {again}"
+    processes = read_yaml_config(config).get("processes") or process_group.from_env().world_size
+    return train_command(f"--config {shlex.quote(str(config))} {again}", processes)
+
+
+def train_command(args: str, processes: int) -> str:
+    """train.py with `args` in `processes` processes: torchrun's command where there are several
+    (or this start is torchrun's), else python's."""
+    script = shlex.quote(sys.argv[0] if sys.argv[0].endswith("train.py") else "train.py")
     if processes > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
-        launch = f"torchrun --standalone --nproc_per_node {processes}"
-        return f"{launch} {script} --resume {shlex.quote(run)}"
-    return f"python {script} --resume {shlex.quote(run)}"
+        return f"torchrun --standalone --nproc_per_node {processes} {script} {args}"
+    return f"python {script} {args}"
 
 
 def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
@@ -417,6 +437,7 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
     from vit.training.errors import (
         START_ERRORS,
         NonFiniteLossError,
+        PeerGone,
         TrainingError,
         TrainingInterrupted,
     )
@@ -434,8 +455,13 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         return said(info.is_main, f"train.py: stopped: {e}", status=1)
     except TrainingError as e:  # this process's own: it says so
         return said(True, f"train.py: error: {e}", status=2)
+    except locks.InUseError as e:  # another start took the folder since folder_in_use looked
+        flag = "--resume" if cfg.resume else "--output-dir"
+        return said(info.is_main, f"train.py: error: {flag} {e}", status=2)
     except START_ERRORS as e:  # met by every process alike: rank 0 says so
         return said(info.is_main, f"train.py: error: {e}", status=2)
+    except PeerGone:
+        left_for_peer()
     except TrainingInterrupted as e:
         if not info.is_main:  # its process group broken by rank 0 leaving: no C++ teardown
             sys.stderr.flush()
@@ -448,6 +474,29 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         f"training_state.pt{', teacher.safetensors' if cfg.distillation_type != 'none' else ''}",
         status=0,
     )
+
+
+# How long a process whose collectives another process's end broke waits for torchrun to end
+# it: torchrun checks its processes every 0.1 s (its --monitor-interval).
+PEER_WAIT_SECONDS = 10
+
+
+def left_for_peer() -> None:
+    """Leave after another process's end broke this one's collectives. torchrun, which saw that
+    process end, ends this one (SIGTERM) and names that one: a survivor that left first could
+    be named in its place (of two that ended together, torchrun names the lower rank). Where
+    none does (another launcher, another machine), one line says so. os._exit: no C++
+    teardown of the broken process group, which can abort the process."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's
+        with contextlib.suppress(KeyboardInterrupt):
+            time.sleep(PEER_WAIT_SECONDS)
+    print(
+        "train.py: stopped: another process of this run ended (its launcher's or its own "
+        "output says why)",
+        file=sys.stderr,
+    )
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def said(speaks: bool, line: str, status: int) -> int:

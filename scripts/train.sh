@@ -42,6 +42,14 @@ EOF
     fi
 done
 
+# NPROC is checked before anything slow (the GPU probe, the bfloat16 timing); that it divides
+# the chosen recipe's images per step, once the recipe is chosen.
+if [ -n "${NPROC:-}" ] && ! [[ "$NPROC" =~ ^[1-9][0-9]*$ ]]; then
+    echo "[vit] NPROC=$NPROC: processes on a CPU; accepted: an integer >= 1 that divides the" \
+        "recipe's images per step (128; 256 for bfloat16-avx512-fast)" >&2
+    exit 2
+fi
+
 RESUME=""
 PREVIOUS=""
 for ARG in "$@"; do
@@ -53,6 +61,12 @@ if [ -n "$RESUME" ]; then
     # The run's own data, recipe and number of processes (its config.yaml): none of the
     # recipe's flags is added. DATA, if given, is checked against the run's data.
     RUN_NPROC="$(sed -n 's/^processes: *\([0-9][0-9]*\) *$/\1/p' "$RESUME/config.yaml" 2>/dev/null || true)"
+    if [ -n "${NPROC:-}" ] && [ -n "$RUN_NPROC" ] && [ "$NPROC" != "$RUN_NPROC" ]; then
+        # train.py would refuse it too, advising this same command while NPROC stays set
+        echo "[vit] NPROC=$NPROC: $RESUME trains in $RUN_NPROC process(es); leave NPROC out" \
+            "(a resumed run takes its own number) or set NPROC=$RUN_NPROC" >&2
+        exit 2
+    fi
     NPROC="${NPROC:-${RUN_NPROC:-1}}"
     echo "[vit] resuming $RESUME with its own settings: $NPROC process(es)"
     if [ "$NPROC" = 1 ]; then
@@ -105,7 +119,8 @@ esac
 # share the same images per step.
 STEP_IMAGES=$((2 * $(sed -n 's/^batch_size: *\([0-9][0-9]*\).*/\1/p' "$ROOT/$CONFIG")))
 if [ $((STEP_IMAGES % NPROC)) -ne 0 ]; then
-    echo "[vit] NPROC=$NPROC does not divide the recipe's $STEP_IMAGES images per step" >&2
+    echo "[vit] NPROC=$NPROC: processes on a CPU; accepted: an integer >= 1 that divides the" \
+        "$CPU_RECIPE recipe's $STEP_IMAGES images per step" >&2
     exit 2
 fi
 echo "[vit] no GPU: the $CPU_RECIPE CPU recipe, $CONFIG, $NPROC process(es) x 1 thread${WHY:-}"

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,8 @@ import torch
 from conftest import read_rows
 from safetensors.torch import load_file
 
-from vit.utils.process_group import DistInfo, from_env, resolve_device
+from vit.utils import locks
+from vit.utils.process_group import DistInfo, from_env, peer_gone, resolve_device
 
 ROOT = Path(__file__).resolve().parents[1]
 # No MixUp/CutMix or stochastic depth: their random draws differ per process by design.
@@ -103,12 +107,14 @@ def train_py_after(prelude: str, folder: Path) -> Path:
     return script
 
 
-def torchrun_two(script: Path, args: list[str]) -> subprocess.CompletedProcess:
+def torchrun_two(
+    script: Path, args: list[str], timeout: float = 300
+) -> subprocess.CompletedProcess:
     """`python -m vit.distributed` running `script` with `args` in two CPU processes."""
     command = [sys.executable, "-m", "vit.distributed", "--standalone", "--nproc_per_node", "2"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     return subprocess.run(
-        command + [str(script), *args], env=env, capture_output=True, text=True, timeout=300
+        command + [str(script), *args], env=env, capture_output=True, text=True, timeout=timeout
     )
 
 
@@ -160,6 +166,67 @@ def test_a_loss_gone_nan_in_one_process_stops_both(image_folder, tmp_path, tiny_
     assert not (run / "training_state.pt").exists()
 
 
+def test_a_run_folder_taken_after_its_probe_is_one_line_from_both_processes(
+    image_folder, tmp_path, tiny_args
+):
+    """Two starts into one folder a second apart: the second's probe (train.py's folder_in_use)
+    may find the folder free, and its rank 0 then refused the lock. Rank 0 went on to tell the
+    others while rank 1 had entered start()'s first collective: each waited for the other, for
+    ever. Here the probe never finds the lock, which this test holds."""
+    script = train_py_after(
+        "from vit.utils import locks\nlocks.holder = lambda path, folder: None", tmp_path
+    )
+    run = tmp_path / "run"
+    with locks.hold(run, folder=True):
+        done = torchrun_two(script, tiny_args(image_folder, run, 1), timeout=120)
+        assert sorted(p.name for p in run.iterdir()) == [locks.LOCK_NAME]  # nothing written
+    assert done.returncode == 2, done.stderr[-3000:]
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"train.py: error: --output-dir {run}: in use by process {os.getpid()}")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_process_killed_while_training_is_named_by_torchrun_alone(
+    image_folder, tmp_path, tiny_args, rank
+):
+    """The process killed at its 3rd step breaks the other's collective (gloo: "Connection
+    closed by peer"), whose traceback came before torchrun's line; the survivor leaves quietly."""
+    script = train_py_after(
+        "import os, signal\n"
+        "from vit.training import engine\n"
+        "steps, train_step = [0], engine.train_step\n"
+        "def killed_at_the_third(*args, **kwargs):\n"
+        "    steps[0] += 1\n"
+        "    if steps[0] == 3:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return train_step(*args, **kwargs)\n"
+        f"if os.environ['RANK'] == '{rank}':\n"
+        "    engine.train_step = killed_at_the_third",
+        tmp_path,
+    )
+    args = tiny_args(image_folder, tmp_path / "run", 1, *DETERMINISTIC) + ["--batch-size", "4"]
+    done = torchrun_two(script, args)
+    said = [line for line in done.stderr.strip().splitlines() if " INFO " not in line]
+    assert (done.returncode, said) == (
+        137,
+        [f"torchrun: the process of rank {rank} was ended by SIGKILL"],
+    ), done.stderr[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("message", "gone"),
+    [
+        ("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:34967.", True),
+        ("[gloo/transport/tcp/pair.cc:534] Read error [::1]:5: Connection reset by peer.", True),
+        ("mat1 and mat2 shapes cannot be multiplied (4x3 and 2x2)", False),
+    ],
+)
+def test_only_a_collective_broken_by_a_process_that_ended_is_left_unsaid(message, gone):
+    """A survivor's own error, while the others live, is still shown."""
+    assert peer_gone(RuntimeError(message)) is gone
+    assert not peer_gone(ValueError(message))
+
+
 def test_no_process_leaves_its_ddp_model_to_the_interpreters_teardown(
     image_folder, tmp_path, tiny_args
 ):
@@ -193,6 +260,31 @@ def test_help_under_torchrun_is_printed_once():
     done = torchrun_two(ROOT / "train.py", ["--help"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("usage: train.py") == 1
+
+
+def test_ctrl_c_before_the_processes_start_is_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the launcher loads
+    torch or waits at the rendezvous, which here waits for a second machine that never comes:
+    the processes never start. It was KeyboardInterrupt's 30-40 line traceback."""
+    script = tmp_path / "job.py"
+    script.write_text("")
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    command = [sys.executable, "-m", "vit.distributed", "--nnodes", "2", "--nproc_per_node", "1"]
+    command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", str(script)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    launcher = subprocess.Popen(
+        command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    time.sleep(3)
+    os.killpg(launcher.pid, signal.SIGINT)
+    _, err = launcher.communicate(timeout=60)
+    assert (launcher.returncode, err) == (
+        130,
+        "python -m vit.distributed: interrupted before the processes started; nothing was "
+        "written\n",
+    )
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-1"])

@@ -121,6 +121,37 @@ def test_train_sh_reads_the_users_paths_where_it_is_run(image_folder, tmp_path):
     assert said.startswith("train.py: error: --resume run: the run has done 2 epochs")
 
 
+@pytest.mark.parametrize("nproc", ["abc", "0", "-1"])
+def test_an_nproc_train_sh_cannot_use_is_one_line_before_any_work(tmp_path, nproc):
+    """It was bash's own error ("abc: unbound variable", "division by 0") after the GPU probe
+    and the bfloat16 timing (7-9 s); nothing is printed on stdout before the line now."""
+    command = ["bash", str(TRAIN_SH), "--epochs", "1"]
+    env = {**venv_env(), "NPROC": nproc}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        2,
+        "",
+        f"[vit] NPROC={nproc}: processes on a CPU; accepted: an integer >= 1 that divides the "
+        f"recipe's images per step (128; 256 for bfloat16-avx512-fast)\n",
+    )
+
+
+def test_train_sh_resuming_in_another_nproc_than_the_runs_is_one_line(tmp_path):
+    """train.py refused it advising `bash scripts/train.sh --resume RUN`, which NPROC, still
+    set, made fail again."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("processes: 2\n")
+    command = ["bash", str(TRAIN_SH), "--resume", "run"]
+    env = {**venv_env(), "NPROC": "1"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (
+        2,
+        "[vit] NPROC=1: run trains in 2 process(es); leave NPROC out (a resumed run takes its "
+        "own number) or set NPROC=2\n",
+    )
+
+
 def test_train_sh_help_is_its_settings_then_train_py_help_once(tmp_path):
     done = train_sh("--help", cwd=tmp_path)
     assert done.returncode == 0 and done.stderr == ""
@@ -252,6 +283,39 @@ def test_single_process_ctrl_c_is_one_line_and_resumable(image_folder, tmp_path,
     )
     assert again.returncode == 0, again.stderr.decode()[-2000:]
     assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 5
+
+
+def test_a_two_process_run_without_a_checkpoint_is_started_again_as_said(
+    image_folder, tmp_path, train_script, tiny_args, capsys
+):
+    """A run of two processes stopped in its first epoch (its config.yaml written, no
+    checkpoint): --resume names the command that starts it again, its launcher and number of
+    processes included (it named only the flags, which python train.py refuses: --processes 2),
+    and that command, run as printed, trains it."""
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1)) == 0
+    (run / "training_state.pt").unlink()
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "config.yaml").write_text(yaml.safe_dump({**config, "processes": 2}))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:
+        train_script.main(["--resume", str(run)])
+    assert refused.value.code == 2
+    command = (
+        f"torchrun --standalone --nproc_per_node 2 train.py --config {run}/config.yaml "
+        f"--output-dir {run} --overwrite"
+    )
+    assert capsys.readouterr().err.strip() == (
+        f"train.py: error: --resume {run}: no checkpoint there (training_state.pt is written at "
+        f"the end of each epoch); start that run again with {command}, or resume another folder"
+    )
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]  # this environment's torchrun
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    again = subprocess.run(
+        torchrun + command.split()[1:], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 1
 
 
 def test_resuming_a_finished_run_asks_for_more_epochs(

@@ -1,7 +1,9 @@
 """`python -m vit.distributed ARGS`: torchrun (the same ARGS, the same engine) answering as its
 processes do: their exit status as its own, and none of torchrun's report of a process that
 stopped (train.py's rank 0 has said why in one line) or of the Ctrl-C it passed on to them.
-An --nproc_per_node it cannot start (`abc`, `0`: torchrun's traceback) is one line, status 2.
+An --nproc_per_node it cannot start (`abc`, `0`: torchrun's traceback) is one line, status 2;
+so is a Ctrl-C before the processes started (while torch loads, or at their rendezvous),
+status 130.
 
 What the processes share once started (the process group, failing together, Ctrl-C) is
 `vit.utils.process_group`.
@@ -14,6 +16,7 @@ import signal
 import sys
 
 PROG = "python -m vit.distributed"
+NOTHING_STARTED = f"{PROG}: interrupted before the processes started; nothing was written"
 
 
 def nproc_problem(argv: list[str]) -> str | None:
@@ -35,8 +38,16 @@ def nproc_problem(argv: list[str]) -> str | None:
 
 def torchrun(argv: list[str]) -> int:
     """Run torchrun with `argv` (its own arguments); return the exit status of the first
-    process that failed (128 + N for signal N, as a shell says), 130 after a Ctrl-C that
-    torchrun passed on to its processes, or 0."""
+    process that failed (128 + N for signal N, as a shell says), 130 after a Ctrl-C (that
+    torchrun passed on to its processes, or that came before it started them), or 0."""
+    try:
+        return _torchrun(argv)
+    except KeyboardInterrupt:  # while torch loads or the processes meet: torchrun's traceback
+        print(NOTHING_STARTED, file=sys.stderr)
+        return 130
+
+
+def _torchrun(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main

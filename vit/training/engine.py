@@ -54,6 +54,7 @@ from .distillation import save_teacher
 from .errors import (
     START_ERRORS,
     NonFiniteLossError,
+    PeerGone,
     TrainingError,
     TrainingInterrupted,
     worker_message,
@@ -89,7 +90,7 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, overwrite: bool = Fals
     previous run (train.py refuses it otherwise), whose files are removed at that point.
     Raises NonFiniteLossError (leaving the last checkpoint untouched) if the loss diverges,
     TrainingInterrupted on Ctrl-C, and, under DDP, a start that fails on any process on every
-    process (`process_group.failing_together`).
+    process (`process_group.failing_together`), PeerGone once another process has ended.
     """
     info = info or DistInfo()
     if cfg.processes is None:  # recorded in config.yaml: --resume continues with as many
@@ -117,6 +118,11 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, overwrite: bool = Fals
         # broken, and taking it down can abort the process.
         leave_group = info.is_main
         raise
+    except Exception as e:
+        if not (info.enabled and process_group.peer_gone(e)):
+            raise
+        leave_group = False  # broken by the process that ended, as by Ctrl-C above
+        raise PeerGone() from e
     finally:
         if leave_group:
             process_group.cleanup()
@@ -130,9 +136,12 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
     started = False  # whether this start wrote the run folder
     lock = contextlib.ExitStack()  # rank 0's hold on the run folder: one writer at a time
     try:
+        # The lock first, in a block of its own: every process knows whether rank 0 got it
+        # before any enters start(), whose collectives a refused rank 0 would never reach.
         with process_group.failing_together(info, START_ERRORS):
             if info.is_main:
                 lock.enter_context(locks.hold(run_dir, folder=True))
+        with process_group.failing_together(info, START_ERRORS):
             run = start(cfg, info, device, saver)
         if info.is_main:  # everything is ready, on every process: the run folder can be written
             start_run_dir(run_dir, cfg, overwrite)

@@ -21,6 +21,11 @@ class TrainingInterrupted(Exception):
         self.run_dir, self.epoch, self.epochs = run_dir, epoch, epochs
 
 
+class PeerGone(Exception):
+    """Another process of the run ended (killed, or out on its own error), breaking this one's
+    collectives: torchrun, or that process, says why; this one has nothing to add."""
+
+
 # What a start can find wrong in the settings, the data, the model, a resumed state or the run
 # folder (another process writing there): one line for the user (train.py exits with status 2),
 # raised by every process together.

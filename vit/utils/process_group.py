@@ -5,8 +5,9 @@ once at the command-line edge and `setup` joins the process group (NCCL on GPUs,
 
 A start that fails on one process must stop them all, each at once and the same way, instead
 of leaving the others waiting for it in a collective: `rank0_first`, `failing_together`;
-Ctrl-C stops them all too: `stop_on_interrupt`. `python -m vit.distributed`
-(vit/utils/process_group.py) starts the processes.
+Ctrl-C stops them all too: `stop_on_interrupt`. A process that ends (killed) breaks the others'
+collectives, which then have nothing to add: `peer_gone`. `python -m vit.distributed`
+(vit/distributed.py) starts the processes.
 """
 
 from __future__ import annotations
@@ -174,6 +175,20 @@ def _gather_failures(info: DistInfo, message: str | None) -> str | None:
     messages: list[str | None] = [None] * info.world_size
     dist.all_gather_object(messages, message)
     return next((m for m in messages if m is not None), None)
+
+
+# -- another process's end -----------------------------------------------------------------------
+# What gloo's collectives say once another process has ended (killed, or out on its own error):
+# the connection to it closed, was reset, or refused a write.
+PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe")
+
+
+def peer_gone(error: BaseException) -> bool:
+    """Whether `error` is a collective broken by another process's end, which torchrun (or that
+    process, of its own error) reports: not a failure of this one. (NCCL's collectives wait
+    instead, until torchrun ends this process.)"""
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(words in text for words in PEER_GONE)
 
 
 # -- Ctrl-C --------------------------------------------------------------------------------------
