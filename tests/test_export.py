@@ -2,10 +2,12 @@
 loaded back by the library it is for and compared with our logits (float32, eval)."""
 
 import json
+import math
 import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ import vit
 from vit import export
 from vit.interop import torchvision_export, transformers_export
 from vit.interop.export_check import MissingExtraError
+from vit.interop.layouts import hf_common
 from vit.interop.onnx_export import OnnxOptions, export_onnx
 from vit.interop.torchvision_export import export_torchvision
 from vit.interop.transformers_export import export_transformers
@@ -377,6 +380,45 @@ def test_transformers_folder_loads_with_id2label_and_round_trips(model, tmp_path
     assert list(processor.image_mean) == [0.4, 0.5, 0.6]
     back = vit.load_model(folder)  # and our reader takes our writer's folder back exactly
     assert back.class_names == NAMES and torch.equal(logits(back, x), logits(model, x))
+
+
+@pytest.mark.parametrize("input_size", [(32, 32), (32, 48)], ids=["square", "non-square"])
+def test_transformers_folder_keeps_the_centre_crop(model, tmp_path, one_thread, input_size):
+    """A model evaluated with a crop (timm's default crop_pct 0.9: resize to 35, crop 32) is
+    written as DINOv2's BitImageProcessor, which transformers runs the same way, and read back
+    as the same evaluation transform (it was written without the crop, and read back as a plain
+    resize: another top-1 on 2 of 20 images of an audit's run)."""
+    from PIL import Image
+
+    from vit.data.eval_transform import eval_transform
+
+    model.preprocess = vit.Preprocess(input_size=input_size, mean=(0.4, 0.5, 0.6), crop_pct=0.9)
+    export_transformers(model, tmp_path / "hf")
+    back = vit.load_model(tmp_path / "hf").preprocess
+    assert back.input_size == input_size and back.mean == (0.4, 0.5, 0.6)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (61, 83, 3), np.uint8))
+    expected = eval_transform(model.preprocess)(image)
+    assert torch.equal(eval_transform(back)(image), expected)
+    theirs = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf", backend="pil")
+    assert type(theirs).__name__ == "BitImageProcessorPil"
+    assert theirs(image, return_tensors="pt")["pixel_values"][0].shape == expected.shape
+    if input_size == (32, 32):  # transformers' own pixels, where the crop's offsets are even
+        model.preprocess = replace(model.preprocess, crop_pct=0.875)  # (transformers rounds an
+        export_transformers(model, tmp_path / "hf2")  # odd one down, torchvision to even)
+        theirs = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf2", backend="pil")
+        image = image.resize((90, 60))  # -> 36 x 54 -> 32 x 32
+        pixels = theirs(image, return_tensors="pt")["pixel_values"][0]
+        expected = eval_transform(model.preprocess)(image)
+        torch.testing.assert_close(pixels, expected, atol=1e-5, rtol=0)
+
+
+def test_a_crop_read_back_resizes_to_the_size_written():
+    """9 / (9 / 14) is 13.999... in floating point: the crop_pct read back is nudged so that
+    the evaluation transform resizes to the size the folder names."""
+    for crop in range(8, 400):
+        for resized in range(crop, 2 * crop):
+            pct = hf_common.crop_pct_of((crop,), (resized,))
+            assert math.floor(crop / pct) == resized and pct <= crop / resized
 
 
 def test_a_headless_model_becomes_a_vit_model(tmp_path, one_thread):

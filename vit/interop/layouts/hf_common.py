@@ -9,6 +9,7 @@ The layouts themselves are `huggingface` (ViT, MAE), `hf_deit`, `hf_dinov2`, `hf
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -190,7 +191,8 @@ def preprocess_from_hf(processor: dict, img_size: tuple[int, int]) -> dict:
     ViTImageProcessor (and SigLIP's) resizes straight to `size`: we resize the shorter side and
     centre-crop (crop_pct 1.0), identical for square images, a crop instead of a squash
     otherwise. CLIP's and DINOv2's processors resize the shorter side to `size` and centre-crop
-    `crop_size`, which is crop_pct = crop / shorter side (DINOv2: 224 / 256)."""
+    `crop_size`, which is crop_pct = crop / shorter side (DINOv2: 224 / 256); a `size` of
+    height and width before the crop (our writer's for a non-square input) is both sides'."""
     size, crop = processor.get("size") or {}, processor.get("crop_size") or {}
     if isinstance(size, int):  # older processors: one number, the shorter side
         size = {"shortest_edge": size}
@@ -199,8 +201,12 @@ def preprocess_from_hf(processor: dict, img_size: tuple[int, int]) -> dict:
     height = size.get("height", size.get("shortest_edge", img_size[0]))
     width = size.get("width", size.get("shortest_edge", img_size[1]))
     crop_pct = 1.0
-    if processor.get("do_center_crop") and "shortest_edge" in size and crop:
-        crop_pct = crop["height"] / size["shortest_edge"]
+    if processor.get("do_center_crop") and crop:
+        if "shortest_edge" in size:
+            crop_pct = crop_pct_of((crop["height"],), (size["shortest_edge"],))
+        elif "height" in size:  # both sides resized, as our transform does a non-square input
+            crops, sizes = (crop["height"], crop["width"]), (size["height"], size["width"])
+            crop_pct = crop_pct_of(crops, sizes)
         height, width = crop["height"], crop["width"]
     return dict(
         input_size=(int(height), int(width)),
@@ -211,14 +217,42 @@ def preprocess_from_hf(processor: dict, img_size: tuple[int, int]) -> dict:
     )
 
 
+def crop_pct_of(crops: tuple[int, ...], sizes: tuple[int, ...]) -> float:
+    """The crop_pct with which the evaluation transform resizes each side to floor(crop /
+    crop_pct) = its size before the centre crop: the least crop / size, nudged down where the
+    division's rounding would make a side a pixel short (9 / (9 / 14) is 13.999...)."""
+    crop_pct = min(crop / size for crop, size in zip(crops, sizes, strict=True))
+    while any(math.floor(c / crop_pct) < s for c, s in zip(crops, sizes, strict=True)):
+        crop_pct = math.nextafter(crop_pct, 0.0)
+    return crop_pct
+
+
 def preprocess_to_hf(preprocess) -> dict:
-    """Our `Preprocess` -> a ViTImageProcessor `preprocessor_config.json` dict."""
+    """Our `Preprocess` -> a `preprocessor_config.json` dict: ViTImageProcessor's (a resize to
+    the input size) without a crop (crop_pct 1), else DINOv2's BitImageProcessor (the shorter
+    side resized to input / crop_pct, then the centre crop), so that the folder is evaluated as
+    the model was (timm's default crop_pct is 0.9)."""
     resample = {name: code for code, name in PIL_RESAMPLE.items()}
     height, width = preprocess.input_size
+    if preprocess.crop_pct == 1.0:
+        resize = {"image_processor_type": "ViTImageProcessor", "do_resize": True}
+        resize["size"] = {"height": height, "width": width}
+    else:  # the evaluation transform's resize (eval_transform): one side if square, else both
+        resized = [math.floor(side / preprocess.crop_pct) for side in (height, width)]
+        resize = {
+            "image_processor_type": "BitImageProcessor",
+            "do_resize": True,
+            "size": (
+                {"shortest_edge": resized[0]}
+                if height == width
+                else {"height": resized[0], "width": resized[1]}
+            ),
+            "do_center_crop": True,
+            "crop_size": {"height": height, "width": width},
+            "do_convert_rgb": True,
+        }
     return {
-        "image_processor_type": "ViTImageProcessor",
-        "do_resize": True,
-        "size": {"height": height, "width": width},
+        **resize,
         "resample": resample.get(preprocess.interpolation, 3),
         "do_rescale": True,
         "rescale_factor": 1 / 255,
