@@ -548,7 +548,8 @@ def test_every_output_is_checked_before_any_is_written(tmp_path, capsys):
     assert export.main([str(path), "--onnx", str(out / "m.onnx"), "--hf", str(out / "hf")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"error: --hf {out / 'hf'}: ")
-    assert "global_pool='avg'" in err and err.endswith("; nothing was written\n")
+    assert "global_pool='avg'" in err
+    assert err.endswith("; nothing was written (--onnx FILE holds every model)\n")
     assert not out.exists()
     (tmp_path / "file").write_text("")
     for argv, message in (

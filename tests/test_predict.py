@@ -99,6 +99,25 @@ def test_grayscale_and_transparent_images_become_rgb(images, tmp_path):
     assert load_image(deep)[..., 1].tolist() == [[0, 100], [200, 255]]
 
 
+def test_a_folder_is_searched_as_torchvisions_image_folder_finds_files(tmp_path):
+    """Linked folders are followed (Path.rglob did not go into them: a class's linked folder
+    of images was silently left out of training), a link back up is walked once, hidden
+    folders (.ipynb_checkpoints/: a copy of each image) are skipped, .pgm is an image."""
+    from vit.data.images import images_in_folder
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    Image.new("RGB", (8, 8)).save(elsewhere / "linked.jpg")
+    cat = tmp_path / "train" / "cat"
+    (cat / ".ipynb_checkpoints").mkdir(parents=True)
+    Image.new("RGB", (8, 8)).save(cat / "a.jpg")
+    Image.new("RGB", (8, 8)).save(cat / ".ipynb_checkpoints" / "a-checkpoint.jpg")
+    Image.new("L", (8, 8)).save(cat / "grey.pgm")
+    (cat / "more").symlink_to(elsewhere, target_is_directory=True)
+    (cat / "loop").symlink_to(cat, target_is_directory=True)
+    assert images_in_folder(cat) == [cat / "a.jpg", cat / "grey.pgm", cat / "more" / "linked.jpg"]
+
+
 def test_unreadable_images_raise_a_value_error_naming_the_file(tmp_path):
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"\xff\xd8\xff not really a jpeg")
@@ -129,7 +148,7 @@ def test_files_folders_and_globs_expand_in_order_without_duplicates(tmp_path):
     assert all(p.suffix != ".txt" for p in paths)
     assert problems == [
         f"{tmp_path / 'empty'}: a folder without images (searched recursively for "
-        ".jpg, .jpeg, .png, .bmp, .webp, .gif, .tif, .tiff, .ppm)",
+        ".jpg, .jpeg, .png, .bmp, .webp, .gif, .tif, .tiff, .ppm, .pgm)",
         f"{tmp_path / 'nothing*.jpg'}: no image matches this pattern",
         f"cannot read image {tmp_path / 'missing.jpg'}: no such file",
     ]

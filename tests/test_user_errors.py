@@ -240,6 +240,23 @@ def test_missing_data_leaves_no_run_folder(tmp_path, train_script, tiny_args, ca
     assert not run.exists()
 
 
+def test_splits_with_other_classes_name_the_classes_that_differ(
+    make_images, tmp_path, train_script, tiny_args, capsys
+):
+    """The classes only one split has, not both lists (2 x 1,000 names for ImageNet)."""
+    data = make_images(tmp_path / "data")
+    make_images(tmp_path / "extra", classes=("dog",), train_per_class=0)
+    (tmp_path / "extra" / "test" / "dog").rename(data / "test" / "dog")
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(data, run, 1)) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"train.py: error: --data {data}: the train and test splits have different classes "
+        f"(only in test/: dog); give both splits the same class folders"
+    )
+    assert not run.exists()
+
+
 def test_unknown_model_kwargs_key_leaves_no_run_folder(
     image_folder, tmp_path, train_script, tiny_args, capsys
 ):

@@ -195,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     refused = [(flag, path, format_problem(flag, model)) for flag, path in targets]
     refused = [(flag, path, problem) for flag, path, problem in refused if problem]
     for flag, path, problem in refused:
-        print(f"error: --{flag} {path}: {problem}; nothing was written", file=sys.stderr)
+        other = "" if flag == "onnx" else " (--onnx FILE holds every model)"
+        print(f"error: --{flag} {path}: {problem}; nothing was written{other}", file=sys.stderr)
     if refused:
         return 2
     try:

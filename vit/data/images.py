@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import multiprocessing
+import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
@@ -18,7 +19,18 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif", ".tif", ".tiff", ".ppm")
+IMAGE_EXTENSIONS = (
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".bmp",
+    ".webp",
+    ".gif",
+    ".tif",
+    ".tiff",
+    ".ppm",
+    ".pgm",
+)
 GLOB_CHARACTERS = frozenset("*?[")
 
 
@@ -105,12 +117,23 @@ def is_image_file(path: Path) -> bool:
 
 
 def images_in_folder(folder: Path) -> list[Path]:
-    """Every image file under `folder`, searched recursively, sorted; hidden files skipped."""
-    return sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file() and is_image_file(p) and not p.name.startswith(".")
-    )
+    """Every image file under `folder`, searched recursively, sorted. Linked folders are
+    followed, as torchvision's ImageFolder does (a link back to a folder above it, once);
+    hidden files and folders (.DS_Store, .ipynb_checkpoints/) are skipped."""
+    found = []
+    for root, folders, files in os.walk(folder, followlinks=True):
+        here = Path(root)
+        above = [folder / part for part in here.relative_to(folder).parents]
+        if os.path.realpath(here) in {os.path.realpath(p) for p in above}:  # a link loop
+            folders.clear()
+            continue
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        found += [
+            here / name
+            for name in files
+            if not name.startswith(".") and is_image_file(here / name) and (here / name).is_file()
+        ]
+    return sorted(found)
 
 
 def expand_image_paths(inputs: Iterable[str | Path]) -> tuple[list[Path], list[str]]:

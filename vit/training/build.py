@@ -121,11 +121,26 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
         return validation_split(loaded[0], cfg.val_split, cfg.seed)
     train_set, test_set = loaded
     if test_set.class_names != train_set.class_names:
-        raise ValueError(
-            f"train and test splits of {cfg.data} have different classes: "
-            f"{train_set.class_names} vs {test_set.class_names}"
-        )
+        raise ValueError(class_mismatch(cfg.data, train_set.class_names, test_set.class_names))
     return train_set, test_set
+
+
+def class_mismatch(data: str, train: list[str], test: list[str]) -> str:
+    """Why the two splits cannot be trained and scored together: the classes only one of them
+    has, named (not 2 x 1,000 names), or else their different order."""
+    only = [
+        f"only in {split}/: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}"
+        for split, names in (
+            ("train", [n for n in train if n not in test]),
+            ("test", [n for n in test if n not in train]),
+        )
+        if names
+    ]
+    what = "; ".join(only) or "the same names in another order"
+    return (
+        f"--data {data}: the train and test splits have different classes ({what}); give both "
+        f"splits the same class folders"
+    )
 
 
 def validation_split(
