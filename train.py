@@ -459,6 +459,9 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         flag = "--resume" if cfg.resume else "--output-dir"
         return said(info.is_main, f"train.py: error: {flag} {e}", status=2)
     except START_ERRORS as e:  # met by every process alike: rank 0 says so
+        if not info.is_main:  # its process group left standing by engine.train: no teardown
+            sys.stderr.flush()
+            os._exit(2)
         return said(info.is_main, f"train.py: error: {e}", status=2)
     except PeerGone:
         left_for_peer()

@@ -275,7 +275,14 @@ def test_ctrl_c_before_the_processes_start_is_one_line(tmp_path):
     command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", str(script)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     launcher = subprocess.Popen(
-        command, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+        command,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # as in a terminal: a suite started in the background (nohup, CI) ignores SIGINT, and
+        # its children inherit that, so the launcher would never hear the Ctrl-C
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     time.sleep(3)
     os.killpg(launcher.pid, signal.SIGINT)

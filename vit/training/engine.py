@@ -118,6 +118,15 @@ def train(cfg: TrainConfig, info: DistInfo | None = None, overwrite: bool = Fals
         # broken, and taking it down can abort the process.
         leave_group = info.is_main
         raise
+    except TrainingError:  # this process's own, met while training: as before
+        raise
+    except START_ERRORS:
+        # A start refused on every process together (failing_together): rank 0 says why and
+        # leaves; another's teardown of the group can then abort it ("terminate called without
+        # an active exception", SIGABRT, seen once in a suite run), so only rank 0 takes it down
+        # and the others leave without one (train.py).
+        leave_group = info.is_main
+        raise
     except Exception as e:
         if not (info.enabled and process_group.peer_gone(e)):
             raise
