@@ -242,9 +242,14 @@ def others_files(args: argparse.Namespace, out_dir: Path, json_path: Path) -> li
     if args.knn or args.linear_probe:
         from vit.inference.probe import is_feature_cache
 
-        caches = [out_dir / f"features-{split}.npz" for split in ("train", "test")]
+        caches = [feature_cache(out_dir, split) for split in ("train", "test")]
         found += [cache for cache in caches if cache.exists() and not is_feature_cache(cache)]
     return found
+
+
+def feature_cache(out_dir: Path, split: str) -> Path:
+    """Where --knn and --linear-probe keep a split's features: OUTPUT_DIR/features-SPLIT.npz."""
+    return out_dir / f"features-{split}.npz"
 
 
 def confusion_png(json_path: Path) -> Path:
@@ -380,13 +385,12 @@ def main(argv: list[str] | None = None) -> int:
 def interrupted_message(out_dir: Path, json_path: Path) -> str:
     """After Ctrl-C: the report is not written; a feature extraction's finished shards are
     kept, and the same command continues from them."""
-    from vit.inference.embed import parts_folder
+    from vit.inference.embed import finished_shards
+    from vit.inference.probe import extraction_path
 
     line = f"evaluate.py: interrupted; {json_path} not written"
-    parts = [
-        parts_folder(out_dir / f"features-{split}.extracting.npz") for split in ("train", "test")
-    ]
-    shards = sum(len(list(folder.glob("shard-*.npz"))) for folder in parts if folder.is_dir())
+    caches = [feature_cache(out_dir, split) for split in ("train", "test")]
+    shards = sum(finished_shards(extraction_path(cache)) for cache in caches)
     if shards:
         line += (
             f"; {shards} finished shard{'' if shards == 1 else 's'} of the features kept in "
@@ -621,7 +625,7 @@ def split_features(
         check_ks(args.knn_k, len(splits["train"]))
     features, labels, extraction = {}, {}, {}
     for split, dataset in splits.items():
-        cache = out_dir / f"features-{split}.npz"
+        cache = feature_cache(out_dir, split)
         before = cache.stat().st_mtime_ns if cache.is_file() else None
         start = time.perf_counter()
         features[split], labels[split] = dataset_features(

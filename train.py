@@ -459,16 +459,14 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         flag = "--resume" if cfg.resume else "--output-dir"
         return said(info.is_main, f"train.py: error: {flag} {e}", status=2)
     except START_ERRORS as e:  # met by every process alike: rank 0 says so
-        if not info.is_main:  # its process group left standing by engine.train: no teardown
-            sys.stderr.flush()
-            os._exit(2)
+        if not info.is_main:  # its process group left standing by engine.train
+            exit_without_teardown(2)
         return said(info.is_main, f"train.py: error: {e}", status=2)
     except PeerGone:
         left_for_peer()
     except TrainingInterrupted as e:
-        if not info.is_main:  # its process group broken by rank 0 leaving: no C++ teardown
-            sys.stderr.flush()
-            os._exit(130)
+        if not info.is_main:  # its process group broken by rank 0 leaving
+            exit_without_teardown(130)
         return said(info.is_main, interrupted_message(e, info.world_size), status=130)
     return said(
         info.is_main,
@@ -488,8 +486,7 @@ def left_for_peer() -> None:
     """Leave after another process's end broke this one's collectives. torchrun, which saw that
     process end, ends this one (SIGTERM) and names that one: a survivor that left first could
     be named in its place (of two that ended together, torchrun names the lower rank). Where
-    none does (another launcher, another machine), one line says so. os._exit: no C++
-    teardown of the broken process group, which can abort the process."""
+    none does (another launcher, another machine), one line says so."""
     if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's
         with contextlib.suppress(KeyboardInterrupt):
             time.sleep(PEER_WAIT_SECONDS)
@@ -498,8 +495,14 @@ def left_for_peer() -> None:
         "output says why)",
         file=sys.stderr,
     )
+    exit_without_teardown(1)
+
+
+def exit_without_teardown(status: int) -> typing.NoReturn:
+    """Leave at once with `status`, stderr flushed: no C++ teardown of a process group that
+    another process's end or rank 0's has left standing, which can abort the process."""
     sys.stderr.flush()
-    os._exit(1)
+    os._exit(status)
 
 
 def said(speaks: bool, line: str, status: int) -> int:

@@ -337,27 +337,27 @@ def build_job(args: argparse.Namespace, model: VisionTransformer, paths: list[Pa
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    with unless_main_quiet(from_env()):
+    info = from_env()
+    with unless_main_quiet(info):
         args = parser.parse_args(argv)
     try:
-        return predict(parser, args)
+        return predict(parser, args, info)
     except KeyboardInterrupt:  # Ctrl-C: one line, what was kept and how to go on
-        if from_env().is_main:
+        if info.is_main:
             print(interrupted_message(args), file=sys.stderr)
         return 130
 
 
 def interrupted_message(args: argparse.Namespace) -> str:
     """After Ctrl-C: what the interrupted job kept, and how to go on."""
-    from .inference.embed import parts_folder
+    from .inference.embed import finished_shards, parts_folder
 
     kept = []
     if args.features is not None:
-        parts = parts_folder(args.features)
-        shards = len(list(parts.glob("shard-*.npz"))) if parts.is_dir() else 0
+        shards = finished_shards(args.features)
         kept.append(
             f"{shards} finished shard{'' if shards == 1 else 's'} of --features {args.features} "
-            f"kept in {parts}, from which the same command continues"
+            f"kept in {parts_folder(args.features)}, from which the same command continues"
             if shards
             else f"--features {args.features}: no shard finished yet"
         )
@@ -374,9 +374,8 @@ def unless_main_quiet(info: DistInfo):
     return contextlib.nullcontext() if info.is_main else contextlib.redirect_stderr(io.StringIO())
 
 
-def predict(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+def predict(parser: argparse.ArgumentParser, args: argparse.Namespace, info: DistInfo) -> int:
     """The command after its flags are read; the exit status."""
-    info = from_env()
     outputs = contextlib.ExitStack()  # this process's hold on --output and --features
     try:
         with unless_main_quiet(info):

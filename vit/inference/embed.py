@@ -193,6 +193,13 @@ def parts_folder(out: Path) -> Path:
     return out.parent / f".{out.name}.parts"
 
 
+def finished_shards(out: Path) -> int:
+    """How many shards of the job writing `out` are finished (0 without a parts folder): where
+    the same job continues from."""
+    parts = parts_folder(out)
+    return len(list(parts.glob("shard-*.npz"))) if parts.is_dir() else 0
+
+
 def errors_file(out: Path) -> Path:
     return out.parent / f"{out.name}.errors.txt"
 
@@ -251,7 +258,7 @@ def _prepare_parts(out: Path, manifest: dict, overwrite: bool) -> int:
     if not parts.exists():
         parts.mkdir(parents=True)
         atomic_write(manifest_path, lambda tmp: tmp.write_text(json.dumps(manifest)))
-    return len(list(parts.glob("shard-*.npz")))
+    return finished_shards(out)
 
 
 def _shard_path(parts: Path, shard: int) -> Path:
@@ -393,34 +400,29 @@ def _embed_items(model, indices: range, how: _How, reporter: _Progress) -> _Shar
 
     size = how.batch_size
     batches = [indices[s : s + size] for s in range(0, len(indices), size)]
-    with ThreadPoolExecutor(max(1, how.workers)) as pool:  # PIL decodes without holding the GIL
-        try:
-            pending = _submit(pool, prepare, batches[0]) if batches else []
-            for b in range(len(batches)):
-                results = [f.result() for f in pending]
-                pending = _submit(pool, prepare, batches[b + 1]) if b + 1 < len(batches) else []
-                good = [
-                    i for i, r in zip(batches[b], results, strict=True) if not isinstance(r, str)
-                ]
-                data.errors += [
-                    (i, r) for i, r in zip(batches[b], results, strict=True) if isinstance(r, str)
-                ]
-                if good:
-                    batch = torch.stack([r for r in results if not isinstance(r, str)]).to(
-                        how.device
-                    )
-                    if how.logits:
-                        features, logits = embed_batch(model, batch, how.embedding, logits=True)
-                        data.logits.append(logits.numpy())
-                    else:
-                        features = embed_batch(model, batch, how.embedding)
-                    data.features.append(features.numpy())
-                    data.indices += good
-                    del batch, results  # the images go now, not at the next batch
-                reporter.update(len(batches[b]))
-        except BaseException:  # Ctrl-C or an error: the next batch's decodes are not waited for
-            pool.shutdown(cancel_futures=True)
-            raise
+    pool = ThreadPoolExecutor(max(1, how.workers))  # PIL decodes without holding the GIL
+    try:
+        pending = _submit(pool, prepare, batches[0]) if batches else []
+        for b in range(len(batches)):
+            results = [f.result() for f in pending]
+            pending = _submit(pool, prepare, batches[b + 1]) if b + 1 < len(batches) else []
+            good = [i for i, r in zip(batches[b], results, strict=True) if not isinstance(r, str)]
+            data.errors += [
+                (i, r) for i, r in zip(batches[b], results, strict=True) if isinstance(r, str)
+            ]
+            if good:
+                batch = torch.stack([r for r in results if not isinstance(r, str)]).to(how.device)
+                if how.logits:
+                    features, logits = embed_batch(model, batch, how.embedding, logits=True)
+                    data.logits.append(logits.numpy())
+                else:
+                    features = embed_batch(model, batch, how.embedding)
+                data.features.append(features.numpy())
+                data.indices += good
+                del batch, results  # the images go now, not at the next batch
+            reporter.update(len(batches[b]))
+    finally:  # Ctrl-C or an error: the next batch's decodes are cancelled, not waited for
+        pool.shutdown(cancel_futures=True)
     return data
 
 

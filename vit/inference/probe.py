@@ -165,6 +165,12 @@ def extract_features(
     return features, dataset.labels.astype(np.int64)
 
 
+def extraction_path(cache_path: Path) -> Path:
+    """Where `dataset_features` extracts the features it then stores at `cache_path` (its
+    shards beside it, so that a killed extraction continues): FEATURES.extracting.npz."""
+    return cache_path.with_name(f"{cache_path.stem}.extracting.npz")
+
+
 def dataset_features(
     model: VisionTransformer,
     dataset: ImageDataset,
@@ -199,7 +205,7 @@ def dataset_features(
     features, labels = extract_features(
         model,
         dataset,
-        cache_path.with_name(f"{cache_path.stem}.extracting.npz"),
+        extraction_path(cache_path),
         embedding=identity.get("embedding", "pooled"),
         batch_size=batch_size,
         workers=workers,
