@@ -218,3 +218,13 @@ def fake_hub_cache(root, repo_id: str, filename: str, tensors: dict) -> None:
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("0" * 40)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(snapshot / filename))
+
+
+class OfflineCifar:
+    """torchvision's CIFAR10 on a machine without internet: it makes its folder and a partial
+    archive there before the download fails, as the real one does."""
+
+    def __init__(self, root: str, train: bool = True, download: bool = False) -> None:
+        Path(root).mkdir(parents=True, exist_ok=True)
+        (Path(root) / "cifar-10-python.tar.gz").write_bytes(b"partial")
+        raise RuntimeError("<urlopen error [Errno -3] Temporary failure in name resolution>")

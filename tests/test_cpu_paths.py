@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torchvision
+from conftest import OfflineCifar
 
 import vit
 from vit import benchmark
 from vit.benchmark import main as benchmark_main
-from vit.cli.flags import missing_model_argument, runtime_problem
+from vit.cli.flags import DATA_ROOT, missing_model_argument, runtime_problem
 from vit.cli.model_argument import model_from_flags, resolve_model
 from vit.data import datasets
 from vit.export import build_parser as export_parser
@@ -139,6 +141,11 @@ def test_export_calibrates_on_the_folders_train_images(exported, image_folder, t
             "error: --calibration MISSING: 'MISSING' is neither one of cifar10, cifar100 "
             "nor an existing folder",
         ),
+        (
+            ["--int8", "--data-root", "MISSING"],
+            "python -m vit.export: error: --data-root is where --calibration cifar10/cifar100 is "
+            "read: pass it too\n",
+        ),
     ],
 )
 def test_export_refuses_calibration_it_cannot_use(extra, line, exported, tmp_path, capsys):
@@ -153,6 +160,23 @@ def test_export_refuses_calibration_it_cannot_use(extra, line, exported, tmp_pat
     err = capsys.readouterr().err.replace(str(tmp_path / "MISSING"), "MISSING")
     assert code == 2 and err.startswith(line) and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_export_reads_calibration_cifar_from_data_root_as_evaluate_does(
+    exported, tmp_path, capsys, monkeypatch
+):
+    """--calibration cifar10 is read from --data-root and downloaded there when missing; offline,
+    the download fails in one line, and neither the export nor the download's folder is left."""
+    from vit.export import main as export_main
+
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", OfflineCifar)
+    out, root = tmp_path / "static.onnx", tmp_path / "downloads" / "cifar"
+    argv = [str(exported / "tiny.safetensors"), "--onnx", str(out), "--int8"]
+    assert export_main([*argv, "--calibration", "cifar10", "--data-root", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --calibration cifar10: cifar10 is not in {root} and could not")
+    assert err.count("\n") == 1 and err.endswith("; nothing was written\n")
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- OpenVINO ------------------------------------------------------------------------------------
@@ -370,7 +394,8 @@ def test_benchmark_advice_is_accepted_as_printed_with_the_model_arguments_given(
     evaluate.py and vit.predict those (a PyTorch path) or the exported file, and each command's
     parser and checks take the line as the shell splits it."""
     monkeypatch.chdir(tmp_path)  # predict checks its --features file there
-    args = benchmark.build_parser().parse_args([*model_sources[source], "--data", "my data"])
+    data = ["--data", "my data", "--data-root", "my root"]
+    args = benchmark.build_parser().parse_args([*model_sources[source], *data])
     given = (args.checkpoint, args.model, args.pretrained)
     monkeypatch.setattr(cpu_paths, "_installed", lambda name: False)  # every path, none exported
     model = resolve_model(exported / "tiny.safetensors")
@@ -389,7 +414,11 @@ def test_benchmark_advice_is_accepted_as_printed_with_the_model_arguments_given(
         evaluate, predict = parsed["evaluate.py"], parsed["vit.predict"]
         assert missing_model_argument(evaluate) is None and runtime_problem(evaluate) is None
         predict_check_args(parsers["vit.predict"], predict)
-        assert (evaluate.data, evaluate.knn) == ("my data", not classifier)
+        assert (evaluate.data, evaluate.data_root, evaluate.knn) == (
+            "my data",
+            "my root",
+            not classifier,
+        )
         assert predict.images == ["IMAGES"]
         assert predict.features == (None if classifier else Path("embeddings.npz"))
         for runner in (evaluate, predict):
@@ -400,7 +429,9 @@ def test_benchmark_advice_is_accepted_as_printed_with_the_model_arguments_given(
                 export = parsed["vit.export"]
                 assert (export.checkpoint, export.model, export.pretrained) == given, path.label
                 assert ran == (str(export.onnx), None, None), path.label
-                assert export.calibration == ("my data" if "static" in path.label else None)
+                calibrated = "static" in path.label  # its images read as --data is here
+                assert export.calibration == ("my data" if calibrated else None)
+                assert export.data_root == ("my root" if calibrated else DATA_ROOT)
     if source != "name with --pretrained":  # the printed arguments load the weights
         float32 = printed_commands(benchmark.advice(paths[0], 1.0, args))["evaluate.py"]
         assert model_from_flags(parsers["evaluate.py"].parse_args(float32)).num_classes == 3

@@ -7,6 +7,8 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import torchvision
+from conftest import OfflineCifar
 from PIL import Image
 
 import vit
@@ -230,6 +232,20 @@ def test_torchvision_cifar10_arrays(tmp_path, monkeypatch):
 def test_missing_cifar_without_download_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"cifar100 is not in .* downloading it is off"):
         load_split("cifar100", "train", data_root=tmp_path, download=False)
+
+
+def test_a_failed_download_removes_only_the_folders_it_made(tmp_path, monkeypatch):
+    """Every command reads CIFAR through load_split: a download that fails (no internet) leaves
+    no empty data/ folder behind, and a folder the user had is kept."""
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", OfflineCifar)
+    with pytest.raises(FileNotFoundError, match="could not be downloaded"):
+        load_split("cifar10", "train", data_root=tmp_path / "new" / "cifar")
+    assert list(tmp_path.iterdir()) == []
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    with pytest.raises(FileNotFoundError, match="could not be downloaded"):
+        load_split("cifar10", "test", data_root=mine / "cifar")
+    assert list(tmp_path.iterdir()) == [mine] and list(mine.iterdir()) == []
 
 
 def test_decoded_images_are_kept_on_disk_and_redecoded_when_a_file_changes(

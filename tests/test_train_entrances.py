@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import torchvision
 import yaml
+from conftest import OfflineCifar
 
-import vit.data.datasets
 from vit.inference.precision import FAST_BF16_SPEEDUP
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -354,12 +355,7 @@ def test_a_failed_download_leaves_no_data_folder(
 ):
     """Without internet, CIFAR's download fails after torchvision made its folder."""
 
-    def offline(name, root, train, download, **dataset):
-        root.mkdir(parents=True, exist_ok=True)
-        (root / f"{name}.tar.gz").write_bytes(b"partial")
-        raise FileNotFoundError(f"{name} is not in {root} and could not be downloaded")
-
-    monkeypatch.setattr(vit.data.datasets, "_torchvision_split", offline)
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", OfflineCifar)
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
     args = tiny_args("cifar10", run, 1) + ["--data-root", "downloads/cifar"]

@@ -167,16 +167,17 @@ def advice(
     """The fastest path and the commands that make and run it; `classifier` False (a headless
     model): its features are scored (--knn) and written (--features), as it classifies nothing."""
     data = args.data or "DATA"
+    data_root = ["--data-root", args.data_root] if args.data_root != DATA_ROOT else []
     lines = [f"\nfastest here: {best.label}, {ratio:.2f}x PyTorch float32"]
     run = best.flags.split()
     if best.export is None:  # the PyTorch model itself, from the arguments given here
         run = model_arguments(args) + run
     else:  # an exported file, which names its model alone
         export = [data if word == "DATA" else word for word in best.export.split()]
+        if "--calibration" in export:  # its images are read as --data is here
+            export += data_root
         lines.append(command("python -m vit.export", *model_arguments(args, ""), *export))
-    data_flags = ["--data", data]
-    if args.data_root != DATA_ROOT:
-        data_flags += ["--data-root", args.data_root]
+    data_flags = ["--data", data, *data_root]
     if classifier:
         lines.append(command("python evaluate.py", *run, *data_flags) + "  # its accuracy")
         lines.append(command("python -m vit.predict IMAGES", *run))

@@ -1,7 +1,7 @@
 """Hand a model on, verified: ONNX, a transformers folder, a torchvision state dict.
 
     python -m vit.export CHECKPOINT [--model NAME] [--pretrained [PATH]] [--onnx FILE
-        [--static-size] [--optimize] [--int8 [--calibration DATA]]] [--hf DIR]
+        [--static-size] [--optimize] [--int8 [--calibration DATA [--data-root DIR]]]] [--hf DIR]
         [--torchvision FILE] [--overwrite]
 
 CHECKPOINT is read as evaluate.py and `python -m vit.predict` read their --checkpoint
@@ -21,7 +21,8 @@ The ONNX graph takes any batch and any height and width that are multiples of th
 --optimize applies onnxruntime's transformer fusions and reports their counts; --int8 stores
 int8 matrix products (checked to --int8-tolerance, as int8 cannot meet 1e-5), their activations
 quantized at run time, or with --calibration DATA at ranges measured once on images of DATA's
-train split (static int8, which OpenVINO runs too). Which path is fastest on this CPU:
+train split (static int8, which OpenVINO runs too; CIFAR read from --data-root, downloaded there
+when missing, as evaluate.py reads --data). Which path is fastest on this CPU:
 `python -m vit.benchmark CHECKPOINT`. See docs/fast-inference.md.
 
 onnx, onnxruntime, onnxscript and transformers are optional: `pip install -e '.[interop]'`.
@@ -33,7 +34,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli.flags import add_model_arguments, module_parser, number_in
+from .cli.flags import add_data_root_argument, add_model_arguments, module_parser, number_in
 from .utils.ranges import AT_LEAST_1, NON_NEGATIVE
 
 FORMATS = ("onnx", "hf", "torchvision")  # the export flags, in the order they are written
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="--calibration: how many images, spread over the classes (default: %(default)s)",
     )
+    add_data_root_argument(parser, data_flag="--calibration")
     parser.add_argument(
         "--int8-tolerance",
         type=number_in(NON_NEGATIVE),
@@ -96,7 +98,7 @@ if __name__ == "__main__":
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
 import functools
 
-from .cli.flags import kept_output, replaced_input, unwritable
+from .cli.flags import DATA_ROOT, kept_output, replaced_input, unwritable
 from .cli.model_argument import model_from_flags
 from .data.transforms import evaluation_images
 from .factory.timm_weights import TIMM_WEIGHTS
@@ -169,7 +171,14 @@ def calibration_images(args: argparse.Namespace, model: VisionTransformer):
         return None
     if model.preprocess is None:
         raise ValueError("the model does not say how its input is prepared (no preprocess)")
-    return evaluation_images(args.calibration, "train", args.calibration_images, model.preprocess)
+    return evaluation_images(
+        args.calibration,
+        "train",
+        args.calibration_images,
+        model.preprocess,
+        data_root=args.data_root,
+        download=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{flag} shapes the ONNX export: pass --onnx FILE too; nothing was written")
     if args.calibration is not None and not args.int8:
         parser.error("--calibration calibrates --int8's activations: pass --int8 too")
+    if args.data_root != DATA_ROOT and args.calibration is None:
+        parser.error("--data-root is where --calibration cifar10/cifar100 is read: pass it too")
     targets = [(flag, getattr(args, flag)) for flag in FORMATS if getattr(args, flag) is not None]
     if not targets:
         parser.error("nothing to do: pass --onnx FILE, --hf DIR and/or --torchvision FILE")

@@ -154,14 +154,15 @@ def add_model_arguments(parser: argparse.ArgumentParser, positional: bool = Fals
 DATA_ROOT = "data"  # --data-root's default, relative to where the command runs
 
 
-def add_data_root_argument(parser: argparse.ArgumentParser) -> None:
-    """--data-root: where --data cifar10/cifar100 is read, and downloaded when it is not there
-    (`vit.data.datasets.load_split`); evaluate.py's and `vit.benchmark`'s."""
+def add_data_root_argument(parser: argparse.ArgumentParser, data_flag: str = "--data") -> None:
+    """--data-root: where `data_flag` cifar10/cifar100 is read, and downloaded when it is not
+    there (`vit.data.datasets.load_split`); evaluate.py's, `vit.benchmark`'s and `vit.export`'s
+    (its --calibration)."""
     parser.add_argument(
         "--data-root",
         default=DATA_ROOT,
         metavar="DIR",
-        help="where --data cifar10/cifar100 is read, downloaded there when missing "
+        help=f"where {data_flag} cifar10/cifar100 is read, downloaded there when missing "
         "(default: %(default)s)",
     )
 

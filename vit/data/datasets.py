@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -231,9 +232,12 @@ def _torchvision_split(
     from torchvision import datasets
 
     cls = datasets.CIFAR10 if name == "cifar10" else datasets.CIFAR100
+    made = first_missing_folder(root)
     try:
         ds = cls(root=str(root), train=train, download=download)
     except (RuntimeError, OSError) as e:  # not found / corrupted; URLError when offline
+        if made is not None and made.is_dir():
+            shutil.rmtree(made)  # what the failed download made: nothing of the user's
         if not download:  # torchvision's "You can use download=True" is no news to the caller
             raise FileNotFoundError(
                 f"{name} is not in {root} (no complete copy there), and downloading it is off"
@@ -243,6 +247,12 @@ def _torchvision_split(
             f"internet access, or pass --data a folder with train/ and test/ subfolders"
         ) from e
     return ImageDataset(ds.targets, ds.classes, images=ds.data, **dataset)  # (N, 32, 32, 3) uint8
+
+
+def first_missing_folder(path: Path) -> Path | None:
+    """The first folder of `path` (itself included) that does not exist yet: what a download
+    into `path` would make, and what removing it after a failed download takes away."""
+    return next((p for p in [*reversed(path.parents), path] if not p.exists()), None)
 
 
 def stratified_indices(labels: np.ndarray, count: int, seed: int) -> list[int]:

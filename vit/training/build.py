@@ -8,7 +8,6 @@ run folder, the first write of a run.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -80,10 +79,8 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
     of it held out (the test split is then neither read nor decoded: it may not even exist).
 
     Rank 0 loads first, so that a CIFAR download happens once, not once per process; if it
-    fails there, every process stops (`process_group.rank0_first`). The folders a failed download
-    made for --data-root are removed: a failed start leaves nothing behind."""
-    data_root = Path(cfg.data_root)  # its first folder that does not exist yet, if any:
-    made = next((p for p in [*reversed(data_root.parents), data_root] if not p.exists()), None)
+    fails there, every process stops (`process_group.rank0_first`); `load_split` removes the
+    folders a failed download made for --data-root: a failed start leaves nothing behind."""
     splits = [("train", cfg.train_subset)]
     if cfg.val_split is None:
         splits.append(("test", cfg.test_subset))
@@ -111,12 +108,7 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
                 ) from None
             raise FileNotFoundError(f"--data {e}") from None
 
-    try:
-        loaded = process_group.rank0_first(info, load, errors=START_ERRORS)
-    except START_ERRORS:
-        if info.is_main and made is not None and made.is_dir():
-            shutil.rmtree(made)  # what the failed download made: nothing of the user's
-        raise
+    loaded = process_group.rank0_first(info, load, errors=START_ERRORS)
     if cfg.val_split is not None:
         return validation_split(loaded[0], cfg.val_split, cfg.seed)
     train_set, test_set = loaded
