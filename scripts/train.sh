@@ -42,9 +42,10 @@ EOF
     fi
 done
 
-# NPROC is checked before anything slow (the GPU probe, the bfloat16 timing); that it divides
-# the chosen recipe's images per step, once the recipe is chosen.
-if [ -n "${NPROC:-}" ] && ! [[ "$NPROC" =~ ^[1-9][0-9]*$ ]]; then
+# NPROC is checked before anything slow (the GPU probe, the bfloat16 timing): an integer that
+# divides 256, every CPU recipe's images per step being 128 or 256; that it divides the chosen
+# recipe's, once the recipe is chosen.
+if [ -n "${NPROC:-}" ] && { ! [[ "$NPROC" =~ ^[1-9][0-9]{0,3}$ ]] || [ $((256 % NPROC)) -ne 0 ]; }; then
     echo "[vit] NPROC=$NPROC: processes on a CPU; accepted: an integer >= 1 that divides the" \
         "recipe's images per step (128; 256 for bfloat16-avx512-fast)" >&2
     exit 2

@@ -122,10 +122,11 @@ def test_train_sh_reads_the_users_paths_where_it_is_run(image_folder, tmp_path):
     assert said.startswith("train.py: error: --resume run: the run has done 2 epochs")
 
 
-@pytest.mark.parametrize("nproc", ["abc", "0", "-1"])
+@pytest.mark.parametrize("nproc", ["abc", "0", "-1", "3", "512", "9" * 20])
 def test_an_nproc_train_sh_cannot_use_is_one_line_before_any_work(tmp_path, nproc):
     """It was bash's own error ("abc: unbound variable", "division by 0") after the GPU probe
-    and the bfloat16 timing (7-9 s); nothing is printed on stdout before the line now."""
+    and the bfloat16 timing (7-9 s), and 3 (no recipe's divisor) was refused only after them;
+    nothing is printed on stdout before the line now."""
     command = ["bash", str(TRAIN_SH), "--epochs", "1"]
     env = {**venv_env(), "NPROC": nproc}
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
