@@ -18,6 +18,7 @@ Failures name the document and line.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import importlib
 import importlib.util
@@ -286,6 +287,32 @@ def test_the_commands_are_found():
     would pass on any README)."""
     targets = {c.target for c in all_commands([README])}
     assert {"train.py", "evaluate.py", "vit.predict", "vit.export"} <= targets
+
+
+def inline_programs(documents: list[Path]) -> dict[str, str]:
+    """The `python -c CODE` of the documents' shell blocks: {where: CODE}."""
+    found = {}
+    for command in all_commands(documents):
+        for words in shell_segments(command.text):
+            if Path(words[0]).name.startswith("python") and "-c" in words[:-1]:
+                found[command.where] = words[words.index("-c") + 1]
+    return found
+
+
+INLINE = inline_programs(DOCUMENTS)
+
+
+@pytest.mark.parametrize("where", INLINE)
+def test_every_inline_program_imports_what_it_names(where):
+    """`python -c "from vit import precision"` failed as printed (the module is
+    vit.inference.precision): each one-liner's imports are run (the rest may need a GPU)."""
+    program = ast.parse(INLINE[where])
+    imports = [node for node in program.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    assert imports, f"{where}: {INLINE[where]!r} imports nothing"
+    try:
+        exec(compile(ast.Module(imports, type_ignores=[]), where, "exec"), {})
+    except ImportError as e:
+        pytest.fail(f"{where}: {INLINE[where]!r}: {e}")
 
 
 # -- what the commands print -----------------------------------------------------------------
