@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import io
 import logging
 import os
+import re
 import shlex
 import sys
 import time
@@ -105,17 +107,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def read_yaml_config(path: Path) -> dict:
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last
+    silently: `lr: 0.01` then `lr: 0.02` trained at 0.02 without a word)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# Settings that name files and folders: a YAML file's ~ is the user's home, as a shell's is.
+YAML_PATHS = ("data", "data_root", "pretrained", "teacher_path", "output_dir", "cache_dir")
+
+
+def read_yaml_config(path: Path, run_folder: bool = False) -> dict:
     """A YAML mapping of settings, each checked and converted as its flag would be.
 
-    Keys are field names with - or _; unknown keys, bad values and values outside a flag's
-    choices are errors that name the file. Every value goes through the flag's type as the
-    flag's text would (YAML reads 1e-3 as a string, and 1.5 for an integer setting must not
-    train 2 epochs); on/off settings take true or false; null only where the flag takes none;
-    model_kwargs a mapping, KEY=VALUE items or one string of them.
+    Keys are field names with - or _; unknown keys, a key given twice, bad values and values
+    outside a flag's choices are errors that name the file. Every value goes through the flag's
+    type as the flag's text would (YAML reads 1e-3 as a string, and 1.5 for an integer setting
+    must not train 2 epochs); on/off settings take true or false; null only where the flag
+    takes none; model_kwargs a mapping, KEY=VALUE items or one string of them; ~ in a path is
+    the home folder. `run_folder`: a run's own config.yaml, read by --resume; any other file
+    may not name a run to resume (it would skip --resume's checks).
     """
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = yaml.load(Path(path).read_text(), Loader=UniqueKeyLoader) or {}
     except OSError as e:
         raise SystemExit(f"train.py: error: cannot read config file {path}: {e}") from e
     except yaml.YAMLError as e:  # PyYAML's message spans lines: its place and problem in one
@@ -131,12 +155,24 @@ def read_yaml_config(path: Path) -> dict:
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
             raise SystemExit(
-                f"train.py: error: config file {path}: unknown key {raw_key!r}; known keys: "
-                f"{', '.join(sorted(known))}"
+                f"train.py: error: config file {path}: unknown key {raw_key!r}; {hint}the keys "
+                f"are train.py's flags, with - or _ (train.py --help)"
+            )
+        if key in out:  # batch-size and batch_size: one setting
+            raise SystemExit(f"train.py: error: config file {path}: {key} is given twice")
+        if key == "resume" and value is not None and not run_folder:
+            raise SystemExit(
+                f"train.py: error: config file {path}: resume: {value}: a config file holds "
+                f"settings; continue a run with --resume RUN (which checks it), and leave "
+                f"resume out of the file"
             )
         options = flag_options(known[key], hints[key])
         out[key] = _convert(key, value, options, str(path), optional=_optional(hints[key]))
+        if key in YAML_PATHS and isinstance(out[key], str):
+            out[key] = os.path.expanduser(out[key])
     return out
 
 
@@ -222,9 +258,9 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
             parser.error(f"--resume {run}: no such run folder")
         if not (run / STATE_FILE).is_file():
             parser.error(
-                f"--resume {run}: no checkpoint there ({STATE_FILE} is written at the end of "
-                f"each epoch); start that run again with {start_again_command(run)}, or resume "
-                f"another folder"
+                f"--resume {run}: no checkpoint there (the run stopped before its first: "
+                f"{STATE_FILE} is written every --checkpoint-interval epochs, each by default); "
+                f"start that run again with {start_again_command(run)}, or resume another folder"
             )
         if first.overwrite:
             parser.error(f"--resume {run} continues that run; --overwrite would start anew")
@@ -237,8 +273,11 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         layers += [saved] if saved.is_file() else []  # absent if killed before writing it
     if first.config is not None:
         layers.append(first.config)
+    set_in = {}  # the file each setting of a YAML layer comes from, the last one that sets it
     for path in layers:  # later layers win, and flags win over all (as timm's train.py)
-        parser.set_defaults(**read_yaml_config(path))
+        layer = read_yaml_config(path, run_folder=path != first.config)
+        parser.set_defaults(**layer)
+        set_in.update(dict.fromkeys(layer, path))
     settings = vars(parser.parse_args(argv))
     del settings["config"]
     overwrite = settings.pop("overwrite")
@@ -253,8 +292,11 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
     cfg = TrainConfig(**settings)
     try:
         check_settings(cfg)
-    except ValueError as e:
-        parser.error(str(e))
+    except ValueError as e:  # it names a flag: say which file set it, where no flag did
+        flag = re.match(r"--([\w-]+)", str(e))
+        key = flag and flag.group(1).replace("-", "_")
+        from_file = key in set_in and key not in given_settings(argv, config=None)
+        parser.error(f"{e} (set in {set_in[key]})" if from_file else str(e))
     if cfg.cache_dir is not None:
         problem = unwritable("--cache-dir", cfg.cache_path, folder=True)
         if problem:
@@ -313,7 +355,7 @@ def resume_problem(run: Path, given: dict) -> str | None:
     saved_file = run / CONFIG_FILE
     if not saved_file.is_file():  # a run killed before writing it: nothing to compare with
         return None
-    saved = {**TrainConfig().to_dict(), **read_yaml_config(saved_file)}
+    saved = {**TrainConfig().to_dict(), **read_yaml_config(saved_file, run_folder=True)}
     given = {key: absolute_path(key, value) if key in PATH_SETTINGS else value
              for key, value in given.items()}  # fmt: skip
     changed = [
@@ -321,13 +363,15 @@ def resume_problem(run: Path, given: dict) -> str | None:
         for key, value in given.items()
         if key not in (*CHANGEABLE_ON_RESUME, "resume", "output_dir")
         and value != absolute_path(key, saved[key])  # a relative one, of a run from before
+        and not (key == "data" and moved_folder(saved[key], value))
     ]
     if changed:
         free = ", ".join(map(flag_name, CHANGEABLE_ON_RESUME[1:]))
         return (
             f"--resume {run} continues the run with its own settings, but this command changes "
             f"{'; '.join(changed)}: leave them out (--epochs may change, to extend the run, and "
-            f"what does not change what is learnt: {free})"
+            f"what does not change what is learnt: {free}, and --data where its image folder "
+            f"is now)"
         )
     processes, started = saved["processes"], process_group.from_env().world_size
     if processes is not None and processes != started:
@@ -337,6 +381,15 @@ def resume_problem(run: Path, given: dict) -> str | None:
             f"start has {started}; continue it with {resume_command(str(run), processes)}"
         )
     return None
+
+
+def moved_folder(saved: str, given: str) -> bool:
+    """Whether --data `given` may stand for a run's --data `saved` on --resume: an image folder
+    for an image folder (moved, or on another machine), its classes checked once it is read
+    (`vit.training.build.load_data`); CIFAR read from elsewhere is --data-root's."""
+    from vit.data.datasets import TORCHVISION_DATASETS
+
+    return not {saved.lower(), given.lower()} & set(TORCHVISION_DATASETS)
 
 
 def flag_setting(key: str, value) -> str:
@@ -376,7 +429,8 @@ def start_again_command(run: Path) -> str:
     config = run / CONFIG_FILE
     if not config.is_file():
         return f"its own flags and {again}"
-    processes = read_yaml_config(config).get("processes") or process_group.from_env().world_size
+    saved = read_yaml_config(config, run_folder=True)
+    processes = saved.get("processes") or process_group.from_env().world_size
     return train_command(f"--config {shlex.quote(str(config))} {again}", processes)
 
 
@@ -400,10 +454,11 @@ def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
     previous = run_files(folder)
     if previous and not overwrite:
         names = ", ".join(p.name for p in previous[:4]) + (", ..." if len(previous) > 4 else "")
-        if not (folder / STATE_FILE).is_file():  # stopped in its first epoch: --resume can't
+        if not (folder / STATE_FILE).is_file():  # stopped before a checkpoint: --resume can't
             return (
                 f"--output-dir {folder} holds a run's files but no checkpoint to resume "
-                f"({names}; a run stopped in its first epoch): start anew with --overwrite, "
+                f"({names}; a run stopped before its first checkpoint): start anew with "
+                f"--overwrite, "
                 f"which replaces them, or train into a new folder"
             )
         return (
@@ -441,13 +496,15 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         TrainingError,
         TrainingInterrupted,
     )
+    from vit.training.run_log import LogFile
     from vit.utils import process_group
 
     info = process_group.from_env()
-    logging.basicConfig(
-        level=logging.INFO if info.is_main else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(message)s",
-    )
+    level = logging.INFO if info.is_main else logging.WARNING
+    logging.basicConfig(level=level, format=LogFile.FORMAT)
+    # basicConfig does nothing where logging is set up already (a notebook, pytest), and the
+    # run's train.log is rank 0's INFO lines either way
+    logging.getLogger("vit").setLevel(level)
     try:
         with process_group.stop_on_interrupt(info):
             train(cfg, info, overwrite=overwrite)
@@ -471,7 +528,7 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
     return said(
         info.is_main,
         f"train.py: wrote {cfg.output_dir}/: model.safetensors (the final weights), "
-        f"best.safetensors, metrics.csv, curves.png, tensorboard/, config.yaml, "
+        f"best.safetensors, metrics.csv, train.log, curves.png, tensorboard/, config.yaml, "
         f"training_state.pt{', teacher.safetensors' if cfg.distillation_type != 'none' else ''}",
         status=0,
     )
@@ -523,8 +580,8 @@ def interrupted_message(e: TrainingInterrupted, processes: int) -> str:
             f"(its last checkpoint): continue it with {again}"
         )
     return (
-        f"train.py: interrupted in epoch 1, before the run's first checkpoint: {e.run_dir} holds "
-        f"nothing to resume; the same command with --overwrite starts it again"
+        f"train.py: interrupted before the run's first checkpoint: {e.run_dir} holds nothing "
+        f"to resume; the same command with --overwrite starts it again"
     )
 
 

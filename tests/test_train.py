@@ -113,6 +113,12 @@ def test_config_yaml_is_overridden_by_flags(tmp_path, train_script):
         ("teacher_channel_mult: 1\n", "accepted: a list of 3 items, each an integer"),
         ("model_kwargs: 3\n", "model_kwargs: 3; accepted: a mapping"),
         ("epochs: [1\n", "not YAML: line 2, column 1: expected ',' or ']'"),
+        # PyYAML keeps a key's last value without a word; a run trained at the second lr
+        ("lr: 0.01\nlr: 0.02\n", "not YAML: line 2, column 1: the key 'lr' is given twice"),
+        ("batch-size: 32\nbatch_size: 16\n", "batch_size is given twice"),
+        ("batchsize: 8\n", "unknown key 'batchsize'; did you mean batch_size? the keys are"),
+        # a run to resume named in a file skipped every check --resume makes
+        ("resume: runs/x\n", "resume: runs/x: a config file holds settings; continue a run"),
     ],
 )
 def test_bad_config_values_are_named(tmp_path, train_script, text, message, capsys):
@@ -123,6 +129,60 @@ def test_bad_config_values_are_named(tmp_path, train_script, text, message, caps
     assert train_script.main(["--config", str(config)]) == 2  # argparse's status, one line
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+def test_a_config_files_paths_start_at_home_as_a_shells_do(tmp_path, train_script, monkeypatch):
+    """`output_dir: ~/runs/tiny` trained into ./~/runs/tiny (a folder named ~, one rm -rf away
+    from the home folder); --data ~/images was 'neither cifar10 nor a folder'."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    config = tmp_path / "c.yaml"
+    config.write_text("data: ~/images\noutput_dir: ~/runs/tiny\ncache_dir: ~/cache\n")
+    cfg = train_script.parse_config(["--config", str(config)])
+    home = tmp_path / "home"
+    assert (cfg.data, cfg.output_dir) == (str(home / "images"), str(home / "runs" / "tiny"))
+    assert cfg.cache_path == home / "cache"
+
+
+@pytest.mark.parametrize(
+    ("text", "flags", "said"),
+    [
+        ("epochs: -3\n", [], "--epochs -3: training epochs; accepted: an integer >= 1"),
+        ("warmup_epochs: 5\n", ["--epochs", "2"], "--warmup-epochs 5.0 is not shorter than"),
+        ("epochs: 3\n", ["--epochs", "-3"], "--epochs -3: training epochs"),  # the flag's
+    ],
+    ids=["from the file", "from the file, beside a flag", "from a flag"],
+)
+def test_a_value_out_of_range_names_the_file_that_set_it(
+    tmp_path, train_script, capsys, text, flags, said
+):
+    config = tmp_path / "c.yaml"
+    config.write_text(text)
+    with pytest.raises(SystemExit) as refused:
+        train_script.main(["--config", str(config), *flags])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.count("\n") == 1 and said in err, err
+    from_file = said.split()[0] not in flags
+    assert err.endswith(f"(set in {config})\n") == from_file, err
+
+
+@pytest.mark.parametrize(
+    ("item", "instead"),
+    [
+        ("num_classes=100", "the number of classes is the data's"),
+        ("img_size=64", "the input size is --img-size's"),
+        ("pretrained=weights.pth", "the weights are --pretrained's"),
+    ],
+)
+def test_model_kwargs_of_create_models_own_arguments_are_named(
+    train_script, tmp_path, capsys, item, instead
+):
+    """They were create_model()'s 'got multiple values for keyword argument' after the data
+    was read."""
+    with pytest.raises(SystemExit) as refused:
+        train_script.main(["--model-kwargs", "depth=1", item])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"train.py: error: --model-kwargs {item}: {instead}")
 
 
 def test_config_values_are_read_as_their_flags_read_text(tmp_path, train_script):
@@ -149,8 +209,10 @@ def test_a_run_keeps_absolute_paths_and_resumes_from_any_folder(
     (run / "training_state.pt").write_bytes(b"")  # only read once training starts
     same = train_script.parse_config(["--resume", "run", "--data", f"{tmp_path}/data/images/"])
     assert Path(same.data).resolve() == tmp_path / "data" / "images"
-    with pytest.raises(SystemExit):
-        train_script.parse_config(["--resume", "run", "--data", str(image_folder)])
+    with pytest.raises(SystemExit):  # CIFAR for a folder: other images
+        train_script.parse_config(["--resume", "run", "--data", "cifar10"])
+    moved = train_script.parse_config(["--resume", "run", "--data", str(image_folder)])
+    assert moved.data == str(image_folder)  # a folder for a folder: its classes checked later
 
 
 def test_shipped_configs_parse(train_script):
@@ -744,3 +806,73 @@ def test_a_run_saved_before_the_layout_resumes_exactly(
     assert train_script.main(tiny_args(image_folder, reference, 2, *flags)) == 0
     assert_close_weights(run / "model.safetensors", reference / "model.safetensors", atol=2e-5)
     assert [r["epoch"] for r in read_rows(run / "metrics.csv")] == ["1", "2"]
+
+
+def test_a_runs_config_yaml_starts_the_same_run_again_and_train_log_keeps_its_lines(
+    image_folder, tmp_path, train_script, tiny_args, capsys
+):
+    """The config.yaml of a resumed run held `resume: RUN`: given to --config it resumed that
+    run past --resume's checks (a changed --lr trained at neither value), or named a folder the
+    user never chose. It holds no `resume` now and starts the same run anew; train.log holds the
+    run's lines, a resumed run's appended."""
+    run, again = tmp_path / "run", tmp_path / "again"
+    assert train_script.main(tiny_args(image_folder, run, 2)) == 0
+    reproduce = ["--config", str(run / "config.yaml"), "--output-dir", str(again)]
+    assert train_script.main(reproduce) == 0
+    for column in ("train_loss", "test_top1", "ema_top1"):
+        assert [r[column] for r in read_rows(run / "metrics.csv")] == [
+            r[column] for r in read_rows(again / "metrics.csv")
+        ], column
+    assert train_script.main(["--resume", str(run), "--epochs", "3"]) == 0
+    capsys.readouterr()
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert "resume" not in saved and saved["epochs"] == 3
+    cfg = train_script.parse_config(["--config", str(run / "config.yaml"), "--output-dir", "new"])
+    assert (cfg.resume, cfg.output_dir, cfg.epochs) == (None, "new", 3)
+    log = (run / "train.log").read_text().splitlines()
+    epochs = [line.split(" INFO ")[1].split(":")[0] for line in log if " INFO epoch " in line]
+    assert epochs == ["epoch 1/2", "epoch 2/2", "epoch 3/3"]
+    assert sum(f"resumed {run} after epoch 2" in line for line in log) == 1
+    assert "resumed" not in (again / "train.log").read_text()
+
+
+def test_a_resumed_run_reads_its_image_folder_where_it_has_moved(
+    image_folder, make_images, tmp_path, train_script, tiny_args, capsys
+):
+    """A run on an image folder could not be resumed once the folder moved (or the run went to
+    another machine): the run's --data was missing, and --data given anew was 'a change'."""
+    data, run = tmp_path / "images", tmp_path / "run"
+    shutil.copytree(image_folder, data)
+    assert train_script.main(tiny_args(data, run, 1)) == 0
+    moved = data.rename(tmp_path / "moved")
+    capsys.readouterr()
+    assert train_script.main(["--resume", str(run), "--epochs", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.endswith(
+        "if the run's images have moved, give --data DIR where they are now\n"
+    )
+    other = make_images(tmp_path / "other", classes=("blue", "green", "cyan"))
+    assert train_script.main(["--resume", str(run), "--epochs", "2", "--data", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"train.py: error: --resume {run} with --data {other}: its classes are not the run's "
+        f"(only in the run: red; only in --data: cyan); give --data the run's own images\n"
+    )
+    assert train_script.main(["--resume", str(run), "--epochs", "2", "--data", str(moved)]) == 0
+    assert [row["epoch"] for row in read_rows(run / "metrics.csv")] == ["1", "2"]
+
+
+def test_a_diverged_loss_names_the_last_checkpoint_written_not_the_last_epoch(tmp_path):
+    """With --checkpoint-interval 5 a loss that diverged in epoch 8 said 'the last complete
+    checkpoint (end of epoch 7) is kept': the state held epoch 5."""
+    from vit.training.engine import diverged_message
+
+    cfg = settings.TrainConfig(output_dir=str(tmp_path), checkpoint_interval=5)
+    message = diverged_message(cfg, float("nan"), epoch=7, step=3, steps=10)
+    assert (
+        "No checkpoint was written: the loss diverged before the run's first checkpoint" in message
+    )
+    torch.save({"epoch": 5}, tmp_path / checkpoint.STATE_FILE)
+    message = diverged_message(cfg, float("nan"), epoch=7, step=3, steps=10)
+    assert message.startswith("training loss became nan at epoch 8, step 4/10; stopped. ")
+    assert f"The last complete checkpoint (end of epoch 5) is kept in {tmp_path}" in message

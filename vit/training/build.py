@@ -106,6 +106,11 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
                     f"--data {e} (--no-download): drop --no-download to download it there, or "
                     f"point --data-root at a copy"
                 ) from None
+            if cfg.resume and cfg.data.lower() not in TORCHVISION_DATASETS:
+                raise FileNotFoundError(
+                    f"--data {e}; if the run's images have moved, give --data DIR where they "
+                    f"are now"
+                ) from None
             raise FileNotFoundError(f"--data {e}") from None
 
     loaded = process_group.rank0_first(info, load, errors=START_ERRORS)
@@ -117,22 +122,41 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
     return train_set, test_set
 
 
+def check_resumed_classes(cfg: TrainConfig, class_names: list[str]) -> None:
+    """ValueError if --resume reads images of other classes than the run trained on (its
+    --data given anew: an image folder moved, or another one)."""
+    run = read_metadata(Path(cfg.resume) / LAST_WEIGHTS).get("vit.class_names")
+    if run is not None and list(run) != list(class_names):
+        differ = classes_differ({"the run": list(run), "--data": list(class_names)})
+        raise ValueError(
+            f"--resume {cfg.resume} with --data {cfg.data}: its classes are not the run's "
+            f"({differ}); give --data the run's own images"
+        )
+
+
 def class_mismatch(data: str, train: list[str], test: list[str]) -> str:
     """Why the two splits cannot be trained and scored together: the classes only one of them
     has, named (not 2 x 1,000 names), or else their different order."""
-    only = [
-        f"only in {split}/: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}"
-        for split, names in (
-            ("train", [n for n in train if n not in test]),
-            ("test", [n for n in test if n not in train]),
-        )
-        if names
-    ]
-    what = "; ".join(only) or "the same names in another order"
+    what = classes_differ({"train/": train, "test/": test})
     return (
         f"--data {data}: the train and test splits have different classes ({what}); give both "
         f"splits the same class folders"
     )
+
+
+def classes_differ(lists: dict[str, list[str]]) -> str:
+    """How two lists of class names differ: the names only one of them has, five at most each
+    (not 2 x 1,000 names), or else that the order differs."""
+    (a, names_a), (b, names_b) = lists.items()
+    only = [
+        f"only in {where}: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''}"
+        for where, names in (
+            (a, [n for n in names_a if n not in names_b]),
+            (b, [n for n in names_b if n not in names_a]),
+        )
+        if names
+    ]
+    return "; ".join(only) or "the same names in another order"
 
 
 def validation_split(
@@ -480,6 +504,8 @@ def start(cfg: TrainConfig, info: DistInfo, device: torch.device, saver: Checkpo
     # single-process run. DDP copies rank 0's initial weights to every process.
     seed_everything(cfg.seed + info.rank)
     train_set, test_set = load_data(cfg, info)
+    if cfg.resume:
+        check_resumed_classes(cfg, train_set.class_names)
     model = build_training_model(cfg, train_set.class_names)
     if cfg.patch_embed_init == "whiten" and not cfg.resume:  # a resumed run's is in its state
         whiten_patch_embed_(
@@ -634,4 +660,7 @@ def start_run_dir(run_dir: Path, cfg: TrainConfig, overwrite: bool) -> None:
                 run_dir,
             )
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_yaml(cfg.to_dict(), run_dir / CONFIG_FILE)
+    # without `resume`: the file starts the same run again as `--config` (train.py refuses a
+    # run to resume in a config file, as it would skip --resume's checks)
+    settings = {key: value for key, value in cfg.to_dict().items() if key != "resume"}
+    save_yaml(settings, run_dir / CONFIG_FILE)

@@ -36,10 +36,12 @@ METRICS_FILE = "metrics.csv"
 LAST_WEIGHTS, BEST_WEIGHTS = "model.safetensors", "best.safetensors"
 CURVES_FILE, TENSORBOARD_DIR = "curves.png", "tensorboard"
 TEACHER_FILE = "teacher.safetensors"  # --distillation-type's teacher (vit.training.distillation)
+LOG_FILE = "train.log"  # the log lines (vit.training.run_log.LogFile)
 # What a run folder holds once a run wrote into it (evaluate.py adds eval-DATA/ folders).
 RUN_FILES = (
     CONFIG_FILE,
     METRICS_FILE,
+    LOG_FILE,
     CURVES_FILE,
     TENSORBOARD_DIR,
     STATE_FILE,
@@ -283,14 +285,8 @@ class CheckpointSaver:
             self.remove_interrupted_saves()
 
     def saved_epoch(self) -> int | None:
-        """The epoch of the last complete state on disk, None if there is none. Read from the
-        file (its tensors mapped, not read), since a kill can come between a save's rename
-        and anything after it."""
-        try:
-            state = torch.load(self.state_path, map_location="cpu", weights_only=True, mmap=True)
-            return int(state["epoch"])
-        except Exception:  # absent, or not a state: nothing to resume from either way
-            return None
+        """The epoch of the last complete state on disk, None if there is none."""
+        return saved_epoch(self.state_path)
 
     def save(self, state: TrainingState, kept_metrics: dict | None, improved: bool) -> None:
         """The epoch's files: best weights if `improved`, the latest weights, the state."""
@@ -336,3 +332,14 @@ def write_metrics_csv(history: list[dict], path: Path) -> None:
     for row in history:
         writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in METRIC_KEYS})
     atomic_write(path, lambda tmp: tmp.write_text(buffer.getvalue()))
+
+
+def saved_epoch(state_path: Path) -> int | None:
+    """The epoch of the state file `state_path`, None if there is none. Read from the file (its
+    tensors mapped, not read), since a kill can come between a save's rename and anything after
+    it, and checkpoints are written every --checkpoint-interval epochs, not each."""
+    try:
+        state = torch.load(state_path, map_location="cpu", weights_only=True, mmap=True)
+        return int(state["epoch"])
+    except Exception:  # absent, or not a state: nothing to resume from either way
+        return None

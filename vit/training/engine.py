@@ -44,11 +44,13 @@ from .build import (
 from .checkpoint import (
     BEST_WEIGHTS,
     CONFIG_FILE,
+    LOG_FILE,
     STATE_FILE,
     TEACHER_FILE,
     CheckpointSaver,
     TrainingState,
     save_yaml,
+    saved_epoch,
 )
 from .distillation import save_teacher
 from .errors import (
@@ -59,7 +61,7 @@ from .errors import (
     TrainingInterrupted,
     worker_message,
 )
-from .run_log import RunLog
+from .run_log import LogFile, RunLog
 from .settings import (
     PLAN_AFTER_EPOCHS,
     TrainConfig,
@@ -144,6 +146,9 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
     saver = CheckpointSaver(run_dir, info, data=cfg.data, config=cfg.to_dict())
     started = False  # whether this start wrote the run folder
     lock = contextlib.ExitStack()  # rank 0's hold on the run folder: one writer at a time
+    log_file = LogFile()  # train.log: rank 0's lines, held until the folder is written
+    if info.is_main:
+        logger.addHandler(log_file)
     try:
         # The lock first, in a block of its own: every process knows whether rank 0 got it
         # before any enters start(), whose collectives a refused rank 0 would never reach.
@@ -154,6 +159,7 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
             run = start(cfg, info, device, saver)
         if info.is_main:  # everything is ready, on every process: the run folder can be written
             start_run_dir(run_dir, cfg, overwrite)
+            log_file.open(run_dir / LOG_FILE)
             started = True
             if run.teacher is not None and not cfg.resume:  # what --resume distils from
                 save_teacher(run.teacher, run_dir / TEACHER_FILE, run.teacher_facts)
@@ -176,6 +182,8 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
         epoch = saver.saved_epoch() if info.is_main else None
         raise TrainingInterrupted(str(run_dir), epoch, cfg.epochs) from None
     finally:
+        logger.removeHandler(log_file)
+        log_file.close()
         lock.close()
 
 
@@ -426,10 +434,11 @@ def stop_if_diverged(run: Run, first_bad: torch.Tensor, epoch: int, step: int) -
 
 def diverged_message(cfg: TrainConfig, loss: float, epoch: int, step: int, steps: int) -> str:
     """What a NaN/inf loss stopped, and what is left to resume from (if anything)."""
-    if (Path(cfg.output_dir) / STATE_FILE).is_file():
-        kept = f"The last complete checkpoint (end of epoch {epoch}) is kept in {cfg.output_dir}"
+    saved = saved_epoch(Path(cfg.output_dir) / STATE_FILE)
+    if saved is not None:
+        kept = f"The last complete checkpoint (end of epoch {saved}) is kept in {cfg.output_dir}"
     else:
-        kept = f"No checkpoint was written: the loss diverged before epoch {epoch + 1} ended"
+        kept = "No checkpoint was written: the loss diverged before the run's first checkpoint"
     return (
         f"training loss became {loss} at epoch {epoch + 1}, step {step + 1}/{steps}; stopped. "
         f"{kept}. Try a lower --lr, --clip-grad, or --amp-dtype bfloat16."

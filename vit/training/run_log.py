@@ -1,4 +1,5 @@
-"""Rank 0's record of a run as it goes: TensorBoard, metrics.csv, curves.png and the log lines."""
+"""Rank 0's record of a run as it goes: TensorBoard, metrics.csv, curves.png and the log lines
+(on the terminal and in train.log)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,39 @@ class RunLog:
         if self.writer is not None:
             self.draw_curves()
             self.writer.close()
+
+
+class LogFile(logging.Handler):
+    """The run's log lines kept in its folder (train.log), as the terminal shows them: the lines
+    of a start are held until its folder is written (`open`), so that a refused start leaves no
+    file, then written with the rest; a resumed run's are appended to its earlier ones."""
+
+    FORMAT = "%(asctime)s %(levelname)s %(message)s"  # the terminal's too (train.py)
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(logging.Formatter(self.FORMAT))
+        self.held: list[logging.LogRecord] | None = []
+        self.file = None
+
+    def open(self, path: Path) -> None:
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed by close())
+        for record in self.held or ():
+            self.emit(record)
+        self.held = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.file is None:
+            self.held.append(record)
+            return
+        self.file.write(self.format(record) + "\n")
+        self.file.flush()  # a killed run's log ends where it stopped
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+        super().close()
 
 
 def epoch_summary(row: dict, epochs: int, split: str = "test") -> str:

@@ -71,7 +71,7 @@ class TrainConfig:
     model: str = setting(DEFAULT_MODEL, "model", "a name from vit.list_models()")
     pretrained: str | None = setting(None, "model", "fine-tune from weights: a file, or no value (or 'timm') for timm's default weights", metavar="PATH", nargs="?", const=TIMM_WEIGHTS)
     img_size: int | None = setting(None, "model", "model input size (pos_embed resampled; default: the model's)")
-    model_kwargs: dict = setting(None, "model", "other ViTConfig fields, e.g. depth=6 embed_dim=128 num_heads=4", factory=dict, metavar="KEY=VALUE", nargs="*")
+    model_kwargs: dict = setting(None, "model", "other ViTConfig fields, e.g. depth=6 embed_dim=128 num_heads=4 (given as a flag, they replace a --config file's model_kwargs whole, as any flag replaces the file's value: repeat the file's items to keep them)", factory=dict, metavar="KEY=VALUE", nargs="*")
     drop_path: float = setting(0.0, "model", "stochastic depth rate (the 200-epoch recipes use 0.1)")
     drop: float = setting(0.0, "model", "dropout before the head")
     patch_drop: float = setting(0.0, "model", "fraction of patch tokens dropped at random in training")
@@ -247,6 +247,14 @@ CHANGEABLE_ON_RESUME = (
 )
 
 
+# create_model's own arguments, which train.py sets from the data and other flags
+MODEL_KWARGS_OF_THEIR_OWN = {
+    "num_classes": "the number of classes is the data's (the class folders of --data)",
+    "img_size": "the input size is --img-size's",
+    "pretrained": "the weights are --pretrained's",
+}
+
+
 def check_settings(cfg: TrainConfig) -> None:
     """Raise ValueError, in one line naming the flag and what it accepts, for the first setting
     outside its range (see LIMITS) or at odds with another; None values mean "unset"."""
@@ -297,6 +305,12 @@ def check_settings(cfg: TrainConfig) -> None:
             f"--teacher-channel-mult {' '.join(map(str, cfg.teacher_channel_mult))}: the "
             f"teacher has three stages; give three multipliers of 1 or more, e.g. 1 4 4"
         )
+    for key, instead in MODEL_KWARGS_OF_THEIR_OWN.items():
+        if key in cfg.model_kwargs:
+            raise ValueError(
+                f"--model-kwargs {key}={cfg.model_kwargs[key]}: {instead}; leave it out of "
+                f"--model-kwargs"
+            )
     fine_tuning = {"--trainable-blocks": cfg.trainable_blocks is not None}
     fine_tuning["--head-init probe"] = cfg.head_init == "probe"
     for flag, given in fine_tuning.items():
