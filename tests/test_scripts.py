@@ -30,15 +30,16 @@ def one_line(text: str) -> str:
     return lines[0]
 
 
-def fake_train(returncode: int = 0):
+def fake_train(within: Path, returncode: int = 0):
     """subprocess.run standing in for train.py: a metrics.csv in its --output-dir, resolved as
-    train.py would (against the cwd it is given, else the current folder)."""
+    train.py would (against the cwd it is given, else the current folder), where that is inside
+    `within` (elsewhere, say the repository, nothing is written)."""
     calls = []
 
     def run(cmd, *args, cwd=None, stdout=None, **kwargs):
         calls.append((cmd, cwd))
-        if returncode == 0:
-            out = Path(cwd or os.getcwd()) / cmd[cmd.index("--output-dir") + 1]
+        out = Path(cwd or os.getcwd()) / cmd[cmd.index("--output-dir") + 1]
+        if returncode == 0 and out.resolve().is_relative_to(within.resolve()):
             out.mkdir(parents=True, exist_ok=True)
             (out / "metrics.csv").write_text(
                 "epoch,train_loss,test_top1,ema_top1\n10,1.5,0.4,0.5\n"
@@ -51,7 +52,7 @@ def fake_train(returncode: int = 0):
 # -- benchmarks/finetune_table.py, benchmarks/speedrun_proxy.py -----------------------------------
 def test_finetune_rows_write_where_the_user_pointed_from_any_folder(monkeypatch, tmp_path):
     table = script(monkeypatch, "benchmarks", "finetune_table")
-    run, calls = fake_train()
+    run, calls = fake_train(tmp_path)
     monkeypatch.setattr(table.subprocess, "run", run)
     monkeypatch.chdir(tmp_path)  # not the repository: --out is relative to here
     args = argparse.Namespace(
@@ -73,7 +74,7 @@ def test_speedrun_proxy_runs_where_the_user_is_and_fails_when_a_run_fails(
     monkeypatch.chdir(tmp_path)
     for split in ("train", "test"):
         (tmp_path / "data" / split).mkdir(parents=True)
-    run, _ = fake_train()
+    run, _ = fake_train(tmp_path)
     monkeypatch.setattr(proxy.subprocess, "run", run)
     argv = ["speedrun_proxy.py", "--data", "data", "--output", "out", "--parallel", "1"]
     monkeypatch.setattr(sys, "argv", [*argv, "--rows", "recipe"])
@@ -81,7 +82,7 @@ def test_speedrun_proxy_runs_where_the_user_is_and_fails_when_a_run_fails(
     assert (tmp_path / "out" / "recipe-seed0" / "metrics.csv").is_file()
     assert "| recipe | 0 | 50.00 |" in capsys.readouterr().out  # the table has the run
 
-    failing, _ = fake_train(returncode=1)
+    failing, _ = fake_train(tmp_path, returncode=1)
     monkeypatch.setattr(proxy.subprocess, "run", failing)
     monkeypatch.setattr(sys, "argv", [*argv, "--rows", "reprob"])
     with pytest.raises(SystemExit) as stopped:
@@ -91,7 +92,7 @@ def test_speedrun_proxy_runs_where_the_user_is_and_fails_when_a_run_fails(
 
 def test_speedrun_proxy_refuses_a_data_folder_before_any_run(monkeypatch, tmp_path, capsys):
     proxy = script(monkeypatch, "benchmarks", "speedrun_proxy")
-    run, calls = fake_train()
+    run, calls = fake_train(tmp_path)
     monkeypatch.setattr(proxy.subprocess, "run", run)
     output = tmp_path / "out"
     monkeypatch.setattr(
