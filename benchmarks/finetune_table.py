@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# train.py by its path in this repository, run in the user's folder: --data, --backbone and
+# --out mean in its commands what they meant as typed
+TRAIN = ROOT / "train.py"
 
 # (row, its flags beyond the shared ones)
 ROWS = {
@@ -60,10 +63,10 @@ def run_row(name: str, flags: list[str], args: argparse.Namespace) -> dict:
     out = args.out / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
     pretrained = [] if "--no-pretrained" in flags else ["--pretrained", args.backbone]
     flags = [f for f in flags if f != "--no-pretrained"]
-    command = [sys.executable, "train.py", *shared_flags(args, out), *pretrained, *flags]
+    command = [sys.executable, str(TRAIN), *shared_flags(args, out), *pretrained, *flags]
     print("$", " ".join(command[1:]), flush=True)
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - started
     (args.out / f"{out.name}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:

@@ -34,6 +34,8 @@ from vit.data.images import load_image
 
 LOSSLESS_NAME = re.compile(r"cifar10_(\d+)_(\d)\.png")
 QUALITIES = (95, 90, 85, 80, 75, 70, 60, 50, 40, 30, 25)
+# written first into DST.partial: the folder is this script's own, a stopped run's to remove
+PARTIAL_MARK = ".jpeg_cost-partial"
 
 
 def jpeg(pixels: np.ndarray, quality: int) -> bytes:
@@ -138,12 +140,32 @@ def compare_with_lossless(data: Path, folder: Path, qualities: tuple[int, ...]) 
 def write_copy(data: Path, destination: Path, quality: int, colour_block: int = 1) -> None:
     """Every image of the copy, its colour averaged over colour_block pixels if more than 1,
     saved again at `quality` under `destination`/{train,test}/<class>/; written beside it first
-    and renamed when whole, so that a stopped run leaves no half-written copy."""
+    and renamed when whole, so that a stopped run leaves no half-written copy. A DST.partial
+    is removed only where this script marked it as its own (a run killed part-way)."""
     if destination.exists():
         raise SystemExit(f"--write {destination}: already exists; give a new folder")
     partial = destination.with_name(destination.name + ".partial")
+    if partial.exists() and not (partial / PARTIAL_MARK).is_file():
+        raise SystemExit(
+            f"--write {destination}: {partial} exists and is not this script's; remove it or "
+            f"give another folder"
+        )
     shutil.rmtree(partial, ignore_errors=True)  # a stopped run's, never a finished copy
+    partial.mkdir(parents=True)
+    (partial / PARTIAL_MARK).write_text("")
     start = time.perf_counter()
+    try:
+        write_images(data, partial, quality, colour_block)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)  # stopped or failed: no half-written copy
+        raise
+    (partial / PARTIAL_MARK).unlink()
+    partial.rename(destination)
+    print(f"written to {destination} in {time.perf_counter() - start:.0f} s")
+
+
+def write_images(data: Path, partial: Path, quality: int, colour_block: int) -> None:
+    """write_copy's work: every image of `data` saved again under `partial`."""
     for split in ("train", "test"):
         errors = []
         for path in copy_paths(data, split):
@@ -159,8 +181,6 @@ def write_copy(data: Path, destination: Path, quality: int, colour_block: int = 
             f"{split}: {len(errors)} images at quality {quality}{colour}, MSE against the copy "
             f"{error:.2f} ({psnr(error):.2f} dB)"
         )
-    partial.rename(destination)
-    print(f"written to {destination} in {time.perf_counter() - start:.0f} s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -183,6 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     # every option checked before any work: a bad --quality is not found after the comparison
     if not 1 <= args.quality <= 100:
         raise SystemExit(f"--quality {args.quality}: expected 1-100")
+    for quality in args.qualities:
+        if not 1 <= quality <= 100:
+            raise SystemExit(f"--qualities {quality}: expected 1-100")
     if args.colour_block not in (1, 2, 4, 8):
         raise SystemExit(f"--colour-block {args.colour_block}: expected 1, 2, 4 or 8")
     if args.lossless is not None:

@@ -18,12 +18,14 @@ whitened one, row `whiten`), evaluated on all 10,000 test images. The first two 
 calibrate it: on an H200, RandAugment was behind until epoch ~35 of 100 and ahead from epoch 40
 on (docs/gpu.md); a proxy that does not show that says nothing about the other rows.
 
-Each row is a whole `train.py` command (printed, so it can be run alone), one thread each
-(--threads), --parallel of them at a time (one per core). Accuracy does not depend on the
-machine's load (a seed's CPU run is deterministic); wall time does. Prints the EMA's test top-1
-every 10 epochs per row and seed, as a table, with each row's mean over the seeds where it ran
-more than one. Run again, a row's run stopped part-way (a session's end: a 300-epoch row takes
-~1.6 hours with two threads) continues from its last checkpoint, and a finished one is kept.
+Each row is a whole `train.py` command (printed, so it can be run alone), run in the current
+folder (--data, --output and paths in --train-args as typed), one thread each (--threads),
+--parallel of them at a time (one per core); a row that fails makes the exit status 1.
+Accuracy does not depend on the machine's load (a seed's CPU run is deterministic); wall time
+does. Prints the EMA's test top-1 every 10 epochs per row and seed, as a table, with each
+row's mean over the seeds where it ran more than one. Run again, a row's run stopped part-way
+(a session's end: a 300-epoch row takes ~1.6 hours with two threads) continues from its last
+checkpoint, and a finished one is kept.
 Every row measured so far, its curves, host and command: docs/speedrun-proxy.md.
 """
 
@@ -40,12 +42,16 @@ from pathlib import Path
 
 import yaml
 
+from vit.cli.flags import ArgumentParser
 from vit.training.checkpoint import CONFIG_FILE, STATE_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
+# train.py and the recipe by their paths in this repository, so that a row's command runs in the
+# user's folder: --data, --output and paths in --train-args mean what they meant as typed
+TRAIN = ROOT / "train.py"
 BASE = [
     "--config",
-    "configs/cifar10_gpu_speedrun.yaml",
+    str(ROOT / "configs" / "cifar10_gpu_speedrun.yaml"),
     "--device",
     "cpu",
     "--no-compile",  # inductor's CPU code trains this model no faster than eager (508 vs 542/s)
@@ -488,7 +494,7 @@ def command(
     model = PROXY_MODEL | MODEL_CHANGES.get(name, {})
     return [
         sys.executable,
-        "train.py",
+        str(TRAIN),
         *BASE,
         "--data",
         data,
@@ -516,7 +522,7 @@ def read_metrics(folder: Path) -> tuple[dict[int, float], dict[int, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="CIFAR-10 image folder (cifar10-jpg)")
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -532,40 +538,57 @@ def main() -> None:
         "float32' where the CPU has no AVX512-BF16 or AMX (bfloat16 emulated there trains "
         "many times slower); a run records them, so its --resume keeps them",
     )
-    parser.add_argument("--output", type=Path, default=ROOT / "runs" / "speedrun_proxy")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=ROOT / "runs" / "speedrun_proxy",
+        help="a folder for the rows' runs and logs (default: runs/speedrun_proxy in this "
+        "repository; a relative one is relative to the current folder)",
+    )
     parser.add_argument(
         "--table-only", action="store_true", help="print the table of the runs in --output"
     )
     args = parser.parse_args()
-    if args.data is None and not args.table_only:
+    if args.table_only:
+        if not args.output.is_dir():
+            parser.error(f"--output {args.output}: no such folder; no runs to table")
+        print_table(args)
+        return
+    if args.data is None:
         parser.error("--data is required to run the rows (the CIFAR-10 image folder)")
+    data = Path(args.data)
+    if not (data / "train").is_dir() or not any((data / s).is_dir() for s in ("test", "val")):
+        parser.error(f"--data {data}: not an image folder with train/ and test/ (or val/) in it")
     args.output.mkdir(parents=True, exist_ok=True)
-    if not args.table_only:
-        run_rows(args)
+    failed = run_rows(args)
     print_table(args)
+    if failed:
+        raise SystemExit(f"speedrun_proxy.py: {len(failed)} run(s) failed: {', '.join(failed)}")
 
 
-def run_rows(args: argparse.Namespace) -> None:
+def run_rows(args: argparse.Namespace) -> list[str]:
     """Every (row, seed) run, --parallel at a time, the next one started as soon as any ends: rows
-    of different lengths (134 and 200 epochs) leave no core idle while the longer one runs."""
+    of different lengths (134 and 200 epochs) leave no core idle while the longer one runs. The
+    runs that failed ('recipe seed 0')."""
     runs = [(name, seed) for seed in args.seeds for name in args.rows]
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        for future in [pool.submit(run_one, args, name, seed) for name, seed in runs]:
-            future.result()
+        futures = [pool.submit(run_one, args, name, seed) for name, seed in runs]
+        ok = [future.result() for future in futures]
+    return [f"{name} seed {seed}" for (name, seed), fine in zip(runs, ok, strict=True) if not fine]
 
 
-def run_one(args: argparse.Namespace, name: str, seed: int) -> None:
+def run_one(args: argparse.Namespace, name: str, seed: int) -> bool:
     """One row's train.py command for one seed, its output in the log beside its run folder. A
     run stopped part-way (a session's end) continues from its last checkpoint (train.py --resume,
-    the log appended to); a finished one is kept as it is."""
+    the log appended to); a finished one is kept as it is. Whether it ended well."""
     folder = run_dir(args.output, name, seed)
     if (folder / STATE_FILE).is_file():
         done = max(read_metrics(folder)[1], default=0)
         # the epochs the run was started with, as it recorded them
         if done >= yaml.safe_load((folder / CONFIG_FILE).read_text())["epochs"]:
             print(f"{name} seed {seed}: done ({done} epochs), kept", flush=True)
-            return
-        cmd = [sys.executable, "train.py", "--resume", str(folder), "--threads", str(args.threads)]
+            return True
+        cmd = [sys.executable, str(TRAIN), "--resume", str(folder), "--threads", str(args.threads)]
         mode = "a"
     else:
         cmd = command(
@@ -575,9 +598,10 @@ def run_one(args: argparse.Namespace, name: str, seed: int) -> None:
     print("$", " ".join(cmd[1:]), flush=True)
     # not with_suffix: "drop-path0.2-seed0" would lose ".2-seed0"
     with open(f"{folder}.log", mode) as log:
-        status = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=log, check=False).returncode
+        status = subprocess.run(cmd, stdout=log, stderr=log, check=False).returncode
     if status != 0:
         print(f"{name}: train.py exited with {status}; see {log.name}", flush=True)
+    return status == 0
 
 
 def print_table(args: argparse.Namespace) -> None:

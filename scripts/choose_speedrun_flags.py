@@ -24,22 +24,25 @@ alone.
 
 Prints two lines: 1 (side by side) or 0 (one after the other), then the flags (an empty line: the
 recipe as it is); the reasons and every row's figures on stderr. Exit status 2 when no row
-qualifies (the line says why): the caller then trains the recipe as it is.
+qualifies (the line says why): the caller then trains the recipe as it is; 2 too, with one line
+and before any choice, for a file that is not the benchmark's --json (no 'rows', a row without
+the fields read here), a --time-budget not above 0, or a --json that cannot be written.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
 
 import yaml
 
-from vit.cli.flags import key_value
+from vit.cli.flags import ArgumentParser, key_value, number_in
 from vit.training.settings import flag_name
+from vit.utils.ranges import POSITIVE
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "configs/cifar10_gpu_speedrun.yaml"
@@ -146,6 +149,39 @@ def spaced_out(recipe: dict, epochs: float) -> list[str]:
     return flags
 
 
+def not_rows(pipeline: object) -> str | None:
+    """Why `pipeline` is not training_pipeline.py's --json (its 'rows', each a dict with the
+    fields choose reads), or None where it is."""
+    if not isinstance(pipeline, dict) or not isinstance(pipeline.get("rows"), list):
+        return "not a training_pipeline.py --json (no 'rows')"
+    for i, row in enumerate(pipeline["rows"]):
+        if not isinstance(row, dict):
+            return f"row {i} is not an object"
+        for field in ("config", "shape"):
+            if not isinstance(row.get(field), str):
+                return f"row {i} has no '{field}'"
+        if "error" in row:
+            continue  # a failed row: refused for that
+        loss = row.get("train_loss")
+        if loss is not None and not isinstance(loss, (int, float)):
+            return f"row {i} ({row['config']}): 'train_loss' {loss!r} is not a number"
+        if qualifies(row) is None and not isinstance(row.get("images_per_s"), (int, float)):
+            return f"row {i} ({row['config']}) has no 'images_per_s'"
+    return None
+
+
+def unwritable_json(path: Path) -> str | None:
+    """Why the choice could not be written to `path` (None if it could): checked before the
+    choice, so that it is not lost after it."""
+    if path.is_dir():
+        return f"--json {path}: is a folder; give a file name"
+    if not path.parent.is_dir():
+        return f"--json {path}: no folder {path.parent}; give a file in an existing folder"
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        return f"--json {path}: cannot write in {path.parent}"
+    return None
+
+
 def choose(pipeline: dict, recipe: dict) -> dict:
     """The chosen row, its flags and the seeds' way (see the module's docstring)."""
     rows = pipeline.get("rows", [])
@@ -189,19 +225,24 @@ def choose(pipeline: dict, recipe: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("pipeline", type=Path, help="benchmarks/training_pipeline.py's --json")
     parser.add_argument(
         "--time-budget",
-        type=float,
+        type=number_in(POSITIVE),
         help="the seeds' budget in seconds, where shorter than the recipe's time_budget",
     )
     parser.add_argument("--json", type=Path, help="also write the choice here")
     args = parser.parse_args(argv)
+    if args.json is not None and (problem := unwritable_json(args.json)):
+        parser.error(problem)
     try:
         pipeline = json.loads(args.pipeline.read_text())
     except (OSError, ValueError) as error:
         print(f"choose_speedrun_flags.py: {args.pipeline}: unreadable ({error})", file=sys.stderr)
+        sys.exit(2)
+    if problem := not_rows(pipeline):
+        print(f"choose_speedrun_flags.py: {args.pipeline}: {problem}", file=sys.stderr)
         sys.exit(2)
     recipe = yaml.safe_load((ROOT / RECIPE).read_text())
     if args.time_budget is not None:
@@ -213,8 +254,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  not chosen: {row['config']} ({row['shape']}): {row['why']}", file=sys.stderr)
     if choice["row"] is None:
         print(
-            f"choose_speedrun_flags.py: {args.pipeline}: no row of {RECIPE} qualifies (above); "
-            f"the recipe as it is",
+            f"choose_speedrun_flags.py: {args.pipeline}: no row of {RECIPE} qualifies "
+            f"{'(above)' if choice['refused'] else '(it holds no rows)'}; the recipe as it is",
             file=sys.stderr,
         )
         sys.exit(2)

@@ -10,6 +10,7 @@
 #   bash scripts/gpu_check.sh --restore FOLDER      # here, after: what came back -> build/gpu/resume
 #   bash scripts/gpu_check.sh --pack-backbone DIR   # here: a transformers folder in bfloat16 ->
 #                                                   # build/gpu-backbone/NAME (the finetune stage)
+#   bash scripts/gpu_check.sh --help                # this, up to the next line
 #
 # Without CUDA it says so in one line and exits with status 3 in seconds, writing nothing.
 #
@@ -109,7 +110,8 @@ over_limit() {  # over_limit MIB: whether a call sending MIB would pass the tool
 }
 
 pack() {  # here: the data and the wheels into build/gpu (ignored by git: never committed)
-    "$PYTHON" scripts/pack_cifar10.py --output "$PACKED" "$@"
+    # --overwrite: the file is this script's own build output, packed again on each --pack
+    "$PYTHON" scripts/pack_cifar10.py --overwrite --output "$PACKED" "$@"
     mkdir -p "$WHEELS"
     # shellcheck disable=SC2086  # the list splits into one argument per wheel
     "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
@@ -151,6 +153,10 @@ restore() {  # here: the state and records that came back from $OUT, for the nex
 
 pack_backbone() {  # here: a transformers folder's weights in bfloat16 (half the bytes to carry)
     local from="$1" to
+    if [ ! -f "$from/model.safetensors" ]; then  # checked before anything is made
+        say "--pack-backbone $from: no model.safetensors there; give a transformers folder"
+        exit 2
+    fi
     to="$BACKBONE/$(basename "$from")"
     mkdir -p "$to"
     "$PYTHON" - "$from" "$to" <<'PY'
@@ -178,8 +184,13 @@ case "${1:-}" in
     --restore)
         [ $# -eq 2 ] || { say "--restore takes one folder (where the device's files came back)"; exit 2; }
         restore "$2"; exit 0 ;;
+    -h | --help)  # the header's first paragraphs: what it does, its usage, without a GPU
+        sed -n '2,/^# Without CUDA/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+        exit 0 ;;
     "" | -*)
-        say "usage: bash scripts/gpu_check.sh OUTDIR [tests] [train] [bench] [speedrun] [finetune] | --pack | --pack-backbone FOLDER | --restore FOLDER"
+        say "usage: bash scripts/gpu_check.sh OUTDIR [tests] [train] [bench] [speedrun]" \
+            "[pipeline] [finetune] | --pack | --pack-backbone FOLDER | --restore FOLDER" \
+            "| --help"
         exit 2 ;;
 esac
 OUTDIR="$1"

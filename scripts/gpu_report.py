@@ -10,7 +10,8 @@ reached 90/93/94%, top-1 single view and with flip TTA, how many runs shared the
 alone, more side by side, each then timed as it shared it); then the mean top-1 over the
 finished seeds of each set of flags; then the pipeline benchmark's rows (with each row's first
 epoch, which compiles and captures, its last loss and which graphs held); then the flags
-VIT_GPU_SPEEDRUN_ARGS=auto took from them.
+VIT_GPU_SPEEDRUN_ARGS=auto took from them. A file holding none of those records, or one without
+a field the tables read, is one line naming the file and the field, and exit status 2.
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ import sys
 from pathlib import Path
 
 NAME_CHARS = 60  # CUDA kernels' names run to hundreds of characters (templates)
+SECTIONS = ("environment", "speedrun", "pipeline", "speedrun_choice")
+# the fields the tables read, where the record is there
+ATTEMPT_FIELDS = ("seed", "status", "wall_seconds", "epochs", "top1", "tta_top1")
+ROW_FIELDS = ("config", "shape", "images_per_s", "ms_per_step", "data_wait_share")
+FAILED_ROW_FIELDS = ("config", "shape", "error")
+CHOICE_FIELDS = ("row", "flags", "expected_epochs", "together")
 
 
 def percent(value: float | None) -> str:
@@ -127,6 +134,37 @@ def choice_line(choice: dict) -> str:
     )
 
 
+def missing_field(records: object) -> str | None:
+    """What the tables need that `records` lacks ("speedrun[0] has no 'status'"), or None."""
+    if not isinstance(records, dict) or not any(records.get(key) for key in SECTIONS):
+        return f"holds none of {', '.join(SECTIONS)} (not a gpu_check.json)"
+    speedrun, pipeline = records.get("speedrun") or [], records.get("pipeline") or {}
+    if not isinstance(records.get("environment") or {}, dict):
+        return "'environment' is not an object"
+    if not isinstance(speedrun, list):
+        return "'speedrun' is not a list of attempts"
+    if not isinstance(pipeline, dict) or not isinstance(pipeline.get("rows", []), list):
+        return "'pipeline' is not an object with a list of 'rows'"
+    checks = [(f"speedrun[{i}]", run, ATTEMPT_FIELDS) for i, run in enumerate(speedrun)]
+    for i, row in enumerate(pipeline.get("rows", [])):
+        failed = isinstance(row, dict) and "error" in row
+        checks.append((f"pipeline row {i}", row, FAILED_ROW_FIELDS if failed else ROW_FIELDS))
+    if choice := records.get("speedrun_choice"):
+        chosen = isinstance(choice, dict) and choice.get("row") is not None
+        checks.append(("speedrun_choice", choice, CHOICE_FIELDS if chosen else ()))
+    for where, record, fields in checks:
+        if not isinstance(record, dict):
+            return f"{where} is not an object"
+        for field in fields:
+            if field not in record:
+                return f"{where} has no '{field}'"
+    for i, run in enumerate(speedrun):
+        epochs = run["epochs"]
+        if epochs and not (isinstance(epochs, list) and "epoch" in (epochs[-1] or {})):
+            return f"speedrun[{i}]: its 'epochs' are not a list of records with an 'epoch'"
+    return None
+
+
 def report(records: dict) -> str:
     lines = []
     if records.get("environment"):
@@ -150,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
         records = json.loads(args.json.read_text())
     except (OSError, ValueError) as error:
         problem = f"not a readable gpu_check.json ({error})"
+        print(f"gpu_report.py: {args.json}: {problem}", file=sys.stderr)
+        sys.exit(2)
+    if problem := missing_field(records):
         print(f"gpu_report.py: {args.json}: {problem}", file=sys.stderr)
         sys.exit(2)
     print(report(records))

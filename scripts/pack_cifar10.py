@@ -1,6 +1,7 @@
 """CIFAR-10's image folder as one compact file, to travel to a GPU machine, and back to a folder.
 
     python scripts/pack_cifar10.py                  # ../shared/data/cifar10-jpg -> build/gpu/
+    python scripts/pack_cifar10.py --overwrite      # ... replacing the file packed before
     python scripts/pack_cifar10.py --per-class 1000 # a class-balanced subset of train/
     python scripts/pack_cifar10.py --unpack build/gpu/cifar10-jpg.npz /tmp/cifar10-jpg
 
@@ -13,8 +14,9 @@ same image folder again, byte for byte, which train.py reads as it reads the ori
 (`--data FOLDER`): the package needs no new data format. build/ is ignored by git: the file is
 never committed. scripts/gpu_check.sh unpacks it on the GPU machine.
 
-A mistake (no such folder, an output that exists as something else) is one line and status 2;
-nothing half-written is left (both directions write a temporary file or folder, then rename).
+A mistake (no such folder, an output that exists: a file without --overwrite, or a folder) is
+one line and status 2; Ctrl-C is one line and status 130. Nothing half-written is left (both
+directions write a temporary file or folder, then rename, and remove it if stopped).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ DEFAULT_SOURCE = ROOT.parent / "shared" / "data" / "cifar10-jpg"
 DEFAULT_OUTPUT = ROOT / "build" / "gpu" / "cifar10-jpg.npz"
 SPLITS = ("train", "test")
 DONE = ".unpacked"  # written last into an unpacked folder: its image count
+UNPACKING = ".unpacking"  # written first into the temporary folder: it is this script's own
+KEYS = ("paths", "offsets", "data")
 
 
 def image_paths(source: Path, per_class: int | None) -> list[Path]:
@@ -62,17 +66,30 @@ def pack(source: Path, output: Path, per_class: int | None) -> tuple[int, int]:
     names = np.array([str(p).encode() for p in paths])  # bytes: loads without pickle
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp")
-    with open(tmp, "wb") as f:  # a file object: np.savez would add .npz to a name
-        np.savez_compressed(f, paths=names, offsets=offsets, data=data)  # shared JPEG headers
-    os.replace(tmp, output)
+    try:
+        with open(tmp, "wb") as f:  # a file object: np.savez would add .npz to a name
+            np.savez_compressed(f, paths=names, offsets=offsets, data=data)  # shared JPEG headers
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)  # stopped or failed: no temporary file left
     return len(paths), output.stat().st_size
+
+
+def read_packed(packed: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(paths, offsets, data) of a file this script packed; ValueError naming it otherwise."""
+    try:
+        with np.load(packed, allow_pickle=False) as archive:
+            return tuple(archive[key] for key in KEYS)
+    except (ValueError, KeyError, OSError, TypeError, AttributeError):
+        raise ValueError(
+            f"--unpack {packed}: not a file this script packed (an .npz of paths, offsets and data)"
+        ) from None
 
 
 def unpack(packed: Path, destination: Path) -> int:
     """Write the image folder held in `packed` to `destination`; its image count. A folder
     already unpacked from a file of the same count is kept as it is."""
-    with np.load(packed, allow_pickle=False) as archive:
-        names, offsets, data = archive["paths"], archive["offsets"], archive["data"]
+    names, offsets, data = read_packed(packed)
     marker = destination / DONE
     if marker.is_file() and marker.read_text().strip() == str(len(names)):
         return len(names)
@@ -82,13 +99,22 @@ def unpack(packed: Path, destination: Path) -> int:
             f"unpack elsewhere"
         )
     tmp = destination.with_name(f".{destination.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # a previous unpack that was killed
-    for i, name in enumerate(names):
-        path = tmp / name.decode()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data[offsets[i] : offsets[i + 1]].tobytes())
-    (tmp / DONE).write_text(f"{len(names)}\n")
-    os.replace(tmp, destination)
+    if (tmp / UNPACKING).is_file():
+        shutil.rmtree(tmp)  # a previous unpack that was killed
+    elif tmp.exists():
+        raise ValueError(f"{tmp} exists and is not this script's; remove it or unpack elsewhere")
+    try:
+        tmp.mkdir(parents=True)
+        (tmp / UNPACKING).write_text("")
+        for i, name in enumerate(names):
+            path = tmp / name.decode()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data[offsets[i] : offsets[i + 1]].tobytes())
+        (tmp / UNPACKING).unlink()
+        (tmp / DONE).write_text(f"{len(names)}\n")
+        os.replace(tmp, destination)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # stopped or failed: made here, removed here
     return len(names)
 
 
@@ -104,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--unpack", nargs=2, type=Path, metavar=("FILE", "FOLDER"), help="write FILE's images"
     )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
     args = parser.parse_args(argv)
     try:
         if args.unpack:
@@ -115,11 +142,21 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if args.per_class is not None and args.per_class < 1:
                 raise ValueError(f"--per-class {args.per_class}: give a number >= 1")
+            if args.output.is_dir():
+                raise ValueError(f"--output {args.output}: is a folder; give a file name")
+            if args.output.exists() and not args.overwrite:
+                raise ValueError(
+                    f"--output {args.output}: exists; add --overwrite to replace it, or choose "
+                    f"another file"
+                )
             count, size = pack(args.source, args.output, args.per_class)
             print(f"{args.output}: {count} images, {size / 2**20:.1f} MiB")
     except (ValueError, OSError) as e:
         print(f"pack_cifar10.py: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("pack_cifar10.py: stopped (Ctrl-C); nothing written", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -1594,7 +1594,8 @@ def test_the_speedrun_proxy_resumes_a_run_stopped_part_way_and_keeps_a_finished_
     args = argparse.Namespace(data="data", output=tmp_path, threads=2, train_args=["--no-amp"])
     stopped = checkpointed("mimetic-epochs300", last_epoch=145, planned_epochs=300)
     proxy.run_one(args, "mimetic-epochs300", 0)
-    assert commands == [[sys.executable, "train.py", "--resume", str(stopped), "--threads", "2"]]
+    train = str(ROOT / "train.py")
+    assert commands == [[sys.executable, train, "--resume", str(stopped), "--threads", "2"]]
     assert (tmp_path / "mimetic-epochs300-seed0.log").read_text() == "epoch 1\nresumed\n"
 
     checkpointed("recipe", last_epoch=100, planned_epochs=100)

@@ -128,3 +128,21 @@ def test_a_stopped_write_leaves_no_copy_and_the_next_one_finishes(
     jpeg_cost.write_copy(copy, destination, 50)
     assert len(list(destination.rglob("*.jpg"))) == len(list(copy.rglob("*.jpg")))
     assert not (tmp_path / "q50.partial").exists()
+
+
+def test_a_partial_folder_the_script_did_not_make_is_kept(jpeg_cost, copy_and_lossless, tmp_path):
+    copy, _ = copy_and_lossless
+    theirs = tmp_path / "q50.partial"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="q50.partial exists and is not this script's"):
+        jpeg_cost.main(["--data", str(copy), "--write", str(tmp_path / "q50")])
+    assert (theirs / "notes.txt").read_text() == "mine" and not (tmp_path / "q50").exists()
+
+
+def test_a_quality_of_the_comparison_outside_1_to_100_is_refused(jpeg_cost, copy_and_lossless):
+    copy, lossless = copy_and_lossless
+    with pytest.raises(SystemExit, match="--qualities 500: expected 1-100"):
+        jpeg_cost.main(
+            ["--data", str(copy), "--lossless", str(lossless), "--qualities", "75", "500"]
+        )
