@@ -13,10 +13,10 @@ the GPU, so what it measures is the work, not its launch.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
+import _cli
 import numpy as np
 import torch
 
@@ -50,11 +50,11 @@ def batch_rate(batches: InMemoryBatches) -> float:
     return seen / (time.perf_counter() - started)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (IMAGES, 32, 32, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, IMAGES)
@@ -76,12 +76,12 @@ def main() -> None:
         for name, batches in rows.items():
             rate = per_image_rate(images) if batches is None else batch_rate(batches)
             rates[name].append(rate)
-    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    print(f"cores={usable_cores()} torch threads={torch.get_num_threads()}{gpu}")
+    machine = _cli.machine(devices[-1])
+    print(f"cores={usable_cores()} torch threads={torch.get_num_threads()}; {machine}")
     print("| pipeline | images/s (median) |\n|---|---:|")
     for name, values in rates.items():
         print(f"| {name} | {statistics.median(values):,.0f} |")
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

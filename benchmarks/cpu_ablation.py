@@ -14,13 +14,13 @@ deterministic for a seed), wall time does: time rows on an idle machine only.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import _cli
 import yaml
 
 from vit.data.datasets import load_split
@@ -328,13 +328,14 @@ def evaluate(run: Path, data: str) -> dict:
     return json.loads((ROOT / report).read_text())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
     parser.add_argument("--data", required=True, help="CIFAR-10 image folder (train/, test/)")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--out", type=Path, default=Path("runs/ablation"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    _cli.check_data(parser, args.data)
 
     for split in ("train", "test"):  # decode once into the cache every row reads
         load_split(args.data, split, cache_dir=Path(TrainConfig.cache_dir).expanduser())
@@ -369,4 +370,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -12,24 +12,26 @@ one core, processes scale with the cores.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from pathlib import Path
+
+import _cli
 
 from vit.data.datasets import find_split_dir, scan_folder
 from vit.data.images import load_images, load_images_in_threads
 from vit.data.workers import usable_cores
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
     parser.add_argument(
         "--data", required=True, help="a folder with train/ and test/ class folders"
     )
     parser.add_argument("--workers", type=int, default=min(32, usable_cores()))
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    _cli.check_data(parser, args.data, names=False)
     paths = []
     for split in ("train", "test"):
         paths += scan_folder(find_split_dir(Path(args.data), split))[0]
@@ -44,7 +46,8 @@ def main() -> None:
         if not all((a == b).all() for a, b in zip(*decoded.values(), strict=True)):
             raise SystemExit("decode_throughput.py: threads and processes decoded different arrays")
     print(
-        f"{len(paths)} files of {args.data}, {args.workers} workers, median of {args.rounds} rounds"
+        f"{len(paths)} files of {args.data}, {args.workers} workers, median of {args.rounds} "
+        f"rounds; {_cli.machine()}"
     )
     print("| decoded in | seconds | images/s |\n|---|---:|---:|")
     for name, times in seconds.items():
@@ -53,4 +56,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -13,11 +13,11 @@ is the baseline every method must beat. Maps explain the predicted class (the de
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
+import _cli
 import torch
 from PIL import Image
 
@@ -69,7 +69,7 @@ def in_batches(method, model, images: torch.Tensor, batch_size: int) -> torch.Te
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _cli.parser(__doc__)
     parser.add_argument("--weights", default=ROOT / "weights/cifar10_vit_cpu.safetensors")
     parser.add_argument("--data", default=ROOT.parent / "shared/data/cifar10-jpg/test")
     parser.add_argument("--num-images", type=int, default=1000)
@@ -81,8 +81,11 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
 
-    model = vit.load_model(args.weights).eval()
-    images, labels = load_test_images(Path(args.data), args.num_images, model)
+    model = _cli.checked_model(parser, "--weights", args.weights)
+    try:
+        images, labels = load_test_images(Path(args.data), args.num_images, model)
+    except FileNotFoundError as e:  # not a folder, or a class folder without images
+        parser.error(f"--data {args.data}: {e}; accepted: a folder of class folders of .jpg")
     with torch.no_grad():
         clean = in_batches(lambda m, x: m(x), model, images, args.batch_size).argmax(1) == labels
 
@@ -124,4 +127,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -14,10 +14,10 @@ timm's antialiased resampling would give instead of the source library's own.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
+import _cli
 import torch
 import transformers
 
@@ -89,8 +89,8 @@ def compare(folder: Path, theirs, output: str, x: torch.Tensor) -> tuple[float, 
     return exact, relative(timm_way.eval()(x), reference)
 
 
-def main() -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+def main(argv: list[str] | None = None) -> None:
+    _cli.parser(__doc__).parse_args(argv)
     print(
         f"torch={torch.__version__} transformers={transformers.__version__} float32 batch=2 "
         f"threads={torch.get_num_threads()}"
@@ -120,4 +120,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

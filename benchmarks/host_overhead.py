@@ -27,7 +27,6 @@ the ~8 ms a step it cost on an H200.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import os
@@ -37,6 +36,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import _cli
 import torch
 import yaml
 from torch import nn
@@ -63,8 +63,8 @@ def median_ms(call: Callable, repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
     parser.add_argument("--config", default="configs/cifar10_gpu_speedrun.yaml")
     parser.add_argument("--width", type=int, default=16, help="embed_dim (divisible by heads)")
     parser.add_argument("--repeats", type=int, default=50)
@@ -81,7 +81,7 @@ def main() -> None:
         help="side of the batch rows' images (8: their arithmetic, which a GPU does in parallel, "
         "all but gone from the 16-batch calls)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     cfg = yaml.safe_load(Path(args.config).read_text())
     model = vit.create_model(
@@ -136,7 +136,8 @@ def main() -> None:
         per_call[name] = augment_batches
     params = sum(1 for _ in model.parameters())
     print(
-        f"{args.config} at width {args.width}: {params} tensors, 1 thread, median of {args.repeats}"
+        f"{args.config} at width {args.width}: {params} tensors, 1 thread, median of "
+        f"{args.repeats}; {_cli.machine()}"
     )
     print("| part of a step | host ms |\n|---|---:|")
     for name, call in rows.items():
@@ -190,4 +191,4 @@ def compile_seconds(model: nn.Module, optimizer: torch.optim.Optimizer) -> float
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -14,13 +14,13 @@ model's rounds on CUDA, for scripts/gpu_check.sh.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import statistics
 import time
 from pathlib import Path
 
+import _cli
 import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
@@ -98,8 +98,8 @@ def compare(
     return row
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
     parser.add_argument(
         "--models",
         nargs="+",
@@ -118,14 +118,17 @@ def main() -> None:
         help="float32 (TF32 off), and/or bfloat16 (autocast)",
     )
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the rows here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    _cli.check_names(parser, "--models", args.models, MODELS)
+    _cli.checked_device(parser, args.device)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
 
     path = "explicit softmax" if args.explicit else "fused SDPA"
     device_name = torch.cuda.get_device_name(args.device) if "cuda" in args.device else "cpu"
     print(
         f"device={args.device} ({device_name}) torch={torch.__version__} timm={timm.__version__} "
-        f"threads={torch.get_num_threads()} batch={args.batch_size} ours={path}"
+        f"threads={torch.get_num_threads()} batch={args.batch_size} ours={path}; "
+        f"{_cli.machine(args.device)}"
     )
     print("| model | dtype | ours img/s | timm img/s | ours / timm | max rel. logit diff |")
     print("|---|---|---:|---:|---:|---:|")
@@ -154,4 +157,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -16,12 +16,12 @@ reports its median round.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import time
 from pathlib import Path
 
+import _cli
 import cv2
 import numpy as np
 import torch
@@ -68,15 +68,15 @@ def images_per_second(dataset: ImageDataset, workers: int, threads: int, batches
     return images / (time.perf_counter() - started)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
     parser.add_argument("--workers", type=int, nargs="+", default=[2])
     parser.add_argument(
         "--opencv-threads", type=int, nargs="+", default=[1, -1], help="per worker; -1: default"
     )
     parser.add_argument("--batches", type=int, default=40, help="timed batches of 128 a round")
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     recipe = yaml.safe_load((ROOT / "configs" / "cifar10.yaml").read_text())
     augment = ("crop", "hflip", "aa", "aa_n", "reprob")
@@ -92,7 +92,8 @@ def main() -> None:
     )
     print(
         f"cores={usable_cores()} opencv default threads="
-        f"{cv2.getNumThreads()} torch={torch.__version__} opencv={cv2.__version__}"
+        f"{cv2.getNumThreads()} torch={torch.__version__} opencv={cv2.__version__}; "
+        f"{_cli.machine()}"
     )
     settings = list(itertools.product(args.workers, args.opencv_threads))
     rates: dict[tuple[int, int], list[float]] = {s: [] for s in settings}
@@ -110,4 +111,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

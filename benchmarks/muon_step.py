@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _cli
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -102,7 +103,7 @@ def measure(args: argparse.Namespace, rank: int = 0, world: int = 1) -> None:
     if rank == 0:
         print(
             f"torch {torch.__version__}, {world} process(es) x {args.threads} thread(s), "
-            f"median of {args.rounds} rounds (process 0's times)"
+            f"median of {args.rounds} rounds (process 0's times); {_cli.machine()}"
         )
         print("| what | ms per step |\n|---|---:|")
         for name, values in times.items():
@@ -117,14 +118,14 @@ def _process(rank: int, args: argparse.Namespace, init_file: str) -> None:
     dist.destroy_process_group()
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--processes", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=64)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.processes == 1:
         measure(args)
         return
@@ -134,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -14,14 +14,15 @@ Out: what the graph returns (logits, or a headless model's pooled embeddings) an
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 from pathlib import Path
 
+import _cli
 import torch
 
 import vit
 from vit.interop.onnx_export import export_onnx
+from vit.models.registry import MODELS
 
 REAL_DINOV2 = Path(__file__).resolve().parents[1] / "../shared/data/dinov2-small"
 # name: what its switches are, for the table
@@ -49,10 +50,11 @@ def random_model(name: str) -> vit.VisionTransformer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _cli.parser(__doc__)
     parser.add_argument("--names", nargs="+", default=list(NAMES), help="timm model names")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
+    _cli.check_names(parser, "--names", args.names, MODELS)
     torch.set_num_threads(args.threads)
     cases = [
         (name, NAMES.get(name, ""), lambda name=name: random_model(name)) for name in args.names
@@ -72,4 +74,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -12,18 +12,16 @@ instruction sets are printed first.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import tempfile
 from pathlib import Path
 
+import _cli
 import onnxruntime
 import torch
 
-from vit.cli.model_argument import resolve_model
 from vit.data.transforms import evaluation_images
-from vit.inference.cpu_paths import cpu_flags, cpu_name
 from vit.interop.onnx_export import OnnxOptions, export_onnx, quantized_copy
 
 
@@ -50,17 +48,19 @@ def operator_times(path: Path, batch, threads: int, runs: int) -> dict[str, floa
     return dict(totals)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("checkpoint")
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
+    parser.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="any model argument vit.export takes"
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--calibration", metavar="DATA")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model = resolve_model(args.checkpoint)
-    print(f"CPU: {cpu_name()}; {cpu_flags()}; onnxruntime {onnxruntime.__version__}")
+    model = _cli.checked_model(parser, "CHECKPOINT", args.checkpoint)
+    print(f"{_cli.machine()}; onnxruntime {onnxruntime.__version__}")
     channels, (height, width) = model.config.in_chans, model.preprocess.input_size
     generator = torch.Generator().manual_seed(0)
     batch = torch.randn(args.batch_size, channels, height, width, generator=generator)
@@ -85,4 +85,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -24,7 +24,6 @@ ONNX file, and the files' sizes. The CPU's instruction sets are printed first.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 import tempfile
@@ -37,13 +36,15 @@ import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _cli  # noqa: E402
 from inference_throughput import timm_model  # noqa: E402
 
 import vit  # noqa: E402
 from vit.data.transforms import evaluation_images  # noqa: E402
-from vit.inference.cpu_paths import cpu_flags, time_paths  # noqa: E402
+from vit.inference.cpu_paths import time_paths  # noqa: E402
 from vit.inference.precision import cast_for_inference, fast_bfloat16  # noqa: E402
 from vit.interop.onnx_export import OnnxOptions, export_onnx, quantized_copy  # noqa: E402
+from vit.models.registry import MODELS  # noqa: E402
 
 try:  # an optional comparison: OpenVINO is not a dependency of the package
     import openvino
@@ -218,8 +219,8 @@ def cifar_accuracy(
             report(f"OpenVINO {precision}", lambda b, c=compiled: c(b)[0])
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
     parser.add_argument(
         "--models",
         nargs="+",
@@ -232,12 +233,13 @@ def main() -> None:
     parser.add_argument("--round-seconds", type=float, default=0.5)
     parser.add_argument("--compile", action="store_true", help="time torch.compile too")
     parser.add_argument("--accuracy", action="store_true", help="CIFAR-10 test top-1 per path")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    _cli.check_names(parser, "--models", args.models, [*MODELS, "cifar", "dinov2"])
     native = "native" if fast_bfloat16(torch.device("cpu")) else "emulated, slow"
     versions = f"torch {torch.__version__}, onnxruntime {onnxruntime.__version__}"
     if openvino is not None:
         versions += f", openvino {openvino.__version__}"
-    print(f"CPU: {cpu_flags()} (bfloat16 {native}); {versions}")
+    print(f"{_cli.machine()} (bfloat16 {native}); {versions}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             model, theirs = load(name)
@@ -271,4 +273,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import _cli
 import torch
 import yaml
 
@@ -34,7 +34,7 @@ from vit.inference.evaluation import evaluate
 from vit.training.build import build_training_model, load_data, make_loaders, make_teacher
 from vit.training.settings import TrainConfig
 from vit.training.teacher_recipe import RECIPES
-from vit.utils.process_group import DistInfo, resolve_device
+from vit.utils.process_group import DistInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,7 @@ ROWS = {
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _cli.parser(__doc__)
     parser.add_argument("--data", required=True, help="cifar10, cifar100 or an image folder")
     parser.add_argument("--config", default="configs/cifar10_gpu_speedrun.yaml")
     parser.add_argument("--rows", nargs="+", default=["w64", "whiten-wide"], choices=list(ROWS))
@@ -94,7 +94,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="PyTorch's threads")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    _cli.check_data(parser, args.data)
+    args.device = _cli.checked_device(parser, args.device)  # a torch.device from here on
+    return args
 
 
 def row_config(args: argparse.Namespace, settings: dict, device: torch.device) -> TrainConfig:
@@ -183,10 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = resolve_device(args.device, DistInfo())
     rows = []
     for name in args.rows:
-        rows.append(measure(args, name, device))
+        rows.append(measure(args, name, args.device))
         print(json.dumps(rows[-1]), flush=True)
         if args.json:  # after every row: a stopped screen keeps what it measured
             args.json.write_text(json.dumps(rows, indent=2) + "\n")
@@ -204,4 +206,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.run(main)

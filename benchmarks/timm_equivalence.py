@@ -15,8 +15,7 @@ path and size, and the worst overall.
 
 from __future__ import annotations
 
-import argparse
-
+import _cli
 import timm
 import torch
 
@@ -64,14 +63,17 @@ def relative_errors(name: str, batch_size: int, max_depth: int | None) -> list[f
     return errors
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     standard = [n for n in vit.list_models() if n in timm.list_models()]
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=None)
+    parser = _cli.parser(__doc__)
+    parser.add_argument(
+        "--models", nargs="+", help="names of vit.list_models() that timm has (default: all)"
+    )
     parser.add_argument("--families", action="store_true", help="only the family models")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--max-depth", type=int, default=None, help="cap blocks (cost only)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    _cli.check_names(parser, "--models", args.models or [], standard)
     if args.models is None:
         in_family = [n for n in standard if MODELS[n].family in FAMILIES]
         args.models = in_family if args.families else standard
@@ -91,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

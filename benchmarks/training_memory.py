@@ -22,10 +22,12 @@ import subprocess
 import sys
 import time
 
+import _cli
 import torch
 import torch.nn.functional as F
 
 import vit
+from vit.models.registry import MODELS
 
 # name -> (batches a step, recompute activations)
 ROWS = {
@@ -65,8 +67,8 @@ def measure(model_name: str, images: int, batches: int, recompute: bool, steps: 
     return peak, statistics.median(seconds[1:]), loss
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
     parser.add_argument("--model", default="vit_base_patch16_224")
     parser.add_argument("--images", type=int, default=32, help="images an optimizer step")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
@@ -74,7 +76,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    _cli.check_names(parser, "--model", [args.model], MODELS)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:  # one row, in its own process
@@ -82,8 +85,10 @@ def main() -> None:
         row = measure(args.model, args.images, batches, recompute, args.steps, args.device)
         print(json.dumps(row))
         return
+    device = _cli.checked_device(parser, args.device)
     print(f"{args.model}, {args.images} images an optimizer step, {args.device}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}")  # fmt: skip
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}; "
+          f"{_cli.machine(device)}")  # fmt: skip
     print(f"{'row':<24} {'batch':>6} {'peak MiB':>9} {'s a step':>9} {'loss':>10}")
     for name in args.rows:
         command = [sys.executable, __file__, "--child", name, "--model", args.model]
@@ -97,4 +102,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -12,13 +12,12 @@ table is chosen on the test set: quote it as such."""
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import time
 
+import _cli
 import torch
 
-import vit
 from vit.data.datasets import load_split
 from vit.data.transforms import EvalTransform
 from vit.inference.tta import black_pixel, mean_probability, shift
@@ -59,16 +58,16 @@ def view_sets(radius: int) -> dict[str, list[View]]:
     return sets
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
     parser.add_argument("--checkpoint", required=True, help="our .safetensors classifier")
     parser.add_argument("--data", required=True, help="an image folder with a test/ split")
     parser.add_argument("--radius", type=int, default=3, help="largest move in pixels")
     parser.add_argument("--amp", action="store_true", help="bfloat16 autocast (as --amp)")
     parser.add_argument("--batch-size", type=int, default=500)
-    args = parser.parse_args()
-
-    model = vit.load_model(args.checkpoint)
+    args = parser.parse_args(argv)
+    _cli.check_data(parser, args.data)
+    model = _cli.checked_model(parser, "--checkpoint", args.checkpoint)
     test = load_split(args.data, "test", transform=EvalTransform(model.preprocess))
     loader = torch.utils.data.DataLoader(test, batch_size=args.batch_size)
     batches, labels = zip(*loader, strict=True)
@@ -88,4 +87,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -442,7 +442,7 @@ def test_perturbation_curves_and_area():
     torch.testing.assert_close(result.negative_curve, direct)
 
 
-def test_faithfulness_script_prints_a_table(tmp_path, capsys):
+def test_faithfulness_script_prints_a_table(tmp_path, capsys, monkeypatch):
     # The benchmark end to end on a tiny saved model and a tiny image folder.
     import importlib.util
 
@@ -460,6 +460,7 @@ def test_faithfulness_script_prints_a_table(tmp_path, capsys):
     weights = vit.save_weights(model, tmp_path / "tiny.safetensors", class_names=classes)
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "faithfulness.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # its own helpers (_cli.py) beside it
     spec = importlib.util.spec_from_file_location("faithfulness_benchmark", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

@@ -607,11 +607,12 @@ def test_hf_dot_exports_into_the_current_folder(model, tmp_path, monkeypatch, on
 
 
 @pytest.mark.slow
-def test_onnx_families_script_prints_a_table(capsys, one_thread):
+def test_onnx_families_script_prints_a_table(capsys, one_thread, monkeypatch):
     import importlib.util
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "onnx_families.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # its own helpers (_cli.py) beside it
     spec = importlib.util.spec_from_file_location("onnx_families", path)
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)

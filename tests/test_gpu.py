@@ -1655,7 +1655,8 @@ def test_the_pipeline_profile_counts_each_kernel_once_and_names_the_top_ones(mon
 
 
 def test_host_overhead_benchmark_times_each_eager_part_of_the_speedrun_step():
-    """benchmarks/host_overhead.py: a row per eager part, each a positive time."""
+    """benchmarks/host_overhead.py: a row per eager part, each a positive time, under a header
+    naming the CPU."""
     done = subprocess.run(
         [sys.executable, "benchmarks/host_overhead.py", "--repeats", "2"],
         cwd=ROOT,
@@ -1664,6 +1665,9 @@ def test_host_overhead_benchmark_times_each_eager_part_of_the_speedrun_step():
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    from vit.inference.cpu_paths import cpu_flags, cpu_name
+
+    assert f"CPU {cpu_name()}, flags {cpu_flags()}" in done.stdout.splitlines()[0]  # the machine
     rows = [line.split("|")[1:3] for line in done.stdout.splitlines() if line.startswith("| ")]
     names = [name.strip() for name, _ in rows[1:]]  # after the header
     assert names == [

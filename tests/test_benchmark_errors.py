@@ -1,0 +1,109 @@
+"""The benchmarks as commands: a bad input is one line on stderr naming it and what is accepted,
+exit status 2, before any work (not a traceback); Ctrl-C one line and exit status 130; the
+header names the machine that measured the figures."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vit.inference.cpu_paths import cpu_flags, cpu_name
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+DATA = "DATA"  # replaced by the tiny image folder
+# (benchmark, its arguments, how the line starts after "error: ")
+BAD_INPUTS = [
+    ("cpu_ablation", ["--data", "/nope"], "--data /nope: no such folder"),
+    ("decode_throughput", ["--data", "/nope"], "--data /nope: no such folder"),
+    ("teacher_screen", ["--data", "/nope"], "--data /nope: no such folder"),
+    ("faithfulness", ["--data", "/nope"], "--data /nope: no .jpg images"),
+    ("faithfulness", ["--weights", "/nope.safetensors"], "--weights /nope.safetensors: no such"),
+    ("training_pipeline", ["--data", DATA, "--device", "cuda"], "--device cuda: CUDA is not"),
+    ("inference_throughput", ["--models", "vit_bogus"], "--models vit_bogus: not a model name"),
+    ("timm_equivalence", ["--models", "vit_small_patch16_22"], "--models vit_small_patch16_22:"),
+    ("onnx_families", ["--names", "vit_bogus"], "--names vit_bogus: not a model name"),
+    ("onnx_throughput", ["--models", "vit_bogus"], "--models vit_bogus: not a model name"),
+    ("training_memory", ["--model", "vit_bogus"], "--model vit_bogus: not a model name"),
+    ("tta_views", ["--checkpoint", "/nope", "--data", DATA], "--checkpoint /nope: no such"),
+    ("onnx_profile", ["/nope.onnx"], "CHECKPOINT /nope.onnx: no such file"),
+]
+
+
+@pytest.fixture
+def command(monkeypatch):
+    """command(NAME, *args): benchmarks/NAME.py's main run as `python benchmarks/NAME.py args`
+    would run it (sys.argv is the command line), in this process."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+    def run(name: str, *args: str):
+        monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / f"{name}.py"), *args])
+        return importlib.import_module(name).main()
+
+    return run
+
+
+def one_line_error(capsys, exit_info) -> str:
+    """The single stderr line of a command that exited with status 2, after its "error: "."""
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err.split(": error: ", 1)[1]
+
+
+@pytest.mark.parametrize(("name", "argv", "start"), BAD_INPUTS, ids=lambda case: str(case))
+def test_a_benchmark_refuses_a_bad_input_in_one_line(
+    name, argv, start, command, image_folder, capsys
+):
+    if "cuda" in argv and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(SystemExit) as exit_info:
+        command(name, *(str(image_folder) if arg == DATA else arg for arg in argv))
+    assert one_line_error(capsys, exit_info).startswith(start)
+
+
+def test_a_misspelt_model_name_is_answered_with_the_closest(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        command("onnx_families", "--names", "vit_small_patch16_22")
+    assert "did you mean vit_small_patch16_224" in one_line_error(capsys, exit_info)
+
+
+def test_ctrl_c_ends_a_benchmark_with_one_line_and_status_130(image_folder, monkeypatch, capsys):
+    """As `python benchmarks/decode_throughput.py` runs it (its __main__ block), Ctrl-C in the
+    middle of decoding."""
+    import runpy
+
+    import vit.data.images
+
+    def interrupted(paths, workers):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(vit.data.images, "load_images_in_threads", interrupted)
+    script = BENCHMARKS / "decode_throughput.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--data", str(image_folder)])
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    with pytest.raises((SystemExit, KeyboardInterrupt)) as exit_info:  # not pytest's own stop
+        runpy.run_path(str(script), run_name="__main__")
+    assert exit_info.type is SystemExit and exit_info.value.code == 130
+    assert capsys.readouterr().err.strip() == "decode_throughput.py: interrupted"
+
+
+def test_a_throughput_header_names_the_cpu_and_its_flags(command, image_folder, capsys):
+    command("decode_throughput", "--data", str(image_folder), "--workers", "1")
+    header = capsys.readouterr().out.splitlines()[0]
+    assert f"CPU {cpu_name()}, flags {cpu_flags()}" in header
+
+
+@pytest.mark.parametrize(
+    ("name", "last_words"),
+    [("families_interop", "at the published model sizes."), ("timm_equivalence", "paths.")],
+)
+def test_a_benchmarks_help_gives_its_whole_first_paragraph(name, last_words, command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        command(name, "--help")
+    assert exit_info.value.code == 0
+    description = " ".join(capsys.readouterr().out.split("\n\n")[1].split())
+    assert description.endswith(last_words)
