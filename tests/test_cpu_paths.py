@@ -340,6 +340,27 @@ def test_benchmark_without_data_times_random_images(exported, capsys, one_thread
     assert "fastest here: " in out
 
 
+def test_a_benchmark_whose_rounds_disagree_says_its_ranking_may_not_hold(
+    exported, capsys, monkeypatch, one_thread
+):
+    """On a shared 2-core host PyTorch's rounds ran 122-1,613 images/s, and the advice named a
+    path '39.97x PyTorch float32' without a word: a spread over 1.5x is said now."""
+    steady = {"PyTorch float32": [100.0, 110.0, 105.0], "PyTorch bfloat16": [90.0, 95.0, 99.0]}
+    assert cpu_paths.unsteady(steady) is None
+    noisy = {**steady, "PyTorch float32": [122.0, 1613.0, 400.0]}
+    assert cpu_paths.unsteady(noisy) == ("PyTorch float32", pytest.approx(1613 / 122))
+    monkeypatch.setattr(cpu_paths, "_installed", lambda name: False)  # PyTorch's paths: quick
+    timings = iter([steady, noisy])
+    monkeypatch.setattr(benchmark, "time_rounds", lambda run, *args: next(timings))
+    argv = [str(exported / "tiny.safetensors"), "--batch-size", "4", "--rounds", "3"]
+    for expected in (None, "warning: PyTorch float32's rounds differed 13.2x (fastest / slowest)"):
+        assert benchmark_main(argv) == 0
+        out = capsys.readouterr().out
+        assert "max rel diff: max |output - PyTorch float32's| / max |PyTorch float32's|" in out
+        warned = [line for line in out.splitlines() if line.startswith("warning:")]
+        assert [line[: len(expected)] for line in warned] == ([expected] if expected else [])
+
+
 def without_openvino(monkeypatch) -> None:
     """The benchmark's paths but OpenVINO's, which would load it into this process (see the
     docstring): a benchmark test that needs no OpenVINO path runs here."""

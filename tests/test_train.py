@@ -79,6 +79,8 @@ def test_run_folder_is_complete_and_loadable(reference_run):
     assert metadata["vit.top1"] == pytest.approx(float(rows[-1]["ema_top1"]))
     best = vit.interop.weights.read_metadata(run / "best.safetensors")
     assert best["vit.top1"] == pytest.approx(max(float(r["ema_top1"]) for r in rows))
+    ema = [float(r["ema_top1"]) for r in rows]  # chosen by the EMA's top-1, the earlier of a tie
+    assert best["vit.weights"] == "ema" and best["vit.epoch"] == 1 + ema.index(max(ema))
 
     state = torch.load(run / "training_state.pt", weights_only=True)  # no pickled code
     assert state["epoch"] == 4 and len(state["history"]) == 4

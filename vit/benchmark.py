@@ -82,6 +82,7 @@ if __name__ == "__main__":
     build_parser().parse_args()
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
+import statistics
 import tempfile
 
 import torch
@@ -96,7 +97,8 @@ from .inference.cpu_paths import (
     cpu_flags,
     cpu_name,
     cpu_paths,
-    time_paths,
+    time_rounds,
+    unsteady,
 )
 from .inference.precision import fast_bfloat16
 
@@ -136,6 +138,7 @@ def print_table(
             f"(min cosine of an image's embedding and max rel diff: against PyTorch float32 "
             f"on the {shown})"
         )
+    print("(max rel diff: max |output - PyTorch float32's| / max |PyTorch float32's| on them)")
     for path in paths:
         if path.skipped:
             print(f"not timed: {path.label}: {path.skipped}")
@@ -230,8 +233,15 @@ def main(argv: list[str] | None = None) -> int:
         agreements = {
             label: agreement(reference, fn(pixels), classifier) for label, fn in run.items()
         }
-        speed = time_paths(run, pixels, args.rounds, args.round_seconds)
+        timed = time_rounds(run, pixels, args.rounds, args.round_seconds)
+    speed = {label: statistics.median(speeds) for label, speeds in timed.items()}
     print_table(paths, speed, agreements, shown, classifier)
+    if noisy := unsteady(timed):
+        print(
+            f"warning: {noisy[0]}'s rounds differed {noisy[1]:.1f}x (fastest / slowest): the "
+            f"machine's load or clock changed while timing, so this ranking may not hold; run "
+            f"again on an idle machine, or with more --rounds"
+        )
     best = max((p for p in paths if p.run is not None), key=lambda p: speed[p.label])
     print(advice(best, speed[best.label] / speed["PyTorch float32"], args, classifier))
     if args.onnx_dir is not None:

@@ -180,9 +180,20 @@ def time_paths(
     rounds: int = 3,
     round_seconds: float = 0.5,
 ) -> dict[str, float]:
-    """Label -> images/s of its median round, the paths taking turns round by round; each
-    path's calls per round are set from one timed call (after a warm-up call) so that a round
-    lasts about `round_seconds`, at least one call."""
+    """Label -> images/s of its median round (see `time_rounds`)."""
+    timed = time_rounds(run, batch, rounds, round_seconds)
+    return {label: statistics.median(speeds) for label, speeds in timed.items()}
+
+
+def time_rounds(
+    run: dict[str, Callable[[np.ndarray], object]],
+    batch: np.ndarray,
+    rounds: int = 3,
+    round_seconds: float = 0.5,
+) -> dict[str, list[float]]:
+    """Label -> images/s of each round, the paths taking turns round by round; each path's
+    calls per round are set from one timed call (after a warm-up call) so that a round lasts
+    about `round_seconds`, at least one call."""
     calls = {}
     with torch.inference_mode():
         for label, fn in run.items():
@@ -197,7 +208,23 @@ def time_paths(
                 for _ in range(calls[label]):
                     fn(batch)
                 seconds[label].append((time.perf_counter() - start) / calls[label])
-    return {label: len(batch) / statistics.median(s) for label, s in seconds.items()}
+    return {label: [len(batch) / t for t in s] for label, s in seconds.items()}
+
+
+# A path whose rounds differ more than this (fastest / slowest) was timed on a machine whose load
+# or clock changed under it: on a shared 2-core host PyTorch's two threads ran 122-1,613 images/s
+# from one round to the next, and the ranking that followed was noise.
+STEADY_SPREAD = 1.5
+
+
+def unsteady(timed: dict[str, list[float]]) -> tuple[str, float] | None:
+    """The path whose rounds differed most, and by how much (fastest / slowest), where that is
+    more than STEADY_SPREAD; None where every path's rounds agree."""
+    label, spread = max(
+        ((label, max(speeds) / min(speeds)) for label, speeds in timed.items()),
+        key=lambda item: item[1],
+    )
+    return (label, spread) if spread > STEADY_SPREAD else None
 
 
 def agreement(

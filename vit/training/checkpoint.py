@@ -244,9 +244,11 @@ class CheckpointSaver:
     takes part in gathering the RNG states).
 
     model.safetensors: the latest kept weights, loadable alone (config, classes, preprocessing
-    and the epoch's metrics in its metadata); best.safetensors: those with the best test top-1
-    so far; training_state.pt: `TrainingState.state_dict()`, written last, so that a resume
-    never finds weights newer than its state.
+    and the epoch's metrics in its metadata); best.safetensors: the kept weights (the EMA's
+    where EMA is on) of the epoch whose kept weights scored the best top-1 so far (ema_top1 with
+    EMA, else test_top1; the earlier epoch of a tie); training_state.pt:
+    `TrainingState.state_dict()`, written last, so that a resume never finds weights newer than
+    its state.
     """
 
     def __init__(self, run_dir: Path, info: DistInfo, data: str, config: dict) -> None:

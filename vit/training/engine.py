@@ -7,7 +7,7 @@
     tensorboard/           the same metrics as TensorBoard events
     training_state.pt      everything `--resume` needs (`vit.training.checkpoint.TrainingState`)
     model.safetensors      the latest weights (the final ones once done), loadable alone
-    best.safetensors       the weights with the best test top-1 so far
+    best.safetensors       the kept weights (EMA's where on) with the best top-1 so far
 
 The order `train` runs things: `vit.training.build.start`, on every process together (a failure
 on one stops all: `process_group.failing_together`), builds the run's pieces and writes nothing;
