@@ -5,6 +5,7 @@ validation split, exact resume, and the one-line refusals."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 from pathlib import Path
@@ -227,11 +228,16 @@ def test_finetuning_run_logs_its_rates_and_probe_and_resumes_exactly(
     )
 
 
-def test_validation_split_is_stratified_seeded_and_apart_from_training(image_folder):
+def test_validation_split_is_stratified_seeded_and_apart_from_training(image_folder, caplog):
     from vit.data.datasets import load_split
     from vit.training.build import validation_split
 
     train = load_split(str(image_folder), "train", cache=True)
+    with caplog.at_level(logging.INFO, logger="vit"):
+        assert len(validation_split(train, 0.01, seed=1)[1]) == 3  # one a class, not 1%: said
+    assert "--val-split 0.01: 3 of the 48 training images held out to evaluate on (6.2%" in (
+        caplog.text
+    )
     kept, held = validation_split(train, 0.25, seed=1)
     again = validation_split(train, 0.25, seed=1)[1]
     other = validation_split(train, 0.25, seed=2)[1]

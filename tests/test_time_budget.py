@@ -76,6 +76,40 @@ def test_a_first_guess_shorter_than_the_timed_epochs_is_refused():
         check_settings(TrainConfig(epochs=4, time_budget=60))
 
 
+@pytest.mark.parametrize(
+    ("settings", "said"),
+    [
+        ({"epochs": 6}, "the default warmup, 5% of --epochs 6 ends after 0.3;"),
+        ({"epochs": 99}, "the default warmup, 5% of --epochs 99 ends after 4.95;"),
+        ({"epochs": 20, "warmup_epochs": 2}, "--warmup-epochs 2 ends after 2;"),
+    ],
+)
+def test_timed_epochs_after_the_warmup_are_refused(settings, said):
+    """A first guess of 6 epochs decayed its cosine to 1.2e-4 by the plan, which set 10 and
+    raised the rate to 4.1e-4; and its config.yaml started a run of other rates: the timed
+    epochs must be warmup, whose rate does not depend on the run's length."""
+    with pytest.raises(ValueError) as refused:
+        check_settings(TrainConfig(time_budget=60, **settings))
+    assert said in str(refused.value)
+    assert str(refused.value).endswith(
+        "give --warmup-epochs 5 or more, or leave it unset with a first guess of --epochs 100 "
+        "or more"
+    )
+    for fine in ({"epochs": 100}, {"epochs": 6, "warmup_epochs": 5}):
+        check_settings(TrainConfig(time_budget=60, **fine))
+
+
+def test_the_plan_keeps_mixing_off_and_the_default_growth_of_the_image_size():
+    """Mixing off by the plan was turned on again (mixup_off_epoch 3 of a first guess of 6 became
+    7 of the decided 10), and the default growth of --progressive-size (half the first guess,
+    over by the plan) started again from the smallest size over half the decided epochs."""
+    cfg = TrainConfig(epochs=100, time_budget=300, mixup_off_epoch=3, progressive_size=16)
+    planned = planned_settings(cfg, epochs=150, epochs_done=5)
+    assert "mixup_off_epoch" not in planned and planned["progressive_epochs"] == 50
+    given = planned_settings(replace(cfg, progressive_epochs=8), epochs=150, epochs_done=5)
+    assert "progressive_epochs" not in given  # a given growth keeps its length as it is
+
+
 def test_the_clock_starts_with_the_process():
     assert 0 < seconds_since_start() < time.monotonic()  # not the machine's uptime or a date
 
@@ -99,13 +133,14 @@ def test_a_budgeted_run_ends_inside_its_budget_with_the_epochs_it_planned(
 
     monkeypatch.setattr(engine, "epochs_in_budget", recorded_plan)
     run = tmp_path / "run"
-    args = tiny_args(image_folder, run, 5, "--time-budget", str(spent_before + left))
+    budget = ("--time-budget", str(spent_before + left), "--warmup-epochs", "5")
+    args = tiny_args(image_folder, run, 6, *budget)
     assert train_script.main(args) == 0
     took = time.monotonic() - started
     saved = yaml.safe_load((run / "config.yaml").read_text())
     rows = (run / "metrics.csv").read_text().strip().splitlines()[1:]
-    assert saved["time_budget"] is None and saved["warmup_epochs"] == 1  # as given
-    # more than the first guess of 5 where they fit: the forecast's check below fails a plan held
+    assert saved["time_budget"] is None and saved["warmup_epochs"] == 5  # as given
+    # more than the first guess of 6 where they fit: the forecast's check below fails a plan held
     # to the guess (on a machine busy enough that 5 tiny epochs take the 12 s, none more fit)
     assert len(rows) == saved["epochs"] >= 5
     # The plan's own forecast fills the budget to within an epoch. (Not the wall time: one
@@ -131,12 +166,12 @@ def test_a_budgeted_run_resumes_exactly(
     with the uninterrupted run's weights, model and EMA (the count is fixed here: it depends
     on the machine's speed)."""
     monkeypatch.setattr(engine, "epochs_in_budget", lambda cfg, epochs_done, timings: 7)
-    flags = ("--time-budget", "1000", "--model-ema")
+    flags = ("--time-budget", "1000", "--model-ema", "--warmup-epochs", "5")
     reference, run = tmp_path / "reference", tmp_path / "run"
-    assert train_script.main(tiny_args(image_folder, reference, 5, *flags)) == 0
+    assert train_script.main(tiny_args(image_folder, reference, 6, *flags)) == 0
     with monkeypatch.context() as patch:
         stop_after_first_save(patch)  # after epoch 1
-        assert train_script.main(tiny_args(image_folder, run, 5, *flags)) == 130
+        assert train_script.main(tiny_args(image_folder, run, 6, *flags)) == 130
     assert train_script.main(["--resume", str(run)]) == 0
     for name in ("model.safetensors", "best.safetensors"):
         ours, theirs = load_file(run / name), load_file(reference / name)

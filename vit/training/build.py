@@ -171,6 +171,15 @@ def validation_split(
             f"--val-split {fraction}: no class of the {len(train_set)} training images has the "
             f"two images it takes to hold one out; give a larger fraction or more images"
         )
+    # said, since the count is rounded per class, at least one each: 0.01 of 64 images held 10
+    logger.info(
+        "--val-split %g: %d of the %d training images held out to evaluate on (%.1f%%; of each "
+        "class its share, rounded, and at least one)",
+        fraction,
+        len(held),
+        len(train_set),
+        100 * len(held) / len(train_set),
+    )
     return train_set.subset(fit.tolist()), train_set.subset(held.tolist())
 
 

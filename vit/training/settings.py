@@ -14,6 +14,7 @@ the optimizer follows --pretrained, the image size follows the epoch under progr
 # ruff: noqa: E501  (one line per setting, however long its help text)
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,7 +85,7 @@ class TrainConfig:
     head_init: str = setting("default", "fine-tuning", "with --pretrained: probe fits the new head on the frozen features with evaluate.py --linear-probe's protocol before the first step (probe, then fine-tune)", choices=("default", "probe"))
 
     epochs: int = setting(200, "optimisation", "training epochs")
-    time_budget: float | None = setting(None, "optimisation", "seconds of wall time the whole command may take, from its start: at the end of the fifth epoch (the epochs timed, and an evaluation and a checkpoint) --epochs becomes as many as fit, its given value the first guess (a warmup given or ended by then and the final epochs without MixUp/CutMix keep their length); config.yaml records the count, which --resume keeps (none: train --epochs)", metavar="SECONDS")
+    time_budget: float | None = setting(None, "optimisation", "seconds of wall time the whole command may take, from its start: at the end of the fifth epoch (the epochs timed, and an evaluation and a checkpoint) --epochs becomes as many as fit, its given value the first guess (the five epochs must be warmup: --warmup-epochs 5 or more, or a first guess of 100 or more; a warmup given or ended by then and the final epochs without MixUp/CutMix keep their length); config.yaml records the count, which --resume keeps (none: train --epochs)", metavar="SECONDS")
     batch_size: int = setting(64, "optimisation", "images per step, per process (the 200-epoch recipes use 128)")
     opt: str | None = setting(None, "optimisation", "adamw, or muon: Muon for the blocks' weight matrices, AdamW for the rest (default: muon from scratch, adamw when fine-tuning --pretrained weights)", choices=("adamw", "muon"))
     lr: float = setting(1e-3, "optimisation", "peak learning rate (AdamW's)")
@@ -268,12 +269,28 @@ def check_settings(cfg: TrainConfig) -> None:
             f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the cosine schedule decays from "
             f"--lr down to --min-lr; give a --min-lr <= --lr"
         )
-    resolve_warmup_epochs(cfg)  # warmup must end before the run does
+    warmup = resolve_warmup_epochs(cfg)  # warmup must end before the run does
     if cfg.time_budget is not None and cfg.epochs < PLAN_AFTER_EPOCHS:
         raise ValueError(
             f"--time-budget times the first {PLAN_AFTER_EPOCHS} epochs before it sets "
             f"--epochs, and --epochs {cfg.epochs} would end the run first: give --epochs "
             f"{PLAN_AFTER_EPOCHS} or more as the first guess"
+        )
+    if cfg.time_budget is not None and warmup < PLAN_AFTER_EPOCHS:
+        # After the warmup the cosine's rate depends on the run's length, which the plan has
+        # not set yet: the rate jumped back up at the plan (a first guess of 6 epochs decayed
+        # to 1.2e-4, then 4.1e-4 of a decided 10), and config.yaml could not start it again.
+        given = (
+            f"--warmup-epochs {cfg.warmup_epochs:g}"
+            if cfg.warmup_epochs is not None
+            else f"the default warmup, {100 * WARMUP_FRACTION:.0f}% of --epochs {cfg.epochs}"
+        )
+        guess = math.ceil(PLAN_AFTER_EPOCHS / WARMUP_FRACTION)
+        raise ValueError(
+            f"--time-budget sets --epochs at the end of epoch {PLAN_AFTER_EPOCHS}, and the "
+            f"learning rate of the epochs before must not depend on it, as a warmup's does not: "
+            f"{given} ends after {warmup:g}; give --warmup-epochs {PLAN_AFTER_EPOCHS} or more, "
+            f"or leave it unset with a first guess of --epochs {guess} or more"
         )
     graphed = "--graph-step" if cfg.graph_step else "--graph-update" if cfg.graph_update else None
     if graphed and cfg.amp and cfg.amp_dtype == "float16":
@@ -294,12 +311,18 @@ def check_settings(cfg: TrainConfig) -> None:
             "CUDA graph, and reduce-overhead's own CUDA graphs cannot be captured inside it; "
             "use --compile-mode default (or max-autotune-no-cudagraphs) with --graph-step"
         )
-    if cfg.patch_embed_init == "whiten" and cfg.pretrained is not None:
-        raise ValueError(
-            "--patch-embed-init whiten starts a model from scratch from the training images' "
-            "patches, and with --pretrained the patch embedding comes from the weights; "
-            "leave out one of the two"
-        )
+    from_scratch = {
+        "--patch-embed-init whiten": "the patch embedding from the training images' patches",
+        "--mimetic-init": "the attention's weights local, convolution-like",
+        "--pos-embed sincos": "the position embeddings as fixed sin-cos ones",
+    }
+    given = [cfg.patch_embed_init == "whiten", cfg.mimetic_init, cfg.pos_embed == "sincos"]
+    for (flag, what), on in zip(from_scratch.items(), given, strict=True):
+        if on and cfg.pretrained is not None:  # they were ignored, without a word
+            raise ValueError(
+                f"{flag} starts a model from scratch ({what}), and with --pretrained those "
+                f"weights come from the pretrained ones; leave out one of the two"
+            )
     if len(cfg.teacher_channel_mult) != 3 or min(cfg.teacher_channel_mult) < 1:
         raise ValueError(
             f"--teacher-channel-mult {' '.join(map(str, cfg.teacher_channel_mult))}: the "

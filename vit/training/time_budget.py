@@ -18,11 +18,15 @@ epoch's time is all of it but its evaluation and checkpoint (the log's lines inc
 annealed epoch costs its tokens' share more (the last, with all of them, twice a timed epoch at
 --patch-drop 0.5) and, compiled, one more compilation (the first epoch's time beyond the pace):
 those epochs had run past a budget that counted them at the timed pace. --epochs
-as given is the first guess: a warmup given keeps its length, the default one too where it has
-ended by the plan (else it is 5% of the decided epochs), and --mixup-off-epoch stays as many
-epochs before the end as it was. The
-decided settings replace the run's config.yaml (time_budget null there), so that --resume, and
-a run started again from that file, take the same epochs and the same schedule at any speed.
+as given is the first guess: the timed epochs must all be warmup (given or the default 5%
+of the first guess: a first guess of 100 or more), whose rate does not depend on the run's
+length; a warmup given keeps its length, the default one too where it has ended by the plan
+(else it is 5% of the decided epochs), --mixup-off-epoch stays as many epochs before the end
+as it was (mixing off by the plan stays off), and the default growth of --progressive-size
+keeps the first guess's length. The decided settings replace the run's config.yaml
+(time_budget null there), so that --resume, and a run started again from that file, take the
+same epochs and the same schedule at any speed; only the EMA's default decay (2% of the steps)
+follows the decided epochs from the plan on, where it had the first guess's in the timed epochs.
 """
 
 from __future__ import annotations
@@ -106,17 +110,24 @@ def planned_settings(cfg: TrainConfig, epochs: int, epochs_done: int) -> dict:
     changed = {"epochs": epochs, "time_budget": None}
     # A warmup given keeps its slope (a budget too short for it still ends it before the run
     # does, at half the run). The default one (5% of the first guess) stays as it ran where it
-    # has ended by the plan; one still under way follows the decided epochs, as the default
-    # growth of progressive resizing does.
+    # has ended by the plan; one still under way follows the decided epochs. (It lasts the
+    # timed epochs at least: check_settings.)
     warmup = resolve_warmup_epochs(cfg)  # as given, or 5% of the first guess
     if cfg.warmup_epochs is not None:
         if warmup >= epochs:
             changed["warmup_epochs"] = epochs / 2
     elif epochs_done >= warmup and warmup < epochs:
         changed["warmup_epochs"] = warmup
-    if cfg.mixup_off_epoch > 0:  # the same number of final epochs without mixing
+    if cfg.mixup_off_epoch > epochs_done:  # the same number of final epochs without mixing
         final_unmixed = max(0, cfg.epochs - cfg.mixup_off_epoch)
         changed["mixup_off_epoch"] = max(epochs_done, epochs - final_unmixed)
+    # (mixing already off by the plan stays off: turned on again, it would have mixed epochs
+    # that a start again from config.yaml trains unmixed)
+    if cfg.progressive_size is not None and cfg.progressive_epochs is None:
+        # the default growth (half the first guess) keeps its length, as a given one does: one
+        # over by the plan started again from the smallest size when it followed the decided
+        # epochs, and one under way shrank the images
+        changed["progressive_epochs"] = cfg.epochs / 2
     return changed
 
 
