@@ -42,7 +42,13 @@ import yaml
 # Only light modules here: `train.py --help` must not wait for torch (the engine is imported
 # once the flags are read).
 from vit.cli.flags import ArgumentParser, key_value, unwritable
-from vit.training.settings import CHANGEABLE_ON_RESUME, TrainConfig, check_settings, flag_name
+from vit.training.settings import (
+    CHANGEABLE_ON_RESUME,
+    TrainConfig,
+    check_settings,
+    flag_name,
+    idle_settings,
+)
 from vit.utils import locks
 
 if typing.TYPE_CHECKING:
@@ -297,6 +303,8 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         key = flag and flag.group(1).replace("-", "_")
         from_file = key in set_in and key not in given_settings(argv, config=None)
         parser.error(f"{e} (set in {set_in[key]})" if from_file else str(e))
+    for idle in idle_settings(cfg, set(given_settings(argv, config=None))):
+        print(f"train.py: warning: {idle}; as given, it changes nothing", file=sys.stderr)
     if cfg.cache_dir is not None:
         problem = unwritable("--cache-dir", cfg.cache_path, folder=True)
         if problem:

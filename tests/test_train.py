@@ -878,3 +878,26 @@ def test_a_diverged_loss_names_the_last_checkpoint_written_not_the_last_epoch(tm
     message = diverged_message(cfg, float("nan"), epoch=7, step=3, steps=10)
     assert message.startswith("training loss became nan at epoch 8, step 4/10; stopped. ")
     assert f"The last complete checkpoint (end of epoch 5) is kept in {tmp_path}" in message
+
+
+def test_a_flag_that_changes_nothing_with_the_others_is_said(train_script, capsys):
+    """--muon-lr with --opt adamw, --teacher-epochs without a teacher, --compile-mode without
+    --compile... trained exactly as without them, without a word. Flags only: a recipe's keys
+    for a flag that turns them on are not (the speedrun's teacher, its fallback without one)."""
+    flags = ["--opt", "adamw", "--muon-lr", "0.01", "--teacher-epochs", "3", "--compile-mode"]
+    train_script.parse_config(
+        [*flags, "max-autotune", "--model-ema-decay", "0.9", "--no-model-ema"]
+    )
+    assert capsys.readouterr().err.splitlines() == [
+        "train.py: warning: --muon-lr acts with --opt muon (the optimizer here: adamw); as "
+        "given, it changes nothing",
+        "train.py: warning: --model-ema-decay acts with --model-ema; as given, it changes nothing",
+        "train.py: warning: --compile-mode acts with --compile; as given, it changes nothing",
+        "train.py: warning: --teacher-epochs acts with --distillation-type soft or hard; as "
+        "given, it changes nothing",
+    ]
+    recipe = str(ROOT / "configs" / "cifar10_gpu_speedrun.yaml")
+    train_script.parse_config(["--config", recipe, "--distillation-type", "none"])
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        train_script.parse_config(["--config", str(path)])
+    assert capsys.readouterr().err == ""

@@ -345,6 +345,38 @@ def check_settings(cfg: TrainConfig) -> None:
             )
 
 
+def idle_settings(cfg: TrainConfig, given: set[str]) -> list[str]:
+    """Of the settings `given`, those that change nothing with the others, each with what it
+    needs ("--muon-lr acts with --opt muon (the optimizer here: adamw)"): said, not refused,
+    since a recipe may carry them for a flag that turns them on."""
+    optimizer, mixing = resolve_optimizer(cfg), cfg.mixup > 0 or cfg.cutmix > 0
+    teacher = cfg.distillation_type != "none"
+    needs = {
+        "muon_lr": (optimizer == "muon", f"--opt muon (the optimizer here: {optimizer})"),
+        "muon_ns_dtype": (optimizer == "muon", f"--opt muon (the optimizer here: {optimizer})"),
+        "distillation_alpha": (teacher, "--distillation-type soft or hard"),
+        "distillation_tau": (cfg.distillation_type == "soft", "--distillation-type soft"),
+        "mixup_prob": (mixing, "--mixup or --cutmix above 0"),
+        "mixup_switch_prob": (cfg.mixup > 0 and cfg.cutmix > 0, "both --mixup and --cutmix"),
+        "mixup_off_epoch": (mixing, "--mixup or --cutmix above 0"),
+        "patch_drop_anneal": (cfg.patch_drop > 0, "--patch-drop above 0"),
+        "model_ema_decay": (cfg.model_ema, "--model-ema"),
+        "progressive_epochs": (cfg.progressive_size is not None, "--progressive-size"),
+        "compile_mode": (cfg.compile, "--compile"),
+        "rrc_scale": (cfg.crop != "pad", "--crop rrc (or auto, above 64 px)"),
+        "crop_pad": (cfg.crop != "rrc", "--crop pad (or auto, at 64 px or less)"),
+        "crop_pad_mode": (cfg.crop != "rrc", "--crop pad (or auto, at 64 px or less)"),
+        "aa_n": (cfg.aa != "none", "--aa randaug"),
+    }
+    for name in ("path", "epochs", "width", "channel_mult", "stem", "recipe", "aa", "tta"):
+        needs[f"teacher_{name}"] = (teacher, "--distillation-type soft or hard")
+    return [
+        f"{flag_name(key)} acts with {needed}"
+        for key, (acts, needed) in needs.items()
+        if key in given and not acts
+    ]
+
+
 def evaluation_split(cfg: TrainConfig) -> str:
     """What the epochs are evaluated on, as the log names it: "validation" under --val-split
     (metrics.csv's test_* columns hold it either way), else "test"."""
