@@ -266,7 +266,7 @@ def test_two_process_run_stops_on_ctrl_c_and_resumes_as_started(image_folder, tm
     assert "resuming" in done.stdout and "2 process(es)" in done.stdout
     state = torch.load(run / "training_state.pt", weights_only=True)
     assert state["epoch"] == 5 and len(state["rng"]) == 2  # every epoch, both processes
-    assert yaml.safe_load((run / "config.yaml").read_text()) == {**config, "resume": str(run)}
+    assert yaml.safe_load((run / "config.yaml").read_text()) == config  # no `resume` key in it
 
 
 def test_single_process_ctrl_c_is_one_line_and_resumable(image_folder, tmp_path, tiny_args):
@@ -308,8 +308,9 @@ def test_a_two_process_run_without_a_checkpoint_is_started_again_as_said(
         f"--output-dir {run} --overwrite"
     )
     assert capsys.readouterr().err.strip() == (
-        f"train.py: error: --resume {run}: no checkpoint there (training_state.pt is written at "
-        f"the end of each epoch); start that run again with {command}, or resume another folder"
+        f"train.py: error: --resume {run}: no checkpoint there (the run stopped before its "
+        f"first: training_state.pt is written every --checkpoint-interval epochs, each by "
+        f"default); start that run again with {command}, or resume another folder"
     )
     torchrun = [sys.executable, "-m", "torch.distributed.run"]  # this environment's torchrun
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

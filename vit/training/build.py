@@ -125,7 +125,10 @@ def load_data(cfg: TrainConfig, info: DistInfo) -> tuple[ImageDataset, ImageData
 def check_resumed_classes(cfg: TrainConfig, class_names: list[str]) -> None:
     """ValueError if --resume reads images of other classes than the run trained on (its
     --data given anew: an image folder moved, or another one)."""
-    run = read_metadata(Path(cfg.resume) / LAST_WEIGHTS).get("vit.class_names")
+    weights = Path(cfg.resume) / LAST_WEIGHTS
+    if not weights.is_file():  # a state carried alone (gpu_check.sh's fresh machine): no names
+        return
+    run = read_metadata(weights).get("vit.class_names")
     if run is not None and list(run) != list(class_names):
         differ = classes_differ({"the run": list(run), "--data": list(class_names)})
         raise ValueError(
