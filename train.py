@@ -296,14 +296,15 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
     else:  # the run is resumed from any folder: what it reads must not depend on this one
         settings.update({key: absolute_path(key, settings[key]) for key in PATH_SETTINGS})
     cfg = TrainConfig(**settings)
+    flags_given = set(given_settings(argv, config=None))  # on the command line, not in a file
     try:
         check_settings(cfg)
     except ValueError as e:  # it names a flag: say which file set it, where no flag did
         flag = re.match(r"--([\w-]+)", str(e))
         key = flag and flag.group(1).replace("-", "_")
-        from_file = key in set_in and key not in given_settings(argv, config=None)
+        from_file = key in set_in and key not in flags_given
         parser.error(f"{e} (set in {set_in[key]})" if from_file else str(e))
-    for idle in idle_settings(cfg, set(given_settings(argv, config=None))):
+    for idle in idle_settings(cfg, flags_given):
         print(f"train.py: warning: {idle}; as given, it changes nothing", file=sys.stderr)
     if cfg.cache_dir is not None:
         problem = unwritable("--cache-dir", cfg.cache_path, folder=True)
@@ -466,8 +467,7 @@ def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
             return (
                 f"--output-dir {folder} holds a run's files but no checkpoint to resume "
                 f"({names}; a run stopped before its first checkpoint): start anew with "
-                f"--overwrite, "
-                f"which replaces them, or train into a new folder"
+                f"--overwrite, which replaces them, or train into a new folder"
             )
         return (
             f"--output-dir {folder} holds a run ({names}); continue it with --resume {folder}, "

@@ -40,9 +40,9 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import _cli
 import yaml
 
-from vit.cli.flags import ArgumentParser
 from vit.training.checkpoint import CONFIG_FILE, STATE_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -522,7 +522,7 @@ def read_metrics(folder: Path) -> tuple[dict[int, float], dict[int, float]]:
 
 
 def main() -> None:
-    parser = ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _cli.parser(__doc__)
     parser.add_argument("--data", help="CIFAR-10 image folder (cifar10-jpg)")
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
@@ -556,9 +556,7 @@ def main() -> None:
         return
     if args.data is None:
         parser.error("--data is required to run the rows (the CIFAR-10 image folder)")
-    data = Path(args.data)
-    if not (data / "train").is_dir() or not any((data / s).is_dir() for s in ("test", "val")):
-        parser.error(f"--data {data}: not an image folder with train/ and test/ (or val/) in it")
+    _cli.check_data(parser, args.data, names=False)
     args.output.mkdir(parents=True, exist_ok=True)
     failed = run_rows(args)
     print_table(args)

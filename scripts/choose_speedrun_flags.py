@@ -33,14 +33,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 import sys
 from pathlib import Path
 
 import yaml
 
-from vit.cli.flags import ArgumentParser, key_value, number_in
+from vit.cli.flags import ArgumentParser, key_value, number_in, unwritable
 from vit.training.settings import flag_name
 from vit.utils.ranges import POSITIVE
 
@@ -172,14 +171,11 @@ def not_rows(pipeline: object) -> str | None:
 
 def unwritable_json(path: Path) -> str | None:
     """Why the choice could not be written to `path` (None if it could): checked before the
-    choice, so that it is not lost after it."""
-    if path.is_dir():
-        return f"--json {path}: is a folder; give a file name"
-    if not path.parent.is_dir():
+    choice, so that it is not lost after it. The file is written where it is named: its folder
+    must exist."""
+    if not path.is_dir() and not path.parent.is_dir():
         return f"--json {path}: no folder {path.parent}; give a file in an existing folder"
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        return f"--json {path}: cannot write in {path.parent}"
-    return None
+    return unwritable("--json", path, folder=False)
 
 
 def choose(pipeline: dict, recipe: dict) -> dict:

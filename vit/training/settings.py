@@ -269,56 +269,17 @@ def check_settings(cfg: TrainConfig) -> None:
             f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the cosine schedule decays from "
             f"--lr down to --min-lr; give a --min-lr <= --lr"
         )
-    warmup = resolve_warmup_epochs(cfg)  # warmup must end before the run does
-    if cfg.time_budget is not None and cfg.epochs < PLAN_AFTER_EPOCHS:
-        raise ValueError(
-            f"--time-budget times the first {PLAN_AFTER_EPOCHS} epochs before it sets "
-            f"--epochs, and --epochs {cfg.epochs} would end the run first: give --epochs "
-            f"{PLAN_AFTER_EPOCHS} or more as the first guess"
-        )
-    if cfg.time_budget is not None and warmup < PLAN_AFTER_EPOCHS:
-        # After the warmup the cosine's rate depends on the run's length, which the plan has
-        # not set yet: the rate jumped back up at the plan (a first guess of 6 epochs decayed
-        # to 1.2e-4, then 4.1e-4 of a decided 10), and config.yaml could not start it again.
-        given = (
-            f"--warmup-epochs {cfg.warmup_epochs:g}"
-            if cfg.warmup_epochs is not None
-            else f"the default warmup, {100 * WARMUP_FRACTION:.0f}% of --epochs {cfg.epochs}"
-        )
-        guess = math.ceil(PLAN_AFTER_EPOCHS / WARMUP_FRACTION)
-        raise ValueError(
-            f"--time-budget sets --epochs at the end of epoch {PLAN_AFTER_EPOCHS}, and the "
-            f"learning rate of the epochs before must not depend on it, as a warmup's does not: "
-            f"{given} ends after {warmup:g}; give --warmup-epochs {PLAN_AFTER_EPOCHS} or more, "
-            f"or leave it unset with a first guess of --epochs {guess} or more"
-        )
-    graphed = "--graph-step" if cfg.graph_step else "--graph-update" if cfg.graph_update else None
-    if graphed and cfg.amp and cfg.amp_dtype == "float16":
-        raise ValueError(
-            f"{graphed} with --amp-dtype float16: float16's gradient scaler skips steps "
-            f"on the host, which the graph cannot; use --amp-dtype bfloat16, or "
-            f"leave out {graphed}"
-        )
-    if graphed and cfg.grad_accum_steps > 1:
-        raise ValueError(
-            f"{graphed} with --grad-accum-steps {cfg.grad_accum_steps}: the graph runs a "
-            f"whole optimizer step on each batch, and accumulation steps once every "
-            f"{cfg.grad_accum_steps} batches; leave out one of the two"
-        )
-    if cfg.graph_step and cfg.compile and cfg.compile_mode == "reduce-overhead":
-        raise ValueError(
-            "--graph-step with --compile-mode reduce-overhead: the step is captured as one "
-            "CUDA graph, and reduce-overhead's own CUDA graphs cannot be captured inside it; "
-            "use --compile-mode default (or max-autotune-no-cudagraphs) with --graph-step"
-        )
-    from_scratch = {
-        "--patch-embed-init whiten": "the patch embedding from the training images' patches",
-        "--mimetic-init": "the attention's weights local, convolution-like",
-        "--pos-embed sincos": "the position embeddings as fixed sin-cos ones",
-    }
-    given = [cfg.patch_embed_init == "whiten", cfg.mimetic_init, cfg.pos_embed == "sincos"]
-    for (flag, what), on in zip(from_scratch.items(), given, strict=True):
-        if on and cfg.pretrained is not None:  # they were ignored, without a word
+    check_time_budget(cfg, warmup=resolve_warmup_epochs(cfg))  # warmup ends before the run
+    check_graphs(cfg)
+    from_scratch = (
+        ("--patch-embed-init whiten", cfg.patch_embed_init == "whiten", "the patch embedding "
+         "from the training images' patches"),
+        ("--mimetic-init", cfg.mimetic_init, "the attention's weights local, convolution-like"),
+        ("--pos-embed sincos", cfg.pos_embed == "sincos", "the position embeddings as fixed "
+         "sin-cos ones"),
+    )  # fmt: skip
+    for flag, given, what in from_scratch:
+        if given and cfg.pretrained is not None:  # they were ignored, without a word
             raise ValueError(
                 f"{flag} starts a model from scratch ({what}), and with --pretrained those "
                 f"weights come from the pretrained ones; leave out one of the two"
@@ -345,16 +306,72 @@ def check_settings(cfg: TrainConfig) -> None:
             )
 
 
+def check_time_budget(cfg: TrainConfig, warmup: float) -> None:
+    """check_settings' part for --time-budget: its plan comes at the end of PLAN_AFTER_EPOCHS,
+    within the run and within the `warmup` (epochs), whose rate does not depend on the length
+    the plan sets."""
+    if cfg.time_budget is None:
+        return
+    if cfg.epochs < PLAN_AFTER_EPOCHS:
+        raise ValueError(
+            f"--time-budget times the first {PLAN_AFTER_EPOCHS} epochs before it sets "
+            f"--epochs, and --epochs {cfg.epochs} would end the run first: give --epochs "
+            f"{PLAN_AFTER_EPOCHS} or more as the first guess"
+        )
+    if warmup < PLAN_AFTER_EPOCHS:
+        # After the warmup the cosine's rate depends on the run's length, which the plan has
+        # not set yet: the rate jumped back up at the plan (a first guess of 6 epochs decayed
+        # to 1.2e-4, then 4.1e-4 of a decided 10), and config.yaml could not start it again.
+        given = (
+            f"--warmup-epochs {cfg.warmup_epochs:g}"
+            if cfg.warmup_epochs is not None
+            else f"the default warmup, {100 * WARMUP_FRACTION:.0f}% of --epochs {cfg.epochs}"
+        )
+        guess = math.ceil(PLAN_AFTER_EPOCHS / WARMUP_FRACTION)
+        raise ValueError(
+            f"--time-budget sets --epochs at the end of epoch {PLAN_AFTER_EPOCHS}, and the "
+            f"learning rate of the epochs before must not depend on it, as a warmup's does not: "
+            f"{given} ends after {warmup:g}; give --warmup-epochs {PLAN_AFTER_EPOCHS} or more, "
+            f"or leave it unset with a first guess of --epochs {guess} or more"
+        )
+
+
+def check_graphs(cfg: TrainConfig) -> None:
+    """check_settings' part for --graph-update and --graph-step: what their captured graphs
+    cannot hold."""
+    graphed = "--graph-step" if cfg.graph_step else "--graph-update" if cfg.graph_update else None
+    if graphed and cfg.amp and cfg.amp_dtype == "float16":
+        raise ValueError(
+            f"{graphed} with --amp-dtype float16: float16's gradient scaler skips steps "
+            f"on the host, which the graph cannot; use --amp-dtype bfloat16, or "
+            f"leave out {graphed}"
+        )
+    if graphed and cfg.grad_accum_steps > 1:
+        raise ValueError(
+            f"{graphed} with --grad-accum-steps {cfg.grad_accum_steps}: the graph runs a "
+            f"whole optimizer step on each batch, and accumulation steps once every "
+            f"{cfg.grad_accum_steps} batches; leave out one of the two"
+        )
+    if cfg.graph_step and cfg.compile and cfg.compile_mode == "reduce-overhead":
+        raise ValueError(
+            "--graph-step with --compile-mode reduce-overhead: the step is captured as one "
+            "CUDA graph, and reduce-overhead's own CUDA graphs cannot be captured inside it; "
+            "use --compile-mode default (or max-autotune-no-cudagraphs) with --graph-step"
+        )
+
+
 def idle_settings(cfg: TrainConfig, given: set[str]) -> list[str]:
     """Of the settings `given`, those that change nothing with the others, each with what it
     needs ("--muon-lr acts with --opt muon (the optimizer here: adamw)"): said, not refused,
     since a recipe may carry them for a flag that turns them on."""
     optimizer, mixing = resolve_optimizer(cfg), cfg.mixup > 0 or cfg.cutmix > 0
-    teacher = cfg.distillation_type != "none"
+    muon = (optimizer == "muon", f"--opt muon (the optimizer here: {optimizer})")
+    teacher = (cfg.distillation_type != "none", "--distillation-type soft or hard")
+    pad = (cfg.crop != "rrc", "--crop pad (or auto, at 64 px or less)")
     needs = {
-        "muon_lr": (optimizer == "muon", f"--opt muon (the optimizer here: {optimizer})"),
-        "muon_ns_dtype": (optimizer == "muon", f"--opt muon (the optimizer here: {optimizer})"),
-        "distillation_alpha": (teacher, "--distillation-type soft or hard"),
+        "muon_lr": muon,
+        "muon_ns_dtype": muon,
+        "distillation_alpha": teacher,
         "distillation_tau": (cfg.distillation_type == "soft", "--distillation-type soft"),
         "mixup_prob": (mixing, "--mixup or --cutmix above 0"),
         "mixup_switch_prob": (cfg.mixup > 0 and cfg.cutmix > 0, "both --mixup and --cutmix"),
@@ -364,12 +381,12 @@ def idle_settings(cfg: TrainConfig, given: set[str]) -> list[str]:
         "progressive_epochs": (cfg.progressive_size is not None, "--progressive-size"),
         "compile_mode": (cfg.compile, "--compile"),
         "rrc_scale": (cfg.crop != "pad", "--crop rrc (or auto, above 64 px)"),
-        "crop_pad": (cfg.crop != "rrc", "--crop pad (or auto, at 64 px or less)"),
-        "crop_pad_mode": (cfg.crop != "rrc", "--crop pad (or auto, at 64 px or less)"),
+        "crop_pad": pad,
+        "crop_pad_mode": pad,
         "aa_n": (cfg.aa != "none", "--aa randaug"),
     }
     for name in ("path", "epochs", "width", "channel_mult", "stem", "recipe", "aa", "tta"):
-        needs[f"teacher_{name}"] = (teacher, "--distillation-type soft or hard")
+        needs[f"teacher_{name}"] = teacher
     return [
         f"{flag_name(key)} acts with {needed}"
         for key, (acts, needed) in needs.items()
