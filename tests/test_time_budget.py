@@ -149,14 +149,17 @@ def test_a_budgeted_run_ends_inside_its_budget_with_the_epochs_it_planned(
     assert done == 5 and planned == saved["epochs"]
     assert spent_before < timings.elapsed < spent_before + took  # what was spent before counts
     per_epoch = timings.epoch + timings.evaluation + timings.checkpoint  # both every epoch here
-    # the last epochs' time is a forecast: allow a tenth of the budget; where the 5 timed
-    # epochs alone outlast it (a machine busy enough), the run ends the epoch after them
-    timed = timings.elapsed - spent_before
-    assert took <= max(left * 1.1, timed + 2 * per_epoch), f"{took:.1f} s for a budget of {left} s"
     last_extra = timings.evaluation + timings.checkpoint  # due after the last epoch
     forecast = timings.elapsed + (planned - done) * per_epoch + last_extra
     usable = (spent_before + left) * (1 - MARGIN)
-    assert usable - per_epoch < forecast <= usable, "not as many epochs as fit"
+    if planned > done:
+        assert usable - per_epoch < forecast <= usable, "not as many epochs as fit"
+    else:  # a machine busy enough that the 5 timed epochs took the budget: none more fit
+        assert forecast + per_epoch > usable, "an epoch more would have fit"
+    # The wall time, a forecast's test on a host whose speed may change under it: loose enough
+    # for a slower epoch or two after the plan, tight enough to fail a plan that forgot the 20 s
+    # spent before it (it would run ~31 s).
+    assert took <= left * 1.5, f"{took:.1f} s for a budget of {left} s"
 
 
 def test_a_budgeted_run_resumes_exactly(
