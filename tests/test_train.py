@@ -896,8 +896,17 @@ def test_a_flag_that_changes_nothing_with_the_others_is_said(train_script, capsy
         "train.py: warning: --teacher-epochs acts with --distillation-type soft or hard; as "
         "given, it changes nothing",
     ]
+    # a teacher read from a file was built and trained as its file says
+    train_script.parse_config(
+        ["--distillation-type", "soft", "--teacher-path", "t.safetensors", "--teacher-width", "8"]
+    )
+    assert capsys.readouterr().err.splitlines() == [
+        "train.py: warning: --teacher-width acts with a teacher trained here (not --teacher-path); "
+        "as given, it changes nothing"
+    ]
     recipe = str(ROOT / "configs" / "cifar10_gpu_speedrun.yaml")
     train_script.parse_config(["--config", recipe, "--distillation-type", "none"])
+    train_script.parse_config(["--config", recipe, "--teacher-path", "t.safetensors"])
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         train_script.parse_config(["--config", str(path)])
     assert capsys.readouterr().err == ""

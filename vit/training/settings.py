@@ -385,8 +385,12 @@ def idle_settings(cfg: TrainConfig, given: set[str]) -> list[str]:
         "crop_pad_mode": pad,
         "aa_n": (cfg.aa != "none", "--aa randaug"),
     }
-    for name in ("path", "epochs", "width", "channel_mult", "stem", "recipe", "aa", "tta"):
+    # with --teacher-path, the file says how its teacher was built and trained
+    trained_here = (cfg.teacher_path is None, "a teacher trained here (not --teacher-path)")
+    for name in ("path", "tta"):
         needs[f"teacher_{name}"] = teacher
+    for name in ("epochs", "width", "channel_mult", "stem", "recipe", "aa"):
+        needs[f"teacher_{name}"] = trained_here if teacher[0] else teacher
     return [
         f"{flag_name(key)} acts with {needed}"
         for key, (acts, needed) in needs.items()
