@@ -301,6 +301,11 @@ def test_unknown_model_kwargs_key_leaves_no_run_folder(
             ("--batch-augment", "--aa", "none", "--progressive-size", "64"),
             "--progressive-size 64 is larger than the model's input size 32",
         ),
+        (
+            ("--batch-augment", "--aa", "none", "--progressive-size", "18"),  # 16 without a word
+            "--progressive-size 18: the images grow in whole 4-pixel patches of the model's; "
+            "give a multiple of 4 (16 or 20)",
+        ),
     ],
     ids=[
         "missing-weights",
@@ -312,6 +317,7 @@ def test_unknown_model_kwargs_key_leaves_no_run_folder(
         "kwarg-embed-dim",
         "kwarg-patch-size",
         "progressive-size",
+        "progressive-size-patches",
     ],
 )
 def test_settings_found_wrong_at_start_leave_no_run_folder(

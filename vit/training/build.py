@@ -306,6 +306,13 @@ def make_train_loader(
     device: torch.device,
 ) -> EpochDataLoader | InMemoryBatches:
     """The training loader `cfg` asks for, over `train_set` with the model's transforms."""
+    patch = model.patch_embed.patch_size[0]
+    if cfg.progressive_size is not None and cfg.progressive_size % patch:
+        smaller = max(patch, cfg.progressive_size // patch * patch)
+        raise ValueError(
+            f"--progressive-size {cfg.progressive_size}: the images grow in whole {patch}-pixel "
+            f"patches of the model's; give a multiple of {patch} ({smaller} or {smaller + patch})"
+        )
     if not cfg.batch_augment:  # in-memory batches augment the raw images themselves
         train_set = train_set.with_transform(train_transform(model.preprocess, cfg.augment()))
     return build_train_loader(
