@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import sys
 import time
 import types
@@ -55,7 +56,7 @@ if typing.TYPE_CHECKING:
     from vit.training.errors import TrainingInterrupted
 
 GROUPS = ("data", "model", "fine-tuning", "optimisation", "augmentation", "distillation", "run")
-NOTHING_WRITTEN = "train.py: interrupted before training started; nothing was written"
+NOTHING_WRITTEN = "train.py: {how} before training started; nothing was written"
 
 
 def _none_or(parse):
@@ -491,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
         return run(cfg, overwrite)
     except KeyboardInterrupt:  # Ctrl-C before training was set up
-        return said(speaks, NOTHING_WRITTEN, status=130)
+        return said(speaks, NOTHING_WRITTEN.format(how="interrupted"), status=130)
 
 
 def run(cfg: TrainConfig, overwrite: bool) -> int:
@@ -530,9 +531,11 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
     except PeerGone:
         left_for_peer()
     except TrainingInterrupted as e:
+        stopped_by = process_group.stopped_by()
         if not info.is_main:  # its process group broken by rank 0 leaving
-            exit_without_teardown(130)
-        return said(info.is_main, interrupted_message(e, info.world_size), status=130)
+            exit_without_teardown(128 + stopped_by)
+        message = interrupted_message(e, info.world_size, stopped_by)
+        return said(info.is_main, message, status=128 + stopped_by)  # the shell's 130 and 143
     return said(
         info.is_main,
         f"train.py: wrote {cfg.output_dir}/: model.safetensors (the final weights), "
@@ -577,18 +580,21 @@ def said(speaks: bool, line: str, status: int) -> int:
     return status
 
 
-def interrupted_message(e: TrainingInterrupted, processes: int) -> str:
-    """After Ctrl-C: where the run stopped, and the command that continues it."""
+def interrupted_message(
+    e: TrainingInterrupted, processes: int, stopped_by: signal.Signals = signal.SIGINT
+) -> str:
+    """After Ctrl-C or SIGTERM: where the run stopped, and the command that continues it."""
+    how = "interrupted" if stopped_by == signal.SIGINT else f"stopped by {stopped_by.name}"
     if e.run_dir is None:
-        return NOTHING_WRITTEN
+        return NOTHING_WRITTEN.format(how=how)
     again = resume_command(e.run_dir, processes)
     if e.epoch is not None:
         return (
-            f"train.py: interrupted; {e.run_dir} stopped after epoch {e.epoch} of {e.epochs} "
+            f"train.py: {how}; {e.run_dir} stopped after epoch {e.epoch} of {e.epochs} "
             f"(its last checkpoint): continue it with {again}"
         )
     return (
-        f"train.py: interrupted before the run's first checkpoint: {e.run_dir} holds nothing "
+        f"train.py: {how} before the run's first checkpoint: {e.run_dir} holds nothing "
         f"to resume; the same command with --overwrite starts it again"
     )
 

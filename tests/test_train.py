@@ -396,10 +396,14 @@ def test_checkpoint_interval_writes_every_nth_epoch_and_resumes_from_the_last_wr
     assert_close_weights(run / "model.safetensors", reference / "model.safetensors")
 
 
-def test_sigkilled_process_resumes_to_identical_weights(
-    reference_run, image_folder, tmp_path, tiny_args
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_killed_process_resumes_to_identical_weights(
+    reference_run, image_folder, tmp_path, tiny_args, stop
 ):
-    """A real `kill -9` at whatever moment the first checkpoint appears, then --resume."""
+    """A real `kill -9` at whatever moment the first checkpoint appears, then --resume. A plain
+    `kill` (SIGTERM: a scheduler's end of a job) ended the run without a word, status 143, and
+    could leave a checkpoint's temporary file: now the files are closed and one line says where
+    to continue, as after Ctrl-C."""
     run = tmp_path / "run"
     command = [sys.executable, str(ROOT / "train.py")]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -407,16 +411,24 @@ def test_sigkilled_process_resumes_to_identical_weights(
         command + tiny_args(image_folder, run, 4, *RECIPE),
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 120
     while not (run / "training_state.pt").exists() and process.poll() is None:
         assert time.monotonic() < deadline, "no checkpoint within 120 s"
         time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    process.send_signal(stop)
+    err = process.communicate()[1]
     state = torch.load(run / "training_state.pt", weights_only=True)
     assert 1 <= state["epoch"] <= 4
+    if stop == signal.SIGTERM:
+        assert process.returncode == 143, err[-2000:]
+        assert err.splitlines()[-1] == (
+            f"train.py: stopped by SIGTERM; {run} stopped after epoch {state['epoch']} of 4 "
+            f"(its last checkpoint): continue it with python {command[1]} --resume {run}"
+        )
+        assert no_temporary_files(run)
     resumed = subprocess.run(command + ["--resume", str(run)], env=env, capture_output=True)
     assert resumed.returncode == 0, resumed.stderr.decode()[-2000:]
     assert_close_weights(run / "model.safetensors", reference_run / "model.safetensors")

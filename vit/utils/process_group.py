@@ -193,6 +193,7 @@ def peer_gone(error: BaseException) -> bool:
 
 # -- Ctrl-C --------------------------------------------------------------------------------------
 _interrupted = False
+_stopped_by = signal.SIGINT  # what stopped the run: Ctrl-C, or (one process) SIGTERM
 
 
 @contextmanager
@@ -200,21 +201,35 @@ def stop_on_interrupt(info: DistInfo) -> Iterator[None]:
     """Within the block, Ctrl-C (SIGINT; torchrun passes it on to every process) stops rank 0
     at once, with a KeyboardInterrupt. The other processes only note it and go on until rank
     0 has left, so that rank 0 never finds a collective broken by another process that left
-    first; they stop at their next collective, whose error `interrupted()` then explains."""
-    global _interrupted
-    _interrupted = False
+    first; they stop at their next collective, whose error `interrupted()` then explains.
+
+    A process alone stops so on SIGTERM too (`kill`, a scheduler's end of a job, `docker
+    stop`): it closes the run's files and says where to continue, where the default end could
+    leave the temporary file of a checkpoint being written beside them. Under torchrun, SIGTERM
+    keeps its default: it is torchrun's own way of ending the others once a process failed."""
+    global _interrupted, _stopped_by
+    _interrupted, _stopped_by = False, signal.SIGINT
 
     def note(signum: int, frame) -> None:
-        global _interrupted
+        global _interrupted, _stopped_by
         first, _interrupted = not _interrupted, True
+        if first:
+            _stopped_by = signal.Signals(signum)
         if info.is_main and first:  # a second Ctrl-C must not break the way out of the first
             raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, note)
+    signals = (signal.SIGINT,) if info.enabled else (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, note) for signum in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def stopped_by() -> signal.Signals:
+    """The signal that stopped the run, once `interrupted()`: SIGINT or SIGTERM."""
+    return _stopped_by
 
 
 def interrupted() -> bool:
