@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -324,3 +327,23 @@ def test_test_images_come_from_memory_where_the_eval_transform_only_normalises()
     assert not isinstance(loader(32, crop_pct=0.9), InMemoryEvalBatches)  # resized to 35, cropped
     assert not isinstance(loader(40), InMemoryEvalBatches)  # resized to 32
     assert not isinstance(loader(32, batch_augment=False), InMemoryEvalBatches)
+
+
+def test_the_transforms_import_without_reaching_the_network():
+    """albumentations asked PyPI for its latest version at every import of the transforms (up
+    to 2 s, a warning line offline): the package turns that off unless the user set it."""
+    probe = (
+        "import urllib.request\n"
+        "asked = []\n"
+        "def refuse(self, url, *args, **kwargs):\n"
+        "    asked.append(getattr(url, 'full_url', url))\n"
+        "    raise OSError('no network')\n"
+        "urllib.request.OpenerDirector.open = refuse\n"
+        "import vit.data.transforms\n"
+        "print(asked)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NO_ALBUMENTATIONS_UPDATE"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
