@@ -65,6 +65,37 @@ def test_a_benchmark_refuses_a_bad_input_in_one_line(
     assert one_line_error(capsys, exit_info).startswith(start)
 
 
+# --config files train.py refuses: (the file's text, None for no file, the line's words)
+BAD_CONFIGS = [
+    (None, "cannot read config file mine.yaml"),
+    ("lr: [\n", "config file mine.yaml: not YAML"),
+    ("lr: 0.1\nbogus_key: 1\n", "config file mine.yaml: unknown key 'bogus_key'"),
+]
+
+
+@pytest.mark.parametrize("name", ["teacher_screen", "host_overhead"])
+@pytest.mark.parametrize(("text", "words"), BAD_CONFIGS, ids=["missing", "not-yaml", "unknown"])
+def test_a_speedrun_benchmark_refuses_a_config_as_train_py_does(
+    name, text, words, command, image_folder, tmp_path, monkeypatch, capsys
+):
+    """--config is read as typed, from the current folder (not the repository's), and refused
+    in one line before any work."""
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        (tmp_path / "mine.yaml").write_text(text)
+    data = ["--data", str(image_folder)] if name == "teacher_screen" else []
+    with pytest.raises(SystemExit) as exit_info:
+        command(name, *data, "--config", "mine.yaml")
+    assert one_line_error(capsys, exit_info).startswith(words)
+
+
+def test_the_speedrun_config_is_found_from_any_folder(image_folder, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the repository
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    args = importlib.import_module("teacher_screen").parse_args(["--data", str(image_folder)])
+    assert args.config.model == "vit_cifar_patch4_32" and args.config.teacher_recipe == "airbench"
+
+
 def test_a_misspelt_model_name_is_answered_with_the_closest(command, capsys):
     with pytest.raises(SystemExit) as exit_info:
         command("onnx_families", "--names", "vit_small_patch16_22")
