@@ -28,6 +28,7 @@ BAD_INPUTS = [
     ("onnx_families", ["--names", "vit_bogus"], "--names vit_bogus: not a model name"),
     ("onnx_throughput", ["--models", "vit_bogus"], "--models vit_bogus: not a model name"),
     ("training_memory", ["--model", "vit_bogus"], "--model vit_bogus: not a model name"),
+    ("training_memory", ["--steps", "0"], "argument --steps: 0 is outside the accepted range"),
     ("tta_views", ["--checkpoint", "/nope", "--data", DATA], "--checkpoint /nope: no such"),
     ("onnx_profile", ["/nope.onnx"], "CHECKPOINT /nope.onnx: no such file"),
 ]
@@ -94,6 +95,35 @@ def test_the_speedrun_config_is_found_from_any_folder(image_folder, tmp_path, mo
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     args = importlib.import_module("teacher_screen").parse_args(["--data", str(image_folder)])
     assert args.config.model == "vit_cifar_patch4_32" and args.config.teacher_recipe == "airbench"
+
+
+def test_a_training_memory_row_that_fails_is_marked_and_the_next_rows_run():
+    """Each row's process asks for 602 GB (a million images): refused, as memory a step needs
+    and the machine lacks would be; under a cap on the address space, so that a kernel that
+    grants every request (overcommit) refuses it too, rather than the machine paging it in."""
+    import resource
+    import subprocess
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (16 * 2**30, 16 * 2**30))
+
+    rows = ["one-batch", "checkpointing"]
+    flags = ["--model", "vit_tiny_patch16_224", "--images", "1000000", "--steps", "1"]
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "training_memory.py"), *flags, "--rows", *rows],
+        capture_output=True,
+        text=True,
+        preexec_fn=cap,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    table = done.stdout.splitlines()[2:]
+    assert [line.split() for line in table] == [[row, "1000000", "failed"] for row in rows]
+    lines = done.stderr.strip().splitlines()
+    assert [line.split(": ")[:3] for line in lines] == [
+        ["training_memory.py", f"row {row} failed", "RuntimeError"] for row in rows
+    ]
+    assert all("can't allocate memory" in line for line in lines)
 
 
 def test_a_misspelt_model_name_is_answered_with_the_closest(command, capsys):
