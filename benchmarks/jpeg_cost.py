@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import io
 import re
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ import numpy as np
 from PIL import Image
 
 from vit.data.images import load_image
+from vit.utils.files import check_marked, marked_write_dir
 
 LOSSLESS_NAME = re.compile(r"cifar10_(\d+)_(\d)\.png")
 QUALITIES = (95, 90, 85, 80, 75, 70, 60, 50, 40, 30, 25)
@@ -145,22 +145,17 @@ def write_copy(data: Path, destination: Path, quality: int, colour_block: int = 
     if destination.exists():
         raise SystemExit(f"--write {destination}: already exists; give a new folder")
     partial = destination.with_name(destination.name + ".partial")
-    if partial.exists() and not (partial / PARTIAL_MARK).is_file():
-        raise SystemExit(
-            f"--write {destination}: {partial} exists and is not this script's; remove it or "
-            f"give another folder"
-        )
-    shutil.rmtree(partial, ignore_errors=True)  # a stopped run's, never a finished copy
-    partial.mkdir(parents=True)
-    (partial / PARTIAL_MARK).write_text("")
-    start = time.perf_counter()
     try:
-        write_images(data, partial, quality, colour_block)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)  # stopped or failed: no half-written copy
-        raise
-    (partial / PARTIAL_MARK).unlink()
-    partial.rename(destination)
+        check_marked(partial, PARTIAL_MARK)
+    except FileExistsError as e:
+        raise SystemExit(f"--write {destination}: {e}") from None
+    start = time.perf_counter()
+    marked_write_dir(
+        destination,
+        partial,
+        PARTIAL_MARK,
+        lambda folder: write_images(data, folder, quality, colour_block),
+    )
     print(f"written to {destination} in {time.perf_counter() - start:.0f} s")
 
 
