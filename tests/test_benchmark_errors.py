@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import one_line_error
 
 from vit.inference.cpu_paths import cpu_flags, cpu_name
 
@@ -45,14 +46,6 @@ def command(monkeypatch):
         return importlib.import_module(name).main()
 
     return run
-
-
-def one_line_error(capsys, exit_info) -> str:
-    """The single stderr line of a command that exited with status 2, after its "error: "."""
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err.split(": error: ", 1)[1]
 
 
 @pytest.mark.parametrize(("name", "argv", "start"), BAD_INPUTS, ids=lambda case: str(case))
