@@ -6,6 +6,7 @@ before any work, and Ctrl-C as one line (exit status 130), not a traceback."""
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import sys
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -17,7 +18,16 @@ from vit.cli.model_argument import ModelArgumentError, command_arguments, resolv
 from vit.data.datasets import TORCHVISION_DATASETS, find_split_dir
 from vit.inference.cpu_paths import cpu_flags, cpu_name
 from vit.models.vision_transformer import VisionTransformer
+from vit.training.settings import TrainConfig
 from vit.utils.process_group import DistInfo, resolve_device
+
+ROOT = Path(__file__).resolve().parents[1]
+# the recipe a benchmark of the GPU speedrun measures by default, found from any folder
+SPEEDRUN_CONFIG = ROOT / "configs" / "cifar10_gpu_speedrun.yaml"
+CONFIG_HELP = (
+    f"a YAML file of train.py's settings (default: this repository's "
+    f"{SPEEDRUN_CONFIG.relative_to(ROOT)})"
+)
 
 
 def parser(doc: str) -> ArgumentParser:
@@ -87,3 +97,20 @@ def checked_model(parser: ArgumentParser, flag: str, source: str | Path) -> Visi
         return resolve_model(source, names=command_arguments(flag))
     except ModelArgumentError as e:
         parser.error(str(e))
+
+
+def checked_config(parser: ArgumentParser, path: Path) -> TrainConfig:
+    """The TrainConfig of a YAML file of train.py's settings, read as `train.py --config` reads
+    it (its `read_yaml_config`: the same checks, the same words); a missing or unreadable file,
+    one that is not YAML or a key that is no setting refused in one line."""
+    # train.py is a front end at the repository's root, not a module of the package
+    spec = importlib.util.spec_from_file_location("train_script", ROOT / "train.py")
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    try:
+        settings = train.read_yaml_config(path)
+    except SystemExit as e:  # train.py's one line: said again as this benchmark's
+        parser.error(str(e.code).removeprefix("train.py: error: "))
+    if "model_kwargs" in settings:  # a mapping or KEY=VALUE items, as train.py takes them
+        settings["model_kwargs"] = dict(settings["model_kwargs"] or {})
+    return TrainConfig(**settings)

@@ -38,7 +38,6 @@ from pathlib import Path
 
 import _cli
 import torch
-import yaml
 from torch import nn
 
 import vit
@@ -65,7 +64,7 @@ def median_ms(call: Callable, repeats: int) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = _cli.parser(__doc__)
-    parser.add_argument("--config", default="configs/cifar10_gpu_speedrun.yaml")
+    parser.add_argument("--config", type=Path, default=_cli.SPEEDRUN_CONFIG, help=_cli.CONFIG_HELP)
     parser.add_argument("--width", type=int, default=16, help="embed_dim (divisible by heads)")
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument(
@@ -82,18 +81,17 @@ def main(argv: list[str] | None = None) -> None:
         "all but gone from the 16-batch calls)",
     )
     args = parser.parse_args(argv)
+    cfg = _cli.checked_config(parser, args.config)
     torch.set_num_threads(1)
-    cfg = yaml.safe_load(Path(args.config).read_text())
-    model = vit.create_model(
-        cfg["model"], **{**cfg.get("model_kwargs", {}), "embed_dim": args.width}
-    )
+    model = vit.create_model(cfg.model, **{**cfg.model_kwargs, "embed_dim": args.width})
     for param in model.parameters():
         param.grad = torch.randn_like(param)
+    opt = cfg.opt or "adamw"
     optimizer = build_optimizer(
         model,
-        cfg.get("opt", "adamw"),
-        lr=cfg["lr"],
-        weight_decay=cfg["weight_decay"],
+        opt,
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
         # float32: a CPU without bfloat16 products emulates them, arithmetic this does not time
         muon_ns_dtype="float32",
     )
@@ -107,8 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     side = args.image_size
     images = torch.randint(0, 256, (64, 3, side, side), dtype=torch.uint8)
     rows = {
-        **step_rows(model, TrainConfig(**cfg)),
-        f"optimizer step ({cfg.get('opt', 'adamw')})": optimizer.step,
+        **step_rows(model, cfg),
+        f"optimizer step ({opt})": optimizer.step,
         "gradient clipping": lambda: nn.utils.clip_grad_norm_(model.parameters(), 1.0),
         "EMA update": lambda: ema.update(model),
         "the three, one after the other": eager_update,

@@ -19,18 +19,17 @@ own error costs against the lossless images.
 
 from __future__ import annotations
 
-import argparse
 import io
 import re
-import shutil
-import sys
 import time
 from pathlib import Path
 
+import _cli
 import numpy as np
 from PIL import Image
 
 from vit.data.images import load_image
+from vit.utils.files import check_marked, marked_write_dir
 
 LOSSLESS_NAME = re.compile(r"cifar10_(\d+)_(\d)\.png")
 QUALITIES = (95, 90, 85, 80, 75, 70, 60, 50, 40, 30, 25)
@@ -83,10 +82,11 @@ def copy_paths(data: Path, split: str) -> list[Path]:
 
 def copy_files_of(data: Path, lossless: list[tuple[int, int]]) -> dict[int, Path]:
     """Test index -> the copy's file, for a run of test indices 0..N-1: the copy numbers each
-    class's images in test-set order, so the k-th image of a class is <class>/k.jpg."""
+    class's images in test-set order, so the k-th image of a class is <class>/k.jpg; ValueError
+    for another run."""
     indices = [index for index, _ in lossless]
     if indices != list(range(len(indices))):
-        raise SystemExit(f"--lossless: expected test indices 0..{len(indices) - 1}, got {indices}")
+        raise ValueError(f"--lossless: expected test indices 0..{len(indices) - 1}, got {indices}")
     classes = sorted(p.name for p in (data / "test").iterdir() if p.is_dir())
     seen = [0] * len(classes)
     files = {}
@@ -96,19 +96,26 @@ def copy_files_of(data: Path, lossless: list[tuple[int, int]]) -> dict[int, Path
     return files
 
 
-def compare_with_lossless(data: Path, folder: Path, qualities: tuple[int, ...]) -> list[dict]:
-    """A row per quality: PIL's JPEG of the lossless images against them, how many decode to
-    the copy's pixels exactly, and the copy compressed once more at that quality."""
+def lossless_pairs(data: Path, folder: Path) -> list[tuple[Path, Path]]:
+    """(lossless image, the copy's file of it), in test order; ValueError naming --lossless
+    where the folder has none or they are not the first of the test set."""
     found = sorted(
         (int(m[1]), int(m[2]), path)
         for path in folder.glob("cifar10_*.png")
         if (m := LOSSLESS_NAME.fullmatch(path.name))
     )
     if not found:
-        raise SystemExit(f"--lossless {folder}: no cifar10_<index>_<label>.png images there")
+        raise ValueError(f"--lossless {folder}: no cifar10_<index>_<label>.png images there")
     files = copy_files_of(data, [(index, label) for index, label, _ in found])
-    lossless = [load_image(path) for _, _, path in found]
-    copy = [load_image(files[index]) for index, _, _ in found]
+    return [(path, files[index]) for index, _, path in found]
+
+
+def compare_with_lossless(pairs: list[tuple[Path, Path]], qualities: tuple[int, ...]) -> list[dict]:
+    """A row per quality: PIL's JPEG of the lossless images against them, how many decode to
+    the copy's pixels exactly, and the copy compressed once more at that quality (`pairs`:
+    `lossless_pairs`)."""
+    lossless = [load_image(path) for path, _ in pairs]
+    copy = [load_image(path) for _, path in pairs]
     rows = []
     for quality in qualities:
         encoded = [jpeg(x, quality) for x in lossless]
@@ -123,7 +130,7 @@ def compare_with_lossless(data: Path, folder: Path, qualities: tuple[int, ...]) 
             "mse_added": mean_mse(twice, copy),
         })  # fmt: skip
     copy_error = mean_mse(copy, lossless)
-    print(f"{len(found)} lossless test images (0-{len(found) - 1}): the copy's MSE against them "
+    print(f"{len(pairs)} lossless test images (0-{len(pairs) - 1}): the copy's MSE against them "
           f"{copy_error:.2f} ({psnr(copy_error):.2f} dB)")  # fmt: skip
     print("| quality | bytes | JPEG of lossless: MSE | dB | decodes to the copy | the copy again: "
           "MSE against lossless | against the copy |")  # fmt: skip
@@ -131,7 +138,7 @@ def compare_with_lossless(data: Path, folder: Path, qualities: tuple[int, ...]) 
     for r in rows:
         once = f"{r['mse_once']:.2f} | {psnr(r['mse_once']):.2f}"
         print(
-            f"| {r['quality']} | {r['bytes']:.0f} | {once} | {r['equal_to_copy']} of {len(found)} "
+            f"| {r['quality']} | {r['bytes']:.0f} | {once} | {r['equal_to_copy']} of {len(pairs)} "
             f"| {r['mse_twice']:.2f} | {r['mse_added']:.2f} |"
         )
     return rows
@@ -141,27 +148,33 @@ def write_copy(data: Path, destination: Path, quality: int, colour_block: int = 
     """Every image of the copy, its colour averaged over colour_block pixels if more than 1,
     saved again at `quality` under `destination`/{train,test}/<class>/; written beside it first
     and renamed when whole, so that a stopped run leaves no half-written copy. A DST.partial
-    is removed only where this script marked it as its own (a run killed part-way)."""
-    if destination.exists():
-        raise SystemExit(f"--write {destination}: already exists; give a new folder")
-    partial = destination.with_name(destination.name + ".partial")
-    if partial.exists() and not (partial / PARTIAL_MARK).is_file():
-        raise SystemExit(
-            f"--write {destination}: {partial} exists and is not this script's; remove it or "
-            f"give another folder"
-        )
-    shutil.rmtree(partial, ignore_errors=True)  # a stopped run's, never a finished copy
-    partial.mkdir(parents=True)
-    (partial / PARTIAL_MARK).write_text("")
+    is removed only where this script marked it as its own (a run killed part-way).
+    `write_problem` says why `destination` cannot be written, before any work."""
     start = time.perf_counter()
-    try:
-        write_images(data, partial, quality, colour_block)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)  # stopped or failed: no half-written copy
-        raise
-    (partial / PARTIAL_MARK).unlink()
-    partial.rename(destination)
+    marked_write_dir(
+        destination,
+        partial_folder(destination),
+        PARTIAL_MARK,
+        lambda folder: write_images(data, folder, quality, colour_block),
+    )
     print(f"written to {destination} in {time.perf_counter() - start:.0f} s")
+
+
+def partial_folder(destination: Path) -> Path:
+    """Where `write_copy` writes `destination` first."""
+    return destination.with_name(destination.name + ".partial")
+
+
+def write_problem(destination: Path) -> str | None:
+    """Why --write `destination` cannot be written (None if it can): it exists, or its
+    DST.partial is not this script's."""
+    if destination.exists():
+        return f"--write {destination}: already exists; give a new folder"
+    try:
+        check_marked(partial_folder(destination), PARTIAL_MARK)
+    except FileExistsError as e:
+        return f"--write {destination}: {e}"
+    return None
 
 
 def write_images(data: Path, partial: Path, quality: int, colour_block: int) -> None:
@@ -184,7 +197,7 @@ def write_images(data: Path, partial: Path, quality: int, colour_block: int) -> 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _cli.parser(__doc__)
     parser.add_argument("--data", type=Path, required=True, help="the JPEG copy's image folder")
     parser.add_argument(
         "--lossless", type=Path, default=None, help="cifar10_<i>_<label>.png folder"
@@ -197,22 +210,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--qualities", type=int, nargs="+", default=list(QUALITIES))
     args = parser.parse_args(argv)
     if not (args.data / "test").is_dir():
-        raise SystemExit(f"--data {args.data}: expected an image folder with train/ and test/")
+        parser.error(f"--data {args.data}: expected an image folder with train/ and test/")
     if args.lossless is None and args.write is None:
         parser.error("give --lossless DIR, --write DST or both")
-    # every option checked before any work: a bad --quality is not found after the comparison
+    # every input checked before any work: a bad --quality or --write is not found after the
+    # comparison
     if not 1 <= args.quality <= 100:
-        raise SystemExit(f"--quality {args.quality}: expected 1-100")
+        parser.error(f"--quality {args.quality}: expected 1-100")
     for quality in args.qualities:
         if not 1 <= quality <= 100:
-            raise SystemExit(f"--qualities {quality}: expected 1-100")
+            parser.error(f"--qualities {quality}: expected 1-100")
     if args.colour_block not in (1, 2, 4, 8):
-        raise SystemExit(f"--colour-block {args.colour_block}: expected 1, 2, 4 or 8")
+        parser.error(f"--colour-block {args.colour_block}: expected 1, 2, 4 or 8")
+    if args.write is not None:
+        problem = write_problem(args.write)
+        if problem:
+            parser.error(problem)
     if args.lossless is not None:
-        compare_with_lossless(args.data, args.lossless, tuple(args.qualities))
+        try:
+            pairs = lossless_pairs(args.data, args.lossless)
+        except ValueError as e:
+            parser.error(str(e))
+        compare_with_lossless(pairs, tuple(args.qualities))
     if args.write is not None:
         write_copy(args.data, args.write, args.quality, args.colour_block)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.run(main)

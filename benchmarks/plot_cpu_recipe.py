@@ -14,6 +14,7 @@ epochs and 81% after 30. Those two points are theirs, not measured here.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import re
 from datetime import datetime
@@ -24,6 +25,7 @@ from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 
 from vit.cli.flags import ArgumentParser
+from vit.data.datasets import find_split_dir, scan_folder
 
 # the data sets train.py downloads by name: (title, test images)
 NAMED_DATA = {"cifar10": ("CIFAR-10", 10_000), "cifar100": ("CIFAR-100", 10_000)}
@@ -51,8 +53,9 @@ def test_images(config: dict) -> str:
     """'CIFAR-10, all 10,000 test images', as far as the run's settings say."""
     data = str(config.get("data") or "")
     name, count = NAMED_DATA.get(data, (Path(data).name, None))
-    if count is None and Path(data, "test").is_dir():  # a folder: its test images, if here
-        count = sum(1 for path in Path(data, "test").glob("*/*") if path.is_file())
+    if count is None:  # a folder, if here: the images its evaluation reads, no other file
+        with contextlib.suppress(OSError, ValueError):  # not here, or not an image folder
+            count = len(scan_folder(find_split_dir(Path(data), "test"))[0])
     if config.get("test_subset"):
         images = f"{config['test_subset']:,} test images"
     else:

@@ -28,15 +28,12 @@ from pathlib import Path
 
 import _cli
 import torch
-import yaml
 
 from vit.inference.evaluation import evaluate
 from vit.training.build import build_training_model, load_data, make_loaders, make_teacher
 from vit.training.settings import TrainConfig
 from vit.training.teacher_recipe import RECIPES
 from vit.utils.process_group import DistInfo
-
-ROOT = Path(__file__).resolve().parents[1]
 
 # name -> (train.py's teacher settings, changes to its --teacher-recipe, what the row is); each
 # row gives its width, stages, stem and recipe, so that it measures the same teacher whatever
@@ -85,7 +82,7 @@ ROWS = {
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = _cli.parser(__doc__)
     parser.add_argument("--data", required=True, help="cifar10, cifar100 or an image folder")
-    parser.add_argument("--config", default="configs/cifar10_gpu_speedrun.yaml")
+    parser.add_argument("--config", type=Path, default=_cli.SPEEDRUN_CONFIG, help=_cli.CONFIG_HELP)
     parser.add_argument("--rows", nargs="+", default=["w64", "whiten-wide"], choices=list(ROWS))
     parser.add_argument("--epochs", type=int, default=None, help="default: the YAML's")
     parser.add_argument("--train-subset", type=int, default=None, help="N images, stratified")
@@ -97,12 +94,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     _cli.check_data(parser, args.data)
     args.device = _cli.checked_device(parser, args.device)  # a torch.device from here on
+    args.config = _cli.checked_config(parser, args.config)  # a TrainConfig from here on
     return args
 
 
 def row_config(args: argparse.Namespace, settings: dict, device: torch.device) -> TrainConfig:
     """The run's TrainConfig as the YAML gives it, on this data and device, with a row's teacher."""
-    cfg = TrainConfig(**yaml.safe_load((ROOT / args.config).read_text()))
+    cfg = args.config
     run = {
         "data": args.data,
         "device": str(device),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -27,7 +28,9 @@ import torch
 import torch.nn.functional as F
 
 import vit
+from vit.cli.flags import number_in
 from vit.models.registry import MODELS
+from vit.utils.ranges import AT_LEAST_1
 
 # name -> (batches a step, recompute activations)
 ROWS = {
@@ -67,14 +70,24 @@ def measure(model_name: str, images: int, batches: int, recompute: bool, steps: 
     return peak, statistics.median(seconds[1:]), loss
 
 
-def main(argv: list[str] | None = None) -> None:
+def failure(done: subprocess.CompletedProcess) -> str:
+    """Why a row's process failed: its last line on stderr (its exception's), or the signal
+    that ended it (the kernel's out-of-memory killer sends SIGKILL, which leaves no line)."""
+    if done.returncode < 0:
+        return f"killed by {signal.Signals(-done.returncode).name}"
+    lines = done.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = _cli.parser(__doc__)
     parser.add_argument("--model", default="vit_base_patch16_224")
-    parser.add_argument("--images", type=int, default=32, help="images an optimizer step")
+    count = number_in(AT_LEAST_1)  # 0 steps or images: a failed child, not a figure
+    parser.add_argument("--images", type=count, default=32, help="images an optimizer step")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    parser.add_argument("--steps", type=int, default=2, help="timed steps after one warm-up")
+    parser.add_argument("--steps", type=count, default=2, help="timed steps after one warm-up")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--threads", type=count, default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     _cli.check_names(parser, "--model", [args.model], MODELS)
@@ -84,21 +97,30 @@ def main(argv: list[str] | None = None) -> None:
         batches, recompute = ROWS[args.child]
         row = measure(args.model, args.images, batches, recompute, args.steps, args.device)
         print(json.dumps(row))
-        return
+        return 0
     device = _cli.checked_device(parser, args.device)
     print(f"{args.model}, {args.images} images an optimizer step, {args.device}, "
           f"{torch.get_num_threads()} threads, torch {torch.__version__}; "
           f"{_cli.machine(device)}")  # fmt: skip
     print(f"{'row':<24} {'batch':>6} {'peak MiB':>9} {'s a step':>9} {'loss':>10}")
+    failed = False
     for name in args.rows:
         command = [sys.executable, __file__, "--child", name, "--model", args.model]
         command += ["--images", str(args.images), "--steps", str(args.steps)]
         command += ["--device", args.device]
         command += ["--threads", str(args.threads)] if args.threads else []
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        peak, seconds, loss = json.loads(done.stdout.strip().splitlines()[-1])
+        done = subprocess.run(command, capture_output=True, text=True)
         batch = args.images // ROWS[name][0]
+        if done.returncode != 0:
+            # marked and passed: a row out of memory is a finding, and the rows after it
+            # (activations recomputed, batches accumulated) are those that may still fit
+            print(f"{name:<24} {batch:>6} {'failed':>9}", flush=True)
+            print(f"{parser.prog}: row {name} failed: {failure(done)}", file=sys.stderr)
+            failed = True
+            continue
+        peak, seconds, loss = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"{name:<24} {batch:>6} {peak:>9.0f} {seconds:>9.2f} {loss:>10.5f}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

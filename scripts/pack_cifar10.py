@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from vit.utils.files import marked_write_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = ROOT.parent / "shared" / "data" / "cifar10-jpg"
@@ -98,23 +99,17 @@ def unpack(packed: Path, destination: Path) -> int:
             f"{destination} exists and is not a folder unpacked from {packed}; remove it or "
             f"unpack elsewhere"
         )
-    tmp = destination.with_name(f".{destination.name}.tmp")
-    if (tmp / UNPACKING).is_file():
-        shutil.rmtree(tmp)  # a previous unpack that was killed
-    elif tmp.exists():
-        raise ValueError(f"{tmp} exists and is not this script's; remove it or unpack elsewhere")
-    try:
-        tmp.mkdir(parents=True)
-        (tmp / UNPACKING).write_text("")
+
+    def write(folder: Path) -> None:
         for i, name in enumerate(names):
-            path = tmp / name.decode()
+            path = folder / name.decode()
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data[offsets[i] : offsets[i + 1]].tobytes())
-        (tmp / UNPACKING).unlink()
-        (tmp / DONE).write_text(f"{len(names)}\n")
-        os.replace(tmp, destination)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # stopped or failed: made here, removed here
+        (folder / DONE).write_text(f"{len(names)}\n")
+
+    # a killed unpack's .FOLDER.tmp is removed, one this script did not make refused
+    tmp = destination.with_name(f".{destination.name}.tmp")
+    marked_write_dir(destination, tmp, UNPACKING, write)
     return len(names)
 
 

@@ -50,6 +50,14 @@ def assert_close_weights(a: Path, b: Path, atol: float = 0.0) -> None:
             assert torch.allclose(wa[key], wb[key], rtol=0, atol=atol), f"{key}: {difference}"
 
 
+def one_line_error(capsys, exit_info) -> str:
+    """The single stderr line of a command that exited with status 2, after its "error: "."""
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err.split(": error: ", 1)[1]
+
+
 def make_image_folder(
     root: Path,
     classes: tuple[str, ...] = CLASSES,

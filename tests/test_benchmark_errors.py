@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import one_line_error
 
 from vit.inference.cpu_paths import cpu_flags, cpu_name
 
@@ -28,6 +29,7 @@ BAD_INPUTS = [
     ("onnx_families", ["--names", "vit_bogus"], "--names vit_bogus: not a model name"),
     ("onnx_throughput", ["--models", "vit_bogus"], "--models vit_bogus: not a model name"),
     ("training_memory", ["--model", "vit_bogus"], "--model vit_bogus: not a model name"),
+    ("training_memory", ["--steps", "0"], "argument --steps: 0 is outside the accepted range"),
     ("tta_views", ["--checkpoint", "/nope", "--data", DATA], "--checkpoint /nope: no such"),
     ("onnx_profile", ["/nope.onnx"], "CHECKPOINT /nope.onnx: no such file"),
 ]
@@ -46,14 +48,6 @@ def command(monkeypatch):
     return run
 
 
-def one_line_error(capsys, exit_info) -> str:
-    """The single stderr line of a command that exited with status 2, after its "error: "."""
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1, err
-    return err.split(": error: ", 1)[1]
-
-
 @pytest.mark.parametrize(("name", "argv", "start"), BAD_INPUTS, ids=lambda case: str(case))
 def test_a_benchmark_refuses_a_bad_input_in_one_line(
     name, argv, start, command, image_folder, capsys
@@ -63,6 +57,66 @@ def test_a_benchmark_refuses_a_bad_input_in_one_line(
     with pytest.raises(SystemExit) as exit_info:
         command(name, *(str(image_folder) if arg == DATA else arg for arg in argv))
     assert one_line_error(capsys, exit_info).startswith(start)
+
+
+# --config files train.py refuses: (the file's text, None for no file, the line's words)
+BAD_CONFIGS = [
+    (None, "cannot read config file mine.yaml"),
+    ("lr: [\n", "config file mine.yaml: not YAML"),
+    ("lr: 0.1\nbogus_key: 1\n", "config file mine.yaml: unknown key 'bogus_key'"),
+]
+
+
+@pytest.mark.parametrize("name", ["teacher_screen", "host_overhead"])
+@pytest.mark.parametrize(("text", "words"), BAD_CONFIGS, ids=["missing", "not-yaml", "unknown"])
+def test_a_speedrun_benchmark_refuses_a_config_as_train_py_does(
+    name, text, words, command, image_folder, tmp_path, monkeypatch, capsys
+):
+    """--config is read as typed, from the current folder (not the repository's), and refused
+    in one line before any work."""
+    monkeypatch.chdir(tmp_path)
+    if text is not None:
+        (tmp_path / "mine.yaml").write_text(text)
+    data = ["--data", str(image_folder)] if name == "teacher_screen" else []
+    with pytest.raises(SystemExit) as exit_info:
+        command(name, *data, "--config", "mine.yaml")
+    assert one_line_error(capsys, exit_info).startswith(words)
+
+
+def test_the_speedrun_config_is_found_from_any_folder(image_folder, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the repository
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    args = importlib.import_module("teacher_screen").parse_args(["--data", str(image_folder)])
+    assert args.config.model == "vit_cifar_patch4_32" and args.config.teacher_recipe == "airbench"
+
+
+def test_a_training_memory_row_that_fails_is_marked_and_the_next_rows_run():
+    """Each row's process asks for 602 GB (a million images): refused, as memory a step needs
+    and the machine lacks would be; under a cap on the address space, so that a kernel that
+    grants every request (overcommit) refuses it too, rather than the machine paging it in."""
+    import resource
+    import subprocess
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (16 * 2**30, 16 * 2**30))
+
+    rows = ["one-batch", "checkpointing"]
+    flags = ["--model", "vit_tiny_patch16_224", "--images", "1000000", "--steps", "1"]
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "training_memory.py"), *flags, "--rows", *rows],
+        capture_output=True,
+        text=True,
+        preexec_fn=cap,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    table = done.stdout.splitlines()[2:]
+    assert [line.split() for line in table] == [[row, "1000000", "failed"] for row in rows]
+    lines = done.stderr.strip().splitlines()
+    assert [line.split(": ")[:3] for line in lines] == [
+        ["training_memory.py", f"row {row} failed", "RuntimeError"] for row in rows
+    ]
+    assert all("can't allocate memory" in line for line in lines)
 
 
 def test_a_misspelt_model_name_is_answered_with_the_closest(command, capsys):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import one_line_error
 from PIL import Image
 
 LABELS = [0, 1, 0, 2, 1, 0]  # the lossless test images 0-5, as foolbox names them
@@ -18,6 +19,13 @@ CLASSES = ["airplane", "automobile", "bird"]
 def jpeg_cost(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     return importlib.import_module("jpeg_cost")
+
+
+def refused(jpeg_cost, argv: list[str], capsys) -> str:
+    """jpeg_cost.py's one line for a refused command (status 2), after its "error: "."""
+    with pytest.raises(SystemExit) as exit_info:
+        jpeg_cost.main(argv)
+    return one_line_error(capsys, exit_info)
 
 
 def smooth_image(rng: np.random.Generator) -> np.ndarray:
@@ -50,7 +58,8 @@ def copy_and_lossless(jpeg_cost, tmp_path) -> tuple[Path, Path]:
 
 def test_the_copy_is_matched_to_its_lossless_images_by_test_order(jpeg_cost, copy_and_lossless):
     copy, lossless = copy_and_lossless
-    rows = {r["quality"]: r for r in jpeg_cost.compare_with_lossless(copy, lossless, (95, 75, 50))}
+    pairs = jpeg_cost.lossless_pairs(copy, lossless)
+    rows = {r["quality"]: r for r in jpeg_cost.compare_with_lossless(pairs, (95, 75, 50))}
     # the copy's files are each lossless image's JPEG at 75: found only by the right numbering
     assert rows[75]["equal_to_copy"] == len(LABELS)
     assert rows[95]["equal_to_copy"] == 0 and rows[50]["equal_to_copy"] == 0
@@ -59,11 +68,28 @@ def test_the_copy_is_matched_to_its_lossless_images_by_test_order(jpeg_cost, cop
     assert rows[50]["mse_added"] > 0 and rows[50]["mse_twice"] > rows[75]["mse_once"]
 
 
-def test_lossless_images_must_be_the_first_of_the_test_set(jpeg_cost, copy_and_lossless):
+def test_lossless_images_must_be_the_first_of_the_test_set(jpeg_cost, copy_and_lossless, capsys):
     copy, lossless = copy_and_lossless
     (lossless / "cifar10_00_0.png").rename(lossless / "cifar10_07_0.png")
-    with pytest.raises(SystemExit, match="expected test indices 0..5"):
-        jpeg_cost.compare_with_lossless(copy, lossless, (75,))
+    line = refused(jpeg_cost, ["--data", str(copy), "--lossless", str(lossless)], capsys)
+    assert line.startswith("--lossless: expected test indices 0..5")
+
+
+def test_a_missing_data_folder_is_refused_in_one_line(jpeg_cost, tmp_path, capsys):
+    argv = ["--data", str(tmp_path / "nope"), "--write", str(tmp_path / "q50")]
+    assert refused(jpeg_cost, argv, capsys).startswith(f"--data {tmp_path / 'nope'}: expected")
+
+
+def test_a_used_write_folder_is_refused_before_the_comparison(
+    jpeg_cost, copy_and_lossless, tmp_path, capsys
+):
+    copy, lossless = copy_and_lossless
+    (tmp_path / "q50").mkdir()
+    argv = ["--data", str(copy), "--lossless", str(lossless), "--write", str(tmp_path / "q50")]
+    assert (
+        refused(jpeg_cost, argv, capsys)
+        == f"--write {tmp_path / 'q50'}: already exists; give a new folder"
+    )
 
 
 def test_a_copy_compressed_again_keeps_the_tree_and_refuses_a_used_folder(
@@ -79,8 +105,8 @@ def test_a_copy_compressed_again_keeps_the_tree_and_refuses_a_used_folder(
         assert again.shape == before.shape == (32, 32, 3) and not np.array_equal(again, before)
     assert "test: 6 images at quality 50, MSE against the copy" in capsys.readouterr().out
     written = (destination / relative[0]).read_bytes()
-    with pytest.raises(SystemExit, match="already exists"):
-        jpeg_cost.main(["--data", str(copy), "--write", str(destination), "--quality", "30"])
+    argv = ["--data", str(copy), "--write", str(destination), "--quality", "30"]
+    assert "already exists" in refused(jpeg_cost, argv, capsys)
     assert (destination / relative[0]).read_bytes() == written  # nothing overwritten
 
 
@@ -98,13 +124,11 @@ def test_averaging_the_colour_keeps_the_brightness(jpeg_cost):
 
 
 def test_a_colour_block_other_than_a_power_of_two_up_to_8_is_refused(
-    jpeg_cost, copy_and_lossless, tmp_path
+    jpeg_cost, copy_and_lossless, tmp_path, capsys
 ):
     copy, _ = copy_and_lossless
-    with pytest.raises(SystemExit, match="--colour-block 3: expected 1, 2, 4 or 8"):
-        jpeg_cost.main(
-            ["--data", str(copy), "--write", str(tmp_path / "c3"), "--colour-block", "3"]
-        )
+    argv = ["--data", str(copy), "--write", str(tmp_path / "c3"), "--colour-block", "3"]
+    assert refused(jpeg_cost, argv, capsys) == "--colour-block 3: expected 1, 2, 4 or 8"
     assert not (tmp_path / "c3").exists()
 
 
@@ -130,19 +154,21 @@ def test_a_stopped_write_leaves_no_copy_and_the_next_one_finishes(
     assert not (tmp_path / "q50.partial").exists()
 
 
-def test_a_partial_folder_the_script_did_not_make_is_kept(jpeg_cost, copy_and_lossless, tmp_path):
+def test_a_partial_folder_the_script_did_not_make_is_kept(
+    jpeg_cost, copy_and_lossless, tmp_path, capsys
+):
     copy, _ = copy_and_lossless
     theirs = tmp_path / "q50.partial"
     theirs.mkdir()
     (theirs / "notes.txt").write_text("mine")
-    with pytest.raises(SystemExit, match="q50.partial exists and is not this script's"):
-        jpeg_cost.main(["--data", str(copy), "--write", str(tmp_path / "q50")])
+    line = refused(jpeg_cost, ["--data", str(copy), "--write", str(tmp_path / "q50")], capsys)
+    assert "q50.partial exists and is not this script's" in line
     assert (theirs / "notes.txt").read_text() == "mine" and not (tmp_path / "q50").exists()
 
 
-def test_a_quality_of_the_comparison_outside_1_to_100_is_refused(jpeg_cost, copy_and_lossless):
+def test_a_quality_of_the_comparison_outside_1_to_100_is_refused(
+    jpeg_cost, copy_and_lossless, capsys
+):
     copy, lossless = copy_and_lossless
-    with pytest.raises(SystemExit, match="--qualities 500: expected 1-100"):
-        jpeg_cost.main(
-            ["--data", str(copy), "--lossless", str(lossless), "--qualities", "75", "500"]
-        )
+    argv = ["--data", str(copy), "--lossless", str(lossless), "--qualities", "75", "500"]
+    assert refused(jpeg_cost, argv, capsys) == "--qualities 500: expected 1-100"

@@ -221,6 +221,19 @@ def test_the_recipe_plot_says_what_the_run_recorded(monkeypatch, recipe_run, tmp
     assert label == "this run (cpu, 4 processes, 1 thread each) (EMA weights)"
 
 
+def test_the_recipe_plots_title_counts_the_images_its_evaluation_reads(
+    monkeypatch, recipe_run, tmp_path
+):
+    """Not a stray file beside them (a README, macOS's .DS_Store); val/ where there is no test/."""
+    plot = script(monkeypatch, "benchmarks", "plot_cpu_recipe")
+    cats = tmp_path / "pets" / "test" / "cat"
+    (cats / "README.txt").write_text("where these came from")
+    (cats / ".DS_Store").write_bytes(b"\0")
+    assert plot.test_images({"data": str(tmp_path / "pets")}) == "pets, all 3 test images"
+    (tmp_path / "pets" / "test").rename(tmp_path / "pets" / "val")
+    assert plot.test_images({"data": str(tmp_path / "pets")}) == "pets, all 3 test images"
+
+
 def test_the_recipe_plot_refuses_a_missing_run_and_a_non_image_name(
     monkeypatch, recipe_run, tmp_path, capsys
 ):

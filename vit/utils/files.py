@@ -76,3 +76,33 @@ def atomic_write_dir(path: Path, write: Callable[[Path], object]) -> None:
     finally:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def check_marked(folder: Path, mark: str) -> None:
+    """FileExistsError where `folder` exists without the `mark` file `marked_write_dir` keeps in
+    what it writes: someone else's folder, never to be removed."""
+    if folder.exists() and not (folder / mark).is_file():
+        raise FileExistsError(
+            f"{folder} exists and is not this script's; remove it or give another folder"
+        )
+
+
+def marked_write_dir(path: Path, tmp: Path, mark: str, write: Callable[[Path], object]) -> None:
+    """Call `write(tmp)` to fill the fresh folder `tmp`, then rename it to `path` (absent).
+
+    For long writes that are often stopped: `tmp` is one fixed name, marked by a `mark` file
+    while it is written, so that one a killed run left (SIGKILL runs no cleanup) is known as
+    this writer's own and removed by the next run, and one without the mark is refused
+    (`check_marked`) and left as it is. `tmp` is removed if `write` raises, even on
+    KeyboardInterrupt.
+    """
+    check_marked(tmp, mark)
+    shutil.rmtree(tmp, ignore_errors=True)  # a killed run's, marked as this writer's
+    tmp.mkdir(parents=True)
+    (tmp / mark).write_text("")
+    try:
+        write(tmp)
+        (tmp / mark).unlink()
+        os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # stopped or failed: made here, removed here
