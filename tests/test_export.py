@@ -474,7 +474,9 @@ def test_a_failed_check_writes_nothing_and_keeps_the_previous_export(
 
 def test_a_missing_extra_is_named(model, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import fails as if not installed
-    with pytest.raises(MissingExtraError, match=r"'onnxruntime'.*pip install -e '\.\[interop\]'"):
+    with pytest.raises(
+        MissingExtraError, match=r"'onnxruntime'.*pip install 'vit-from-scratch\[interop\]'"
+    ):
         export_onnx(model, tmp_path / "m.onnx")
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(MissingExtraError, match="--hf .*'transformers'"):

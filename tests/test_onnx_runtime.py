@@ -192,6 +192,6 @@ def test_a_missing_onnxruntime_is_said_in_one_line(
     assert predict_main(argv) == 2
     assert capsys.readouterr().err == (
         f"error: --checkpoint {exported / 'tiny.onnx'}: running an ONNX file needs onnxruntime: "
-        f"pip install -e '.[interop]'\n"
+        f"pip install 'vit-from-scratch[interop]'\n"
     )
     assert not out.exists()

@@ -25,7 +25,8 @@ train split (static int8, which OpenVINO runs too; CIFAR read from --data-root, 
 when missing, as evaluate.py reads --data). Which path is fastest on this CPU:
 `python -m vit.benchmark CHECKPOINT`. See docs/fast-inference.md.
 
-onnx, onnxruntime, onnxscript and transformers are optional: `pip install -e '.[interop]'`.
+onnx, onnxruntime, onnxscript and transformers are optional: `pip install
+'vit-from-scratch[interop]'`.
 """
 
 from __future__ import annotations

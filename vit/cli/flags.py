@@ -196,7 +196,8 @@ def add_runtime_argument(parser: argparse.ArgumentParser) -> None:
         "--runtime",
         choices=("onnxruntime", "openvino"),
         default="onnxruntime",
-        help="what runs an ONNX --checkpoint: onnxruntime, or OpenVINO (pip install openvino; "
+        help="what runs an ONNX --checkpoint: onnxruntime, or OpenVINO (pip install "
+        "'vit-from-scratch[openvino]'; "
         "with --model-dtype bfloat16 it computes in bfloat16); which is fastest on this CPU: "
         "python -m vit.benchmark (default: %(default)s)",
     )

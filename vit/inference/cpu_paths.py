@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..interop.export_check import INSTALL_HINT, OPENVINO_HINT
 from ..interop.onnx_export import OnnxOptions, export_onnx, quantized_copy
 from ..interop.onnx_runtime import OnnxModel
 from ..models.vision_transformer import VisionTransformer
@@ -85,9 +86,9 @@ def cpu_paths(
         flags += " --model-dtype bfloat16" if dtype == torch.bfloat16 else ""
         path = InferencePath(label, None, f"--onnx {name}{export_flags}", flags)
         if missing:
-            path.skipped = f"needs {', '.join(missing)}: pip install -e '.[interop]'"
+            path.skipped = f"needs {', '.join(missing)}: {INSTALL_HINT}"
         elif runtime == "openvino" and not _installed("openvino"):
-            path.skipped = "OpenVINO is not installed: pip install openvino"
+            path.skipped = f"OpenVINO is not installed: {OPENVINO_HINT}"
         elif dtype == torch.bfloat16 and not native_bf16:
             path.skipped = NO_BF16
         elif kind in failed:

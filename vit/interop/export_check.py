@@ -13,7 +13,10 @@ import torch
 
 from ..models.vision_transformer import VisionTransformer
 
-INSTALL_HINT = "pip install -e '.[interop]'"
+# The extras by the distribution's name: from PyPI, and in a checkout installed with -e (pip
+# finds the distribution installed and adds what the extra asks)
+INSTALL_HINT = "pip install 'vit-from-scratch[interop]'"
+OPENVINO_HINT = "pip install 'vit-from-scratch[openvino]'"
 
 
 class MissingExtraError(ImportError):

@@ -1,5 +1,6 @@
 """An exported ONNX file run where the commands run a `VisionTransformer`, by onnxruntime (the
-default) or by OpenVINO (`--runtime openvino`, an optional package: `pip install openvino`).
+default) or by OpenVINO (`--runtime openvino`, an optional package: `pip install
+'vit-from-scratch[openvino]'`).
 
 `OnnxModel` has what evaluate.py and `python -m vit.predict` use of a model for inference:
 `num_classes`, `class_names`, `preprocess`, `model_name`, `precision`, `model(images)` ->
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from ..models.registry import Preprocess
-from .export_check import INSTALL_HINT
+from .export_check import INSTALL_HINT, OPENVINO_HINT
 
 OUTPUT_KINDS = ("logits", "embeddings")
 RUNTIMES = ("onnxruntime", "openvino")
@@ -60,7 +61,7 @@ class OpenvinoSession:
     one request at a time (latency mode, as the other runtimes run)."""
 
     def __init__(self, path: Path, threads: int, precision: str = "f32") -> None:
-        openvino = _import("openvino", "pip install openvino")
+        openvino = _import("openvino", OPENVINO_HINT)
         core = openvino.Core()
         try:
             graph = core.read_model(str(path))
