@@ -363,3 +363,70 @@ def test_set_input_size_refused_leaves_the_model_as_it_was(one_thread):
 def test_resolve_model_data_config_is_exported():
     assert "resolve_model_data_config" in vit.__all__
     assert vit.resolve_model_data_config is vit.models.registry.resolve_model_data_config
+
+
+# -- timm's tools on our models ------------------------------------------------------------------
+TIMM_FAMILIES = [
+    "vit_tiny_patch16_224",
+    "vit_small_patch14_reg4_dinov2",
+    "deit_tiny_distilled_patch16_224",
+    "deit3_small_patch16_224",
+    "vit_base_patch16_clip_224",
+]
+
+
+@pytest.mark.parametrize("name", TIMM_FAMILIES)
+def test_timms_attributes_and_layer_decay_read_our_model_as_theirs(name):
+    """Without group_matcher, timm's layer decay guessed our layers: on vit_tiny 96 of 152
+    tensors got other rates than on timm's model (each block's attention a layer too low)."""
+    from timm.optim import param_groups_layer_decay
+
+    theirs, ours = timm_and_ours(name, **TIMM_TINY)
+    for attribute in ("no_embed_class", "has_class_token", "dynamic_img_size", "in_chans",
+                      "head_hidden_size", "num_prefix_tokens", "feature_info"):  # fmt: skip
+        assert getattr(ours, attribute) == getattr(theirs, attribute), attribute
+    assert ours.default_cfg == ours.pretrained_cfg
+
+    def scales(model) -> dict[str, float]:
+        names = {id(p): name for name, p in model.named_parameters()}
+        groups = param_groups_layer_decay(model, layer_decay=0.5)
+        return {names[id(p)]: group["lr_scale"] for group in groups for p in group["params"]}
+
+    assert scales(ours) == scales(theirs)
+
+
+@pytest.mark.parametrize(
+    ("name", "size"), [("vit_small_patch14_reg4_dinov2", 224), ("deit3_small_patch16_224", 160)]
+)
+def test_timms_checkpoint_filter_resizes_a_checkpoint_for_our_model_as_for_theirs(name, size):
+    """timm's loader counts the prefix tokens by `no_embed_class`: missing here, it took the
+    registers' (or DeiT III's class token's) embeddings for the grid and failed."""
+    from timm.models.vision_transformer import checkpoint_filter_fn
+
+    state = timm.create_model(name, **TIMM_TINY).state_dict()
+    theirs = checkpoint_filter_fn(state, timm.create_model(name, img_size=size, **TIMM_TINY))
+    ours = checkpoint_filter_fn(state, vit.create_model(name, img_size=size, **TIMM_TINY))
+    torch.testing.assert_close(ours["pos_embed"], theirs["pos_embed"], rtol=0, atol=0)
+
+
+def test_pool_takes_timms_pool_type():
+    theirs, ours = timm_and_ours("vit_tiny_patch16_224", **TIMM_TINY)
+    tokens = torch.randn(2, 197, 32)
+    for pool_type in ("token", "avg", ""):
+        torch.testing.assert_close(ours.pool(tokens, pool_type), theirs.pool(tokens, pool_type))
+    with pytest.raises(ValueError, match="pool_type='map' needs a model built with"):
+        ours.pool(tokens, "map")
+
+
+def test_torch_export_of_a_model_of_any_size_runs_at_other_sizes(one_thread):
+    """The position embeddings' shortcut for the model's own grid fixed an exported program to
+    the example's size ("Guard failed: x.size()[2] // 16 == 14" at any other)."""
+    model = vit.create_model("vit_tiny_patch16_224", dynamic_img_size=True, **TIMM_TINY).eval()
+    height, width = torch.export.Dim("height", min=2, max=32), torch.export.Dim("width", max=32)
+    program = torch.export.export(
+        model, (images(224, 224),), dynamic_shapes={"x": {2: 16 * height, 3: 16 * width}}
+    )
+    with torch.no_grad():
+        for size in ((224, 224), (160, 256)):
+            x = images(*size)
+            torch.testing.assert_close(program.module()(x), model(x), rtol=1e-5, atol=1e-5)

@@ -66,6 +66,22 @@ def test_depths_and_layer_decay_rates_follow_timm_by_hand():
     assert scales["blocks.2.attn.proj.weight"] == 0.5 and scales["head.weight"] == 1.0
 
 
+@pytest.mark.parametrize("overrides", [{}, {"reg_tokens": 2}, {"global_pool": "avg"}])
+def test_layer_decay_is_timms_but_for_the_final_norm(overrides):
+    """As the docs say: BEiT's and MAE's depths, which timm's `param_groups_layer_decay` gives
+    too (reading `group_matcher`) but for the final norm, which it puts with the last block."""
+    from timm.optim import param_groups_layer_decay
+
+    model = tiny(**overrides)
+    names = {id(p): name for name, p in model.named_parameters()}
+    groups = param_groups_layer_decay(model, layer_decay=0.5)
+    timms = {names[id(p)]: group["lr_scale"] for group in groups for p in group["params"]}
+    ours = layer_lr_scales(model, 0.5)
+    differ = {name for name in ours if ours[name] != timms[name]}
+    assert differ == ({"norm.weight", "norm.bias"} if "global_pool" not in overrides else set())
+    assert all(ours[name] == 2 * timms[name] for name in differ)
+
+
 def test_registers_and_distillation_tokens_are_at_depth_zero():
     registers = parameter_depths(tiny(reg_tokens=4))
     assert registers["reg_token"] == 0

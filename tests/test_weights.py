@@ -207,6 +207,12 @@ def test_a_weights_file_keeps_its_own_head_size(tmp_path):
                tmp_path / "backbone.pth")  # fmt: skip
     backbone = vit.create_model("vit_tiny_patch16_224", pretrained=tmp_path / "backbone.pth")
     assert backbone.num_classes == 0 and not backbone.load_report.fresh_head
+    # timm's name for it, checkpoint_path (the error listed ViTConfig's fields)
+    same = vit.create_model("vit_tiny_patch16_224", checkpoint_path=tmp_path / "fine_tuned.pth")
+    with torch.no_grad():
+        torch.testing.assert_close(same.eval()(x), theirs(x))
+    with pytest.raises(ValueError, match="give the weights once"):
+        vit.create_model("vit_tiny_patch16_224", pretrained=True, checkpoint_path="w.pth")
 
 
 def test_load_model_keeps_preprocess_and_class_names_in_step_with_the_model(tmp_path):

@@ -24,6 +24,7 @@ def create_model(
     img_size: int | tuple[int, int] | None = None,
     features_only: bool = False,
     out_indices: int | Sequence[int] = 3,
+    checkpoint_path: str | Path | None = None,
     **overrides,
 ) -> VisionTransformer | FeatureMaps:
     """Build a named ViT, e.g. `create_model("vit_base_patch16_224", pretrained=True)`.
@@ -43,6 +44,7 @@ def create_model(
     `vit.models.feature_maps.FeatureMaps`
         whose forward gives the outputs of blocks `out_indices` (the last n if an int) as
         (B, D, gh, gw) maps, the blocks after them, the final norm and the head pruned.
+    checkpoint_path: timm's name for a weights file: the same as pretrained=PATH.
     overrides: any other `ViTConfig` field, e.g. drop_path_rate=0.1, or dynamic_img_size=True
         (any input size that is a multiple of the patch size; the position embeddings are
         resampled per call the way the weights' source library does, `pos_embed_resample`).
@@ -53,6 +55,13 @@ def create_model(
     whose LayerNorm eps is known (transformers': 1e-12) the model is built with that eps, so
     its logits equal the original model's, unless `norm_eps` is overridden.
     """
+    if checkpoint_path is not None:
+        if pretrained:
+            raise ValueError(
+                f"pretrained={pretrained!r} and checkpoint_path={str(checkpoint_path)!r}: give "
+                f"the weights once (checkpoint_path is timm's name for pretrained=PATH)"
+            )
+        pretrained = checkpoint_path
     spec = get_spec(name)
     unknown = set(overrides) - set(ViTConfig.__dataclass_fields__)
     if unknown:

@@ -21,12 +21,8 @@ class FeatureInfo:
     size: input pixels per map cell), and the module that produced it."""
 
     def __init__(self, model: VisionTransformer, indices: list[int]) -> None:
-        patch = model.patch_embed.patch_size
-        reduction = patch[0] if patch[0] == patch[1] else patch
-        self.info = [
-            dict(module=f"blocks.{i}", num_chs=model.embed_dim, reduction=reduction)
-            for i in indices
-        ]
+        self.out_indices = tuple(indices)
+        self.info = [model.feature_info[i] for i in indices]
 
     def channels(self) -> list[int]:
         return [info["num_chs"] for info in self.info]

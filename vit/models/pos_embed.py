@@ -15,6 +15,16 @@ import torch.nn.functional as F
 __all__ = ["RESAMPLERS", "resample_abs_pos_embed", "resample_pos_embed"]
 
 
+def resamples_always(method: str = "timm") -> bool:
+    """Whether to resample even to the grid the embeddings have: while torch.export traces, as
+    a branch on the input's size would fix the exported program to the example's size (a
+    guard) where a model with dynamic_img_size takes any. timm's and transformers' resampling
+    give an unchanged grid back as it was; the original DINOv2's moves its sample points (its
+    offset), so it keeps its shortcut, and its export is traced at another size (vit.export
+    traces so)."""
+    return method != "dinov2" and torch.compiler.is_exporting()
+
+
 def resample_abs_pos_embed(
     posemb: torch.Tensor,
     new_size: tuple[int, int],
@@ -30,7 +40,8 @@ def resample_abs_pos_embed(
     Same semantics as timm's `resample_abs_pos_embed`.
     """
     num_new = new_size[0] * new_size[1] + num_prefix_tokens
-    if num_new == posemb.shape[1] and new_size[0] == new_size[1]:
+    # (asked first: comparing the traced sizes would fix an exported program to them)
+    if not resamples_always() and num_new == posemb.shape[1] and new_size[0] == new_size[1]:
         return posemb
     if old_size is None:
         side = math.isqrt(posemb.shape[1] - num_prefix_tokens)
@@ -78,7 +89,8 @@ def resample_pos_embed(
     if method == "timm":
         return resample_abs_pos_embed(posemb, new_size, old_size, num_prefix_tokens)
     grid_tokens = posemb.shape[1] - num_prefix_tokens
-    if grid_tokens == new_size[0] * new_size[1] and new_size[0] == new_size[1]:
+    square = new_size[0] == new_size[1]
+    if not resamples_always(method) and grid_tokens == new_size[0] * new_size[1] and square:
         return posemb  # both libraries skip resampling for an unchanged square grid
     old_size = old_size or (math.isqrt(grid_tokens),) * 2
     if method == "transformers":

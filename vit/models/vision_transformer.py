@@ -40,7 +40,7 @@ from ..utils.ranges import AT_LEAST_0, AT_LEAST_1, DROP_RATE, POSITIVE, out_of_r
 
 # QuickGELU re-exported with the others: `vit.models.vision_transformer.<layer>` names keep working.
 from .layers import ACT_LAYERS, DropPath, LayerScale, PatchDropout, QuickGELU  # noqa: F401
-from .pos_embed import RESAMPLERS, resample_pos_embed
+from .pos_embed import RESAMPLERS, resample_pos_embed, resamples_always
 from .registry import pretrained_cfg_of
 
 
@@ -491,6 +491,58 @@ class VisionTransformer(nn.Module):
         crop_pct, num_classes, ...) from `preprocess`, so timm's data helpers read it too."""
         return pretrained_cfg_of(self)
 
+    # -- timm's attributes, read from the config: timm's own tools read this model as theirs
+    # (its checkpoint_filter_fn counts prefix tokens by no_embed_class and has_class_token)
+    @property
+    def no_embed_class(self) -> bool:
+        return self.config.no_embed_class
+
+    @property
+    def has_class_token(self) -> bool:
+        return self.cls_token is not None
+
+    @property
+    def dynamic_img_size(self) -> bool:
+        return self.patch_embed.dynamic_img_size
+
+    @property
+    def in_chans(self) -> int:
+        return self.config.in_chans
+
+    @property
+    def head_hidden_size(self) -> int:
+        return self.embed_dim
+
+    @property
+    def default_cfg(self) -> dict:
+        return self.pretrained_cfg
+
+    @property
+    def patch_size(self) -> int | tuple[int, int]:
+        """DINOv2's: pixels a patch spans, an int where square (14), else (height, width)."""
+        height, width = self.patch_embed.patch_size
+        return height if height == width else (height, width)
+
+    @property
+    def feature_info(self) -> list[dict]:
+        """timm's: each block's output, its width and its reduction (input pixels a token)."""
+        reduction = self.patch_size
+        return [
+            dict(module=f"blocks.{i}", num_chs=self.embed_dim, reduction=reduction)
+            for i in range(len(self.blocks))
+        ]
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """timm's parameter groups, which its layer decay reads
+        (`timm.optim.param_groups_layer_decay`, `create_optimizer_v2(layer_decay=...)`): the
+        embeddings first, then each block, the final norm with the last block; what no pattern
+        names (the pool, the heads) comes after them. `coarse` is timm's argument; a ViT's
+        groups are the same either way."""
+        return dict(
+            stem=r"^cls_token|reg_token|dist_token|pos_embed|patch_embed|norm_pre",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        )
+
     def set_input_size(self, img_size=None, patch_size=None) -> None:
         """timm's: rebuild for another fixed input size, the position embeddings resampled
         once (`config.pos_embed_resample`'s way); `preprocess` follows the new size."""
@@ -530,7 +582,9 @@ class VisionTransformer(nn.Module):
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """Patch tokens (B, gh*gw, D) -> prefix tokens first, position embeddings added."""
         pos_embed = self.pos_embed  # (1, gh*gw + P or gh*gw, D) for the model's own grid
-        if grid != self.grid_size:  # only with dynamic_img_size: another input size
+        # only with dynamic_img_size: another input size, or any where torch.export traces
+        # (asked first: comparing the traced sizes would fix the program to the example's)
+        if resamples_always(self.config.pos_embed_resample) or grid != self.grid_size:
             # Differentiable, so training at a smaller size still trains the full-size embeddings.
             pos_embed = self._resampled_pos_embed(pos_embed, grid, self.grid_size)
         tokens = self._prefix_tokens()
@@ -668,13 +722,20 @@ class VisionTransformer(nn.Module):
             intermediates = list(zip(intermediates, prefixes, strict=True))
         return intermediates if intermediates_only else (self.norm(x), intermediates)
 
-    def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """Tokens (B, N, D) -> pooled features (B, D) by the model's readout ("": unchanged)."""
+    def pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
+        """Tokens (B, N, D) -> pooled features (B, D) by the model's readout ("": unchanged), or
+        by `pool_type` ("token", "avg", "") where given, as timm's; an attention pool ("map")
+        reads the tokens whatever is asked."""
         if self.attn_pool is not None:  # SigLIP: a learned query over the patch tokens
             return self.attn_pool(x[:, self.num_prefix_tokens :])  # (B, D)
-        if self.global_pool == "avg":
+        if pool_type is not None:
+            _check_pool(pool_type, self.cls_token is not None)
+            if pool_type == "map":
+                raise ValueError("pool_type='map' needs a model built with global_pool='map'")
+        pool_type = self.global_pool if pool_type is None else pool_type
+        if pool_type == "avg":
             return x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
-        if self.global_pool == "token":
+        if pool_type == "token":
             return x[:, 0]  # the class token, (B, D)
         return x  # "": every token, (B, N, D)
 

@@ -2,11 +2,12 @@
 by depth (--layer-decay), and a new head fitted on the frozen features before the first step
 (--head-init probe).
 
-Depth, as timm's layer decay counts it (`timm.optim.param_groups_layer_decay`): 0 for what comes
-before the blocks (the patch embedding, the position embeddings, the prefix tokens: class,
-registers, distillation; CLIP's pre-norm too, which acts on the embeddings alone), i + 1 for
-block i, and the top, len(blocks) + 1, for what comes after them (the final norm, SigLIP's
-attention pool, the heads). Layer decay scales a parameter's learning rate by
+Depth, as BEiT's and MAE's layer decay count it (timm's `param_groups_layer_decay` too, but for
+the final norm, which it puts at the last block's depth): 0 for what comes before the blocks
+(the patch embedding, the position embeddings, the prefix tokens: class, registers,
+distillation; CLIP's pre-norm too, which acts on the embeddings alone), i + 1 for block i, and
+the top, len(blocks) + 1, for what comes after them (the final norm, SigLIP's attention pool,
+the heads). Layer decay scales a parameter's learning rate by
 RATE ** (top - depth): the head learns at the full rate, each block below it RATE times slower
 (BEiT, MAE, DINOv2 and EVA fine-tune with 0.65-0.75), so the pretrained features deep down move
 least.

@@ -81,7 +81,7 @@ class TrainConfig:
     patch_embed_init: str = setting("default", "model", "the patch embedding's start: timm's (default), or whiten: the training images' patches whitened (500 images spread over the split, as the evaluation prepares them; the tokens' expected size kept)", choices=("default", "whiten"))
     pos_embed: str = setting("learn", "model", "learned position embeddings, or fixed 2-D sin-cos ones (saved as pos_embed all the same)", choices=("learn", "sincos"))
     trainable_blocks: int | None = setting(None, "fine-tuning", "with --pretrained: train only the last N blocks and what follows them (the final norm, the pool, the head; 0: the head alone); the rest stays frozen (default: every parameter trains)", metavar="N")
-    layer_decay: float | None = setting(None, "fine-tuning", "layer-wise learning-rate decay, as timm's: the head and final norm at the full rate, block i at RATE^(depth - i), the embeddings and prefix tokens at RATE^(depth + 1) (fine-tuning BEiT, MAE, DINOv2: 0.65-0.75)", metavar="RATE")
+    layer_decay: float | None = setting(None, "fine-tuning", "layer-wise learning-rate decay, as BEiT's and MAE's (timm's but for the final norm, which timm puts with the last block): the head and final norm at the full rate, block i at RATE^(depth - i), the embeddings and prefix tokens at RATE^(depth + 1) (fine-tuning BEiT, MAE, DINOv2: 0.65-0.75)", metavar="RATE")
     head_init: str = setting("default", "fine-tuning", "with --pretrained: probe fits the new head on the frozen features with evaluate.py --linear-probe's protocol before the first step (probe, then fine-tune)", choices=("default", "probe"))
 
     epochs: int = setting(200, "optimisation", "training epochs")
