@@ -582,9 +582,10 @@ class VisionTransformer(nn.Module):
     def _pos_embed(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """Patch tokens (B, gh*gw, D) -> prefix tokens first, position embeddings added."""
         pos_embed = self.pos_embed  # (1, gh*gw + P or gh*gw, D) for the model's own grid
-        # only with dynamic_img_size: another input size, or any where torch.export traces
-        # (asked first: comparing the traced sizes would fix the program to the example's)
-        if resamples_always(self.config.pos_embed_resample) or grid != self.grid_size:
+        # dynamic_img_size: another input size, or any where torch.export traces (asked first:
+        # comparing the traced sizes would fix the program to the example's)
+        resample = resamples_always(self.config.pos_embed_resample) or grid != self.grid_size
+        if self.dynamic_img_size and resample:
             # Differentiable, so training at a smaller size still trains the full-size embeddings.
             pos_embed = self._resampled_pos_embed(pos_embed, grid, self.grid_size)
         tokens = self._prefix_tokens()
