@@ -347,3 +347,49 @@ def test_the_transforms_import_without_reaching_the_network():
         [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_decoded_images_that_cannot_be_kept_cost_the_run_nothing(tmp_path, monkeypatch, caplog):
+    """A full disk (or an unwritable cache folder) stopped the run at its start: the cache only
+    saves the next run time, so the images come back decoded and a warning says so."""
+    import vit.data.datasets as datasets
+
+    paths = []
+    for i in range(3):
+        Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(tmp_path / f"{i}.png")
+        paths.append(tmp_path / f"{i}.png")
+
+    def full_disk(path, write):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(datasets, "atomic_write", full_disk)
+    dataset = ImageDataset(paths=paths, labels=[0, 1, 2], class_names=["a", "b", "c"])
+    dataset.cache(workers=1, cache_dir=tmp_path / "cache")
+    assert [int(image[0, 0, 0]) for image in dataset.images] == [0, 1, 2]
+    assert "the decoded images were not kept for the next run: [Errno 28]" in caplog.text
+
+
+def test_a_full_disk_is_one_error_naming_the_file_and_the_old_one_stays(tmp_path, monkeypatch):
+    """torch.save on a full disk says only "basic_ios::clear: iostream error": the writer's
+    failure comes back as ENOSPC naming the file, the temporary file removed, the old kept."""
+    import errno
+    import shutil as shutil_module
+
+    import vit.utils.files as files
+
+    target = tmp_path / "model.pt"
+    target.write_text("the last good one")
+
+    def torch_save_on_a_full_disk(path):
+        path.write_bytes(b"half")
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0")
+
+    usage = shutil_module.disk_usage(tmp_path)
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda path: usage._replace(free=4096))
+    with pytest.raises(OSError) as raised:
+        files.atomic_write(target, torch_save_on_a_full_disk)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(target)
+    assert target.read_text() == "the last good one" and list(tmp_path.iterdir()) == [target]
+    monkeypatch.undo()  # space enough: the writer's own error, as it was
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        files.atomic_write(target, torch_save_on_a_full_disk)

@@ -78,3 +78,22 @@ def test_other_ranks_write_and_draw_nothing(tmp_path, drawn):
     log.epoch(row(1), [row(1)])
     log.close()
     assert shown == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_drawing_that_fails_after_an_error_does_not_hide_it(tmp_path, drawn, monkeypatch, caplog):
+    """A full disk failed the checkpoint, then the closing redraw of curves.png: its error came
+    last and buried the first. In a stopped run it is a warning; in a finished one, an error."""
+
+    def full_disk(figure, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(run_log, "save_figure", full_disk)
+    for stopped in (True, False):
+        log = RunLog(tmp_path, DistInfo(), epochs=10, start_epoch=0)
+        log.undrawn = [row(1)]
+        if stopped:
+            log.close(stopped=True)
+            assert "curves.png was not redrawn: [Errno 28] No space left" in caplog.text
+        else:
+            with pytest.raises(OSError, match="No space left"):
+                log.close()

@@ -113,8 +113,11 @@ class ImageDataset(Dataset):
         )
         if stored is not None and len({image.shape for image in self.images}) == 1:
             self.images = np.stack(self.images)  # (N, H, W, 3) uint8
-            stored.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(stored, self._save_images)
+            try:  # a time-saver for the next run: one that cannot be kept costs this run nothing
+                stored.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(stored, self._save_images)
+            except OSError as e:
+                logger.warning("the decoded images were not kept for the next run: %s", e)
         return self
 
     def _save_images(self, path: Path) -> None:

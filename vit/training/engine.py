@@ -167,13 +167,16 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
             saver.save_weights(run.state, run.probed, (BEST_WEIGHTS,))
         split = evaluation_split(cfg)
         log = RunLog(run_dir, info, cfg.epochs, start_epoch=run.state.epoch, split=split)
+        stopped = True  # until the last epoch is done: by an error or Ctrl-C
         try:
             log.start(run, num_images=run.num_images)
-            return run_epochs(run, saver, log)
+            row = run_epochs(run, saver, log)
+            stopped = False
+            return row
         except START_ERRORS as e:
             raise TrainingError(worker_message(e)) from e  # a worker's: its message alone
         finally:
-            log.close()
+            log.close(stopped=stopped)
     except BaseException as e:
         if not interrupted(e, info):
             raise

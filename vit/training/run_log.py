@@ -77,10 +77,19 @@ class RunLog:
             save_figure(plot_curves(self.undrawn), self.run_dir / CURVES_FILE)
             self.drawn_at, self.undrawn = time.monotonic(), None
 
-    def close(self) -> None:
-        """Also draws the epochs curves.png does not show yet (a run stopped by Ctrl-C)."""
-        if self.writer is not None:
+    def close(self, stopped: bool = False) -> None:
+        """Also draws the epochs curves.png does not show yet (a run stopped by Ctrl-C). In a
+        run `stopped` by an error, a drawing that fails too (a full disk fails both) is a
+        warning: the error that stopped the run is the one to tell."""
+        if self.writer is None:
+            return
+        try:
             self.draw_curves()
+        except Exception as e:
+            if not stopped:
+                raise
+            logger.warning("curves.png was not redrawn: %s", e)
+        finally:
             self.writer.close()
 
 

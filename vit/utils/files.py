@@ -7,6 +7,7 @@ crash or Ctrl-C, sees either the old file or the new one, never a mixture.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -22,11 +23,30 @@ def _normal_permissions(path: str | Path, directory: bool = False) -> None:
     os.chmod(path, (0o777 if directory else 0o666) & ~umask)
 
 
+# Below this many free bytes a writer's failure is taken for a full disk
+FULL_DISK_BYTES = 1 << 20
+
+
+def disk_full_error(error: BaseException, path: Path) -> OSError | None:
+    """A writer's failure on a full disk as one OSError naming the file (ENOSPC), or None for
+    any other: torch.save says only "basic_ios::clear: iostream error", safetensors and numpy
+    other words, none the file or the cause."""
+    if not isinstance(error, Exception):  # Ctrl-C
+        return None
+    full = getattr(error, "errno", None) == errno.ENOSPC
+    try:
+        full = full or shutil.disk_usage(path.parent).free < FULL_DISK_BYTES
+    except OSError:
+        pass
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) if full else None
+
+
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """Call `write(tmp_path)` then rename the temporary file over `path` (atomic on POSIX).
 
     The temporary file sits in the target's folder (created if needed) so the rename never
-    crosses filesystems; it is removed if `write` raises, even on KeyboardInterrupt.
+    crosses filesystems; it is removed if `write` raises, even on KeyboardInterrupt. On a full
+    disk the error is one OSError naming `path` (`disk_full_error`).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -36,8 +56,11 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         write(Path(tmp))
         _normal_permissions(tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        full = disk_full_error(e, path)  # asked before the removal frees the space
         Path(tmp).unlink(missing_ok=True)
+        if full is not None:
+            raise full from e
         raise
 
 
@@ -68,10 +91,13 @@ def atomic_write_dir(path: Path, write: Callable[[Path], object]) -> None:
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
             os.replace(path, old / path.name)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
+        full = disk_full_error(e, path)  # asked before the removal frees the space
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and (old / path.name).exists() and not path.exists():
             os.replace(old / path.name, path)  # put the previous folder back
+        if full is not None:
+            raise full from e
         raise
     finally:
         if old is not None:
