@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 import torch
 import yaml
 
@@ -680,19 +681,55 @@ def test_every_command_answers_help_before_importing_torch(command, run, answere
     argparse refuses) is answered before torch is imported (torch alone takes seconds): what
     `python -m vit.predict --help` & co run, as a script or module."""
     for flag in answered:
-        code = (
-            "import runpy, sys\n"
-            f"sys.argv = ['{command.split()[-1]}', '{flag}']\n"
-            "try:\n"
-            f"    {run}\n"
-            "except SystemExit:\n"
-            "    pass\n"
-            "print('torch' in sys.modules)\n"
-        )
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        result = subprocess.run(
-            [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
-        )
-        assert result.returncode == 0, result.stderr[-2000:]
+        result, torch_loaded = run_before_torch(run, [command.split()[-1], flag], ROOT)
         assert ("usage:" if flag == "--help" else "error:") in result.stdout + result.stderr
-        assert result.stdout.strip().splitlines()[-1] == "False", (command, flag)
+        assert not torch_loaded, (command, flag)
+
+
+def run_before_torch(run: str, argv: list[str], cwd: Path):
+    """Run the statement `run` (a runpy call) with `argv` in a new interpreter: its result, and
+    whether torch was imported by the time it exited."""
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv = {argv!r}\n"
+        "try:\n"
+        f"    {run}\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "print('torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result, result.stdout.strip().splitlines()[-1] == "True"
+
+
+# What pip writes for a [project.scripts] entry `vit-predict = "vit.predict:main"` (bin/vit-predict)
+CONSOLE_SCRIPT = """import re, sys
+from {module} import main
+if __name__ == "__main__":
+    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+    sys.exit(main())
+"""
+SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_console_script_answers_help_and_mistakes_before_importing_torch(script, tmp_path):
+    """`vit-predict --help` took 3.3 s where `python -m vit.predict --help` took 0.07 s: the
+    console script imports the module, torch with it, before it calls main(), so the early
+    answer under `if __name__ == "__main__"` never ran; and the usage line said `python -m
+    vit.predict`. Run as pip writes it, each console script answers --help and a bad flag
+    before torch is imported, under its own name."""
+    wrapper = tmp_path / script
+    wrapper.write_text(CONSOLE_SCRIPT.format(module=SCRIPTS[script].split(":")[0]))
+    run = f"runpy.run_path({str(wrapper)!r}, run_name='__main__')"
+    for flag in ("--help", "--no-such-flag"):
+        result, torch_loaded = run_before_torch(run, [str(wrapper), flag], tmp_path)
+        if flag == "--help":
+            assert result.stdout.startswith(f"usage: {script} "), result.stdout
+        else:
+            assert result.stderr.startswith(f"{script}: error: "), result.stderr
+        assert not torch_loaded, (script, flag)

@@ -28,8 +28,10 @@ from .cli.flags import (
     add_data_root_argument,
     add_model_arguments,
     add_threads_argument,
+    command_name,
     module_parser,
     number_in,
+    runs_as_command,
 )
 from .factory.timm_weights import TIMM_WEIGHTS
 from .utils.ranges import AT_LEAST_1, POSITIVE
@@ -37,7 +39,7 @@ from .utils.ranges import AT_LEAST_1, POSITIVE
 
 def build_parser() -> argparse.ArgumentParser:
     # a bad flag: one line, not the usage text
-    parser = module_parser("python -m vit.benchmark", __doc__)
+    parser = module_parser(command_name(__name__, "vit.benchmark"), __doc__)
     add_model_arguments(parser, positional=True)
     parser.add_argument(
         "--data",
@@ -76,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-if __name__ == "__main__":
-    # `python -m vit.benchmark`: --help and flag mistakes are answered before the imports below
-    # load torch (seconds); main() reads the flags again, at no cost.
+if runs_as_command(__name__, "vit.benchmark"):
+    # `python -m vit.benchmark` or `vit-benchmark`: --help and flag mistakes are answered before
+    # the imports below load torch (seconds); main() reads the flags again, at no cost.
     build_parser().parse_args()
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             batch = torch.randn(args.batch_size, channels, height, width, generator=generator)
             calibration, shown = None, f"{len(batch)} random images"
     except (ValueError, KeyError, FileNotFoundError) as e:
-        print(f"python -m vit.benchmark: error: {e}", file=sys.stderr)
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     native = "native" if fast_bfloat16(torch.device("cpu")) else "emulated"
     print(f"CPU: {cpu_name()}; {cpu_flags()}; bfloat16 {native}; {torch.get_num_threads()} threads")

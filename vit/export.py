@@ -34,7 +34,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli.flags import add_data_root_argument, add_model_arguments, module_parser, number_in
+from .cli.flags import (
+    add_data_root_argument,
+    add_model_arguments,
+    command_name,
+    module_parser,
+    number_in,
+    runs_as_command,
+)
 from .utils.ranges import AT_LEAST_1, NON_NEGATIVE
 
 FORMATS = ("onnx", "hf", "torchvision")  # the export flags, in the order they are written
@@ -42,7 +49,7 @@ FORMATS = ("onnx", "hf", "torchvision")  # the export flags, in the order they a
 
 def build_parser() -> argparse.ArgumentParser:
     # a bad flag: one line, not the usage text
-    parser = module_parser("python -m vit.export", __doc__)
+    parser = module_parser(command_name(__name__, "vit.export"), __doc__)
     add_model_arguments(parser, positional=True)
     parser.add_argument(
         "--onnx", type=Path, metavar="FILE", help="ONNX model, dynamic batch, height and width"
@@ -90,9 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-if __name__ == "__main__":
-    # `python -m vit.export`: --help and flag mistakes are answered before the imports below
-    # load torch (seconds); main() reads the flags again, at no cost.
+if runs_as_command(__name__, "vit.export"):
+    # `python -m vit.export` or `vit-export`: --help and flag mistakes are answered before the
+    # imports below load torch (seconds); main() reads the flags again, at no cost.
     build_parser().parse_args()
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)

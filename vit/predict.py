@@ -55,6 +55,8 @@ from .cli.flags import (
     add_model_dtype_argument,
     add_runtime_argument,
     add_threads_argument,
+    command_name,
+    runs_as_command,
 )
 from .inference.options import TTA_CHOICES
 
@@ -81,7 +83,7 @@ METHOD_HELP = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(  # a bad flag: one line, not the usage text
-        prog="python -m vit.predict",
+        prog=command_name(__name__, "vit.predict"),
         description="Top-k classes, embeddings (--features) or attention maps (--explain) for "
         "each image.",
     )
@@ -133,9 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-if __name__ == "__main__":
-    # `python -m vit.predict`: --help and flag mistakes are answered before the imports below
-    # load torch and matplotlib (seconds); main() reads the flags again, at no cost.
+if runs_as_command(__name__, "vit.predict"):
+    # `python -m vit.predict` or `vit-predict`: --help and flag mistakes are answered before
+    # the imports below load torch (seconds); main() reads the flags again, at no cost.
     build_parser().parse_args()
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
