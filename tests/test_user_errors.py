@@ -15,6 +15,7 @@ import pytest
 import tomllib
 import torch
 import yaml
+from conftest import CONSOLE_SCRIPT
 
 import vit
 import vit.training.build as build
@@ -706,13 +707,6 @@ def run_before_torch(run: str, argv: list[str], cwd: Path):
     return result, result.stdout.strip().splitlines()[-1] == "True"
 
 
-# What pip writes for a [project.scripts] entry `vit-predict = "vit.predict:main"` (bin/vit-predict)
-CONSOLE_SCRIPT = """import re, sys
-from {module} import main
-if __name__ == "__main__":
-    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
-    sys.exit(main())
-"""
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
