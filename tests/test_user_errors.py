@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -727,3 +728,19 @@ def test_every_console_script_answers_help_and_mistakes_before_importing_torch(s
         else:
             assert result.stderr.startswith(f"{script}: error: "), result.stderr
         assert not torch_loaded, (script, flag)
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_every_console_scripts_help_names_commands_a_pip_install_has(script, tmp_path):
+    """`vit-benchmark --help` said CHECKPOINT is read as evaluate.py reads it, `vit-predict
+    --help` that it is a train.py run folder: files of a checkout, which a pip install does not
+    have. The help of each console script names train.py and evaluate.py only as a
+    checkout's."""
+    wrapper = tmp_path / script
+    wrapper.write_text(CONSOLE_SCRIPT.format(module=SCRIPTS[script].split(":")[0]))
+    run = f"runpy.run_path({str(wrapper)!r}, run_name='__main__')"
+    result, _ = run_before_torch(run, [str(wrapper), "--help"], tmp_path)
+    lines = result.stdout.splitlines()
+    assert len(lines) > 10 and lines[0].startswith(f"usage: {script} ")
+    named = [line for line in lines if re.search(r"\b(train|evaluate)\.py\b", line)]
+    assert [line for line in named if "checkout" not in line] == []

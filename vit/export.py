@@ -4,8 +4,8 @@
         [--static-size] [--optimize] [--int8 [--calibration DATA [--data-root DIR]]]] [--hf DIR]
         [--torchvision FILE] [--overwrite]
 
-CHECKPOINT is read as evaluate.py and `python -m vit.predict` read their --checkpoint
-(`vit.resolve_model`): a train.py run folder or a weights file in it, one of our
+CHECKPOINT is read as `python -m vit.evaluate` and `vit.predict` read their --checkpoint
+(`vit.resolve_model`): a vit.train run folder or a weights file in it, one of our
 `.safetensors` files, a transformers folder, a weights file of another layout with --model
 NAME, or a model name with --pretrained (timm's weights) or --pretrained PATH.
 Every requested output is checked as possible before any is written (its location, the
@@ -22,7 +22,7 @@ The ONNX graph takes any batch and any height and width that are multiples of th
 int8 matrix products (checked to --int8-tolerance, as int8 cannot meet 1e-5), their activations
 quantized at run time, or with --calibration DATA at ranges measured once on images of DATA's
 train split (static int8, which OpenVINO runs too; CIFAR read from --data-root, downloaded there
-when missing, as evaluate.py reads --data). Which path is fastest on this CPU:
+when missing, as vit.evaluate reads --data). Which path is fastest on this CPU:
 `python -m vit.benchmark CHECKPOINT`. See docs/fast-inference.md.
 
 onnx, onnxruntime, onnxscript and transformers are optional: `pip install -e '.[interop]'`.
@@ -142,7 +142,7 @@ def location_problems(args: argparse.Namespace, targets: list[tuple[str, Path]])
         if flag in SUFFIXES and path.suffix.lower() not in SUFFIXES[flag]:
             problems.append(
                 f"--{flag} {path}: the file name must end in {' or '.join(SUFFIXES[flag])} "
-                f"(how evaluate.py, vit.predict and vit.load_weights recognise it)"
+                f"(how vit.evaluate, vit.predict and vit.load_weights recognise it)"
             )
     if args.hf is not None:  # the folder is put in place whole, after the files before it
         problems += [

@@ -6,8 +6,8 @@
         [--explain DIR [--method rollout|gradient_rollout|relevance|last_block]]
         [--features FILE.npz|.csv|.json [--embedding pooled|clstoken|...] [--shard-size N]]
 
-The model argument is read as by evaluate.py and `vit.export` (`vit.resolve_model`):
---checkpoint is a train.py run folder (its model.safetensors) or a weights file in it, one of
+The model argument is read as by `vit.evaluate` and `vit.export` (`vit.resolve_model`):
+--checkpoint is a vit.train run folder (its model.safetensors) or a weights file in it, one of
 our `.safetensors` files, a transformers folder (their architecture and class names are
 stored), a weights file of another layout (timm, torchvision, transformers state dicts, Google
 .npz) with --model NAME, or a model name with --pretrained (timm's weights) or --pretrained
@@ -16,7 +16,7 @@ ONNX file exported by `vit.export` is run in onnxruntime (`vit.interop.onnx_runt
 classes, probabilities and --output files; --explain needs the PyTorch model, and --features
 the file of a headless model (its output, the pooled embedding).
 
-Images are prepared exactly as `evaluate.py` prepares them (the model's resize, centre crop and
+Images are prepared exactly as `vit.evaluate` prepares them (the model's resize, centre crop and
 normalisation), so the top-1 class here is evaluate's, under the class names evaluate
 reports (`vit.models.class_names.class_names_for`). Without --output the top-k classes are
 printed per image; with it, one record per image is written as it goes (CSV or JSON: path, label,

@@ -149,9 +149,9 @@ def replaced_input(flag: str, path: Path, inputs: list[Path]) -> str | None:
     return None
 
 
-# -- the model arguments of evaluate.py, predict and export ---------------------------------------
+# -- the model arguments of evaluate, predict and export ---------------------------------------
 CHECKPOINT_HELP = (
-    "a train.py run folder (or a weights file in it), one of our .safetensors files, a "
+    "a vit.train run folder (or a weights file in it), one of our .safetensors files, a "
     "transformers folder, a weights file of another layout (with --model), or a model name "
     "(with --pretrained)"
 )
@@ -185,7 +185,7 @@ DATA_ROOT = "data"  # --data-root's default, relative to where the command runs
 
 def add_data_root_argument(parser: argparse.ArgumentParser, data_flag: str = "--data") -> None:
     """--data-root: where `data_flag` cifar10/cifar100 is read, and downloaded when it is not
-    there (`vit.data.datasets.load_split`); evaluate.py's, `vit.benchmark`'s and `vit.export`'s
+    there (`vit.data.datasets.load_split`); `vit.evaluate`'s, `vit.benchmark`'s and `vit.export`'s
     (its --calibration)."""
     parser.add_argument(
         "--data-root",
