@@ -107,7 +107,6 @@ import functools
 
 from .cli.flags import DATA_ROOT, kept_output, replaced_input, unwritable
 from .cli.model_argument import model_from_flags
-from .data.transforms import evaluation_images
 from .factory.timm_weights import TIMM_WEIGHTS
 from .interop.export_check import MissingExtraError, require
 from .interop.layouts import huggingface
@@ -178,6 +177,8 @@ def calibration_images(args: argparse.Namespace, model: VisionTransformer):
         return None
     if model.preprocess is None:
         raise ValueError("the model does not say how its input is prepared (no preprocess)")
+    from .data.transforms import evaluation_images  # albumentations with it: ~1 s, only here
+
     return evaluation_images(
         args.calibration,
         "train",

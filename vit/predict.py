@@ -160,7 +160,6 @@ from .cli.flags import (
 from .cli.model_argument import model_from_flags
 from .data.images import expand_image_paths
 from .inference.embed import FeaturesError, FeaturesResult, check_embedding, describe
-from .inference.explanations import rollout_note
 from .inference.precision import cast_for_inference
 from .inference.predict_job import (
     PredictJob,
@@ -511,9 +510,12 @@ def classify_images(
 ) -> int:
     """Classes (printed, or streamed to `output`) and --explain maps; the exit status. quiet:
     the unreadable images are not said again (--features said them)."""
-    note = rollout_note(model, job.method) if job.explain else None
-    if note:
-        print(note, file=sys.stderr)
+    if job.explain:  # matplotlib, which draws the maps, is imported only then
+        from .inference.explanations import rollout_note
+
+        note = rollout_note(model, job.method)
+        if note:
+            print(note, file=sys.stderr)
     summary = ClassSummary()
     if output is None:
         # a --features job is a large one: one summary line instead of lines per image
