@@ -4,7 +4,7 @@ and the relative error every equivalence test bounds (`from conftest import rela
 from __future__ import annotations
 
 import csv
-import importlib.util
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -94,23 +94,25 @@ def make_images():
     return make_image_folder
 
 
-def _load_script(name: str):
-    """train.py / evaluate.py as modules (they live at the repository root, not in vit/)."""
-    path = Path(__file__).resolve().parents[1] / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"{name}_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def train_script():
-    return _load_script("train")
+    """vit.train, the module `python train.py` runs: what a test patches is what main() uses."""
+    return importlib.import_module("vit.train")
 
 
 @pytest.fixture(scope="session")
 def evaluate_script():
-    return _load_script("evaluate")
+    """vit.evaluate, the module `python evaluate.py` runs."""
+    return importlib.import_module("vit.evaluate")
+
+
+# What pip writes as bin/vit-predict for [project.scripts] `vit-predict = "vit.predict:main"`
+CONSOLE_SCRIPT = """import re, sys
+from {module} import main
+if __name__ == "__main__":
+    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+    sys.exit(main())
+"""
 
 
 def tiny_train_args(data: Path, out: Path, epochs: int = 2, *extra: str) -> list[str]:

@@ -313,7 +313,7 @@ def test_benchmark_times_every_path_and_names_the_fastest(
     assert "against PyTorch float32 on the 6 test images of" in out
     fastest = out.split("fastest here: ")[1]
     assert "x PyTorch float32" in fastest.splitlines()[0]
-    assert "python evaluate.py --checkpoint " in fastest
+    assert "python -m vit.evaluate --checkpoint " in fastest
     assert sorted(p.name for p in keep.iterdir()) == sorted(
         name for name, _ in cpu_paths.ONNX_FILES.values()
     )
@@ -371,7 +371,7 @@ def without_openvino(monkeypatch) -> None:
 
 
 def printed_commands(text: str) -> dict[str, list[str]]:
-    """The commands an advice prints, by program ("vit.export", "evaluate.py", "vit.predict"),
+    """The commands an advice prints, by program ("vit.export", "vit.evaluate", "vit.predict"),
     each as the words its parser gets from the shell (the comment dropped)."""
     commands = {}
     for line in text.splitlines():
@@ -412,7 +412,7 @@ def test_benchmark_advice_is_accepted_as_printed_with_the_model_arguments_given(
     source, model_sources, exported, evaluate_script, tmp_path, monkeypatch
 ):
     """For every path, headless or not: vit.export gets the model arguments the benchmark got,
-    evaluate.py and vit.predict those (a PyTorch path) or the exported file, and each command's
+    vit.evaluate and vit.predict those (a PyTorch path) or the exported file, and each command's
     parser and checks take the line as the shell splits it."""
     monkeypatch.chdir(tmp_path)  # predict checks its --features file there
     data = ["--data", "my data", "--data-root", "my root"]
@@ -424,15 +424,15 @@ def test_benchmark_advice_is_accepted_as_printed_with_the_model_arguments_given(
     assert len(paths) == 8
     parsers = {
         "vit.export": export_parser(),
-        "evaluate.py": evaluate_script.build_parser(),
+        "vit.evaluate": evaluate_script.build_parser(),
         "vit.predict": predict_parser(),
     }
     for path, classifier in itertools.product(paths, (True, False)):
         printed = printed_commands(benchmark.advice(path, 1.0, args, classifier))
         made = [] if path.export is None else ["vit.export"]
-        assert sorted(printed) == sorted(["evaluate.py", "vit.predict", *made]), path.label
+        assert sorted(printed) == sorted(["vit.evaluate", "vit.predict", *made]), path.label
         parsed = {program: parsers[program].parse_args(words) for program, words in printed.items()}
-        evaluate, predict = parsed["evaluate.py"], parsed["vit.predict"]
+        evaluate, predict = parsed["vit.evaluate"], parsed["vit.predict"]
         assert missing_model_argument(evaluate) is None and runtime_problem(evaluate) is None
         predict_check_args(parsers["vit.predict"], predict)
         assert (evaluate.data, evaluate.data_root, evaluate.knn) == (
@@ -454,8 +454,8 @@ def test_benchmark_advice_is_accepted_as_printed_with_the_model_arguments_given(
                 assert export.calibration == ("my data" if calibrated else None)
                 assert export.data_root == ("my root" if calibrated else DATA_ROOT)
     if source != "name with --pretrained":  # the printed arguments load the weights
-        float32 = printed_commands(benchmark.advice(paths[0], 1.0, args))["evaluate.py"]
-        assert model_from_flags(parsers["evaluate.py"].parse_args(float32)).num_classes == 3
+        float32 = printed_commands(benchmark.advice(paths[0], 1.0, args))["vit.evaluate"]
+        assert model_from_flags(parsers["vit.evaluate"].parse_args(float32)).num_classes == 3
 
 
 def test_agreement_of_embeddings_is_their_least_cosine_similarity():
@@ -483,10 +483,10 @@ def test_benchmark_of_a_headless_model_compares_embeddings_and_advises_knn(
     assert float(rows["onnxruntime float32"][2]) > 0.9999
     assert "(min cosine of an image's embedding and max rel diff: against PyTorch" in out
     printed = printed_commands(out.split("fastest here: ")[1])
-    assert "--knn" in printed["evaluate.py"] and "--features" in printed["vit.predict"]
+    assert "--knn" in printed["vit.evaluate"] and "--features" in printed["vit.predict"]
     monkeypatch.chdir(keep)  # where the printed ONNX file names are
     report = ["--knn-k", "10", "--workers", "0", "--output-dir", str(tmp_path / "eval")]
-    assert evaluate_script.main([*printed["evaluate.py"], *report]) == 0
+    assert evaluate_script.main([*printed["vit.evaluate"], *report]) == 0
     assert "knn_top1" in json.loads((tmp_path / "eval" / "report.json").read_text())
 
 
@@ -517,5 +517,5 @@ def test_benchmark_reads_cifar_as_evaluate_does(
         assert calls == [("cifar10", root, False, True), ("cifar10", root, True, True)]
         out = capsys.readouterr().out
         assert "on the 4 test images of cifar10" in out
-        evaluate = evaluate_script.build_parser().parse_args(printed_commands(out)["evaluate.py"])
+        evaluate = evaluate_script.build_parser().parse_args(printed_commands(out)["vit.evaluate"])
         assert (evaluate.data, Path(evaluate.data_root)) == ("cifar10", root)

@@ -500,6 +500,24 @@ def test_import_and_predict_need_no_extra(tmp_path):
     assert result.stdout.strip() == "torch.Size([1, 1000])"
 
 
+def test_albumentations_is_imported_only_for_calibration(model, tmp_path):
+    """vit.export imported albumentations (~1 s) at every start, for --calibration's images
+    alone: an export without it loads none (nor matplotlib)."""
+    checkpoint = vit.save_weights(model, tmp_path / "m.safetensors", class_names=NAMES)
+    code = (
+        "import sys\n"
+        "from vit.export import main\n"
+        "status = main(sys.argv[1:])\n"
+        "print(status, 'albumentations' in sys.modules, 'matplotlib' in sys.modules)\n"
+    )
+    argv = [str(checkpoint), "--onnx", str(tmp_path / "m.onnx"), "--torchvision", "tv.pth"]
+    result = subprocess.run(
+        [sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert result.stdout.splitlines()[-1] == "0 False False", result.stderr[-2000:]
+
+
 def test_command_line_writes_all_three(model, tmp_path, one_thread, capsys):
     checkpoint = vit.save_weights(model, tmp_path / "m.safetensors", class_names=NAMES)
     out = tmp_path / "out"

@@ -152,8 +152,8 @@ def test_explain_floors_import_only_downwards():
 
 # The subpackages, lowest first: a module imports only from floors below its own (and from its
 # own subpackage). Two subpackages on one floor do not import each other. The front ends (the
-# modules directly in vit/: `python -m vit.predict`, `vit.export`, `vit.benchmark`,
-# `vit.distributed`) sit above.
+# modules directly in vit/: `python -m vit.train`, `vit.evaluate`, `vit.predict`, `vit.export`,
+# `vit.benchmark`, `vit.distributed`) sit above: nothing in the floors imports them.
 FLOORS = {
     "utils": 0,  # atomic files, locks, the process group, figures, ranges
     "models": 1,  # the network, its parts, the registry of names, the families
@@ -165,7 +165,9 @@ FLOORS = {
     "training": 5,  # settings, the loop and its pieces, checkpoints, optimizers
     "cli": 6,  # flags, one-line errors, the model argument
 }
-FRONT_ENDS = {"vit.predict", "vit.export", "vit.benchmark", "vit.distributed"}
+FRONT_ENDS = {
+    "vit.train", "vit.evaluate", "vit.predict", "vit.export", "vit.benchmark", "vit.distributed",
+}  # fmt: skip
 
 
 def floor_of(module: str) -> str | None:
@@ -199,8 +201,19 @@ def test_only_the_command_lines_import_cli():
     graph = import_graph(PACKAGE)
     importers = {m for m, targets in graph.items() for t in targets if floor_of(t) == "cli"}
     assert importers - FRONT_ENDS - {m for m in importers if floor_of(m) == "cli"} == set()
-    root = PACKAGE.parent  # train.py and evaluate.py are front ends too, outside the package
-    assert "vit.cli" in (root / "train.py").read_text()
+    assert {"vit.train", "vit.evaluate", "vit.predict"} <= importers  # the test sees them
+
+
+def test_the_repository_scripts_run_the_package_commands():
+    """train.py and evaluate.py at the repository's root run vit.train's and vit.evaluate's
+    main() (so a pip install has the commands too), and hold nothing else of their own."""
+    for name in ("train", "evaluate"):
+        tree = ast.parse((PACKAGE.parent / f"{name}.py").read_text())
+        imports = [node for node in tree.body if isinstance(node, ast.ImportFrom)]
+        assert [(node.module, [a.name for a in node.names]) for node in imports] == [
+            (f"vit.{name}", ["main"])
+        ]
+        assert not [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))]
 
 
 def test_the_floor_test_sees_a_library_module_importing_cli(tmp_path):
@@ -260,6 +273,8 @@ def test_the_public_names_are_kept_and_import_vit_loads_no_torch():
 def test_the_console_scripts_point_at_the_front_ends():
     project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
     assert project["scripts"] == {
+        "vit-train": "vit.train:main",
+        "vit-evaluate": "vit.evaluate:main",
         "vit-predict": "vit.predict:main",
         "vit-export": "vit.export:main",
         "vit-benchmark": "vit.benchmark:main",
@@ -269,12 +284,11 @@ def test_the_console_scripts_point_at_the_front_ends():
         assert f"def {name}(" in (PACKAGE.parent / (module.replace(".", "/") + ".py")).read_text()
 
 
-@pytest.mark.parametrize(
-    "module", ["vit.predict", "vit.export", "vit.benchmark", "vit.distributed"]
-)
+@pytest.mark.parametrize("module", sorted(FRONT_ENDS))
 def test_the_module_commands_still_run(module):
-    """`python -m vit.predict`, `vit.export`, `vit.benchmark` and `vit.distributed` answer
-    --help (the last is torchrun's own help, which it passes through)."""
+    """`python -m vit.train`, `vit.evaluate`, `vit.predict`, `vit.export`, `vit.benchmark` and
+    `vit.distributed` answer --help (the last is torchrun's own help, which it passes
+    through)."""
     env = {**os.environ, "PYTHONPATH": str(PACKAGE.parent)}
     result = subprocess.run(
         [sys.executable, "-m", module, "--help"],

@@ -262,12 +262,12 @@ def test_an_onnx_file_is_run_by_evaluate_and_predict_and_refused_by_export(
     capsys.readouterr()
     assert export.main([str(onnx_file), "--onnx", str(tmp_path / "m.onnx")]) == 2
     line = (
-        f"--checkpoint {onnx_file}: an ONNX file, which only evaluate.py and python -m "
-        f"vit.predict run; pass the weights it was exported from"
+        f"--checkpoint {onnx_file}: an ONNX file, which only python -m vit.evaluate and python "
+        f"-m vit.predict run; pass the weights it was exported from"
     )
     assert refusal(capsys.readouterr().err, "error: ").startswith(line)
     assert not exported and not (tmp_path / "m.onnx").exists()
-    with pytest.raises(ModelArgumentError, match="an ONNX file, which only evaluate.py"):
+    with pytest.raises(ModelArgumentError, match="an ONNX file, which only python -m vit.evaluate"):
         resolve_model(onnx_file)
 
 

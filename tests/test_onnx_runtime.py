@@ -36,7 +36,7 @@ def test_onnx_model_reads_our_metadata(exported):
     assert isinstance(model, OnnxModel)
     assert (model.num_classes, model.class_names, model.precision) == (3, COLOURS, "float32")
     assert model.preprocess == resolve_model(exported / "tiny.safetensors").preprocess
-    with pytest.raises(ModelArgumentError, match="an ONNX file, which only evaluate.py"):
+    with pytest.raises(ModelArgumentError, match="an ONNX file, which only python -m vit.evaluate"):
         resolve_model(exported / "tiny.onnx")  # the Python API builds PyTorch models
 
 

@@ -410,6 +410,21 @@ def test_runs_as_a_module(checkpoint, images):
     assert len(result.stdout.splitlines()) == 4  # the path, then 3 classes (top-5 capped at 3)
 
 
+def test_matplotlib_is_imported_only_to_draw_explain_maps(checkpoint, images, tmp_path):
+    """`python -m vit.predict` imported matplotlib (and the explain package) for every run, to
+    draw --explain's maps: only --explain loads it now."""
+    code = (
+        "import sys\n"
+        "from vit.predict import main\n"
+        "status = main(sys.argv[1:])\n"
+        "print(status, 'matplotlib' in sys.modules)\n"
+    )
+    argv = [sys.executable, "-c", code, str(images[0]), "--checkpoint", str(checkpoint)]
+    for explain, loaded in (([], False), (["--explain", str(tmp_path / "maps")], True)):
+        result = subprocess.run([*argv, *explain], capture_output=True, text=True, timeout=120)
+        assert result.stdout.splitlines()[-1] == f"0 {loaded}", result.stderr[-2000:]
+
+
 # -- embeddings (--features) and headless backbones -----------------------------------------------
 @pytest.fixture
 def headless_checkpoint(tmp_path):

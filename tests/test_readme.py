@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).parents[1]  # not resolved: a checkout reached through a link keeps its ../
 SHARED = ROOT.parent / "shared"  # ../shared/data beside the clone, as in CI
@@ -45,7 +46,10 @@ INLINE_CLAIM = re.compile(r"#\s*->\s?(.*)$")  # `print(x)  # -> printed text`
 SCIENTIFIC = re.compile(r"\d\.\de[-+]\d\d")  # a relative difference: machine-dependent
 SHELL_OPERATORS = {"&&", "||", ";", "|", "&"}
 SCRIPTS = ("train.py", "evaluate.py")  # run as files; benchmarks/*.py too
-MODULES = ("vit.predict", "vit.export", "vit.benchmark")
+MODULES = ("vit.train", "vit.evaluate", "vit.predict", "vit.export", "vit.benchmark")
+# the console scripts of a pip install (pyproject.toml's [project.scripts]): vit-train -> vit.train
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+CONSOLE_SCRIPTS = {name: entry.split(":")[0] for name, entry in PROJECT["scripts"].items()}
 MAX_README_LINES = 300
 
 
@@ -70,7 +74,7 @@ class Command:
 
     where: str
     text: str  # the whole command line, continuations joined
-    target: str | None  # "train.py", "evaluate.py", "vit.predict", "benchmarks/x.py", ...
+    target: str | None  # "train.py", "vit.train", "vit.predict", "benchmarks/x.py", ...
     args: list[str]
     claims: list[str] = field(default_factory=list)
     exact: bool = False  # a console block: the lines are compared with their indentation
@@ -128,6 +132,8 @@ def target_of(words: list[str]) -> tuple[str | None, list[str]]:
         return None, []
     if words[0] == "bash" and words[1:2] == ["scripts/train.sh"]:
         return "train.py", words[2:]
+    if words[0] in CONSOLE_SCRIPTS:  # vit-train ...: vit.train's flags
+        return CONSOLE_SCRIPTS[words[0]], words[1:]
     is_python = Path(words[0]).name.startswith("python") or words[0] == "torchrun"
     if not is_python:
         return None, []
@@ -287,6 +293,14 @@ def test_the_commands_are_found():
     would pass on any README)."""
     targets = {c.target for c in all_commands([README])}
     assert {"train.py", "evaluate.py", "vit.predict", "vit.export"} <= targets
+
+
+def test_a_console_script_or_module_is_checked_as_the_command_it_runs():
+    """`vit-train ...` and `python -m vit.evaluate ...` in a document are checked against
+    vit.train's and vit.evaluate's flags, as `python train.py ...` is against train.py's."""
+    assert target_of(["vit-train", "--epochs", "4"]) == ("vit.train", ["--epochs", "4"])
+    assert target_of(["python", "-m", "vit.evaluate", "--knn"]) == ("vit.evaluate", ["--knn"])
+    assert parser_of("vit.train").prog == parser_of("train.py").prog == "train.py"
 
 
 def inline_programs(documents: list[Path]) -> dict[str, str]:

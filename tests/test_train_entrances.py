@@ -19,7 +19,7 @@ import pytest
 import torch
 import torchvision
 import yaml
-from conftest import OfflineCifar
+from conftest import CONSOLE_SCRIPT, OfflineCifar
 
 from vit.inference.precision import FAST_BF16_SPEEDUP
 
@@ -319,6 +319,53 @@ def test_a_two_process_run_without_a_checkpoint_is_started_again_as_said(
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 1
+
+
+@pytest.mark.parametrize("entrance", ["python train.py", "python -m vit.train", "vit-train"])
+def test_the_commands_advised_to_go_on_with_a_run_are_the_entrance_used(entrance, tmp_path):
+    """The command that starts a run again or continues it is spelt as the user started this
+    one: train.py's, which a pip install does not have, only for `python train.py`;
+    `python -m vit.train` and `vit-train` name themselves, and torchrun runs the module (-m)."""
+    (tmp_path / "vit-train").write_text(CONSOLE_SCRIPT.format(module="vit.train"))
+    command, name, program = {
+        "python train.py": ([sys.executable, "train.py"], "train.py", "train.py"),
+        "python -m vit.train": ([sys.executable, "-m", "vit.train"], entrance, "-m vit.train"),
+        "vit-train": ([sys.executable, str(tmp_path / "vit-train")], entrance, "-m vit.train"),
+    }[entrance]
+    alone = "python train.py" if entrance == "python train.py" else entrance
+    unstarted, two = tmp_path / "unstarted", tmp_path / "two"
+    for run, processes in ((unstarted, 1), (two, 2)):
+        run.mkdir()
+        (run / "config.yaml").write_text(f"processes: {processes}\nbatch_size: 4\n")
+    (two / "training_state.pt").touch()  # a checkpoint to resume, as far as the start checks
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    said = [
+        subprocess.run(
+            [*command, "--resume", str(run)], cwd=ROOT, env=env, capture_output=True, text=True
+        )
+        for run in (unstarted, two)
+    ]
+    assert [done.returncode for done in said] == [2, 2]
+    again = f"{alone} --config {unstarted}/config.yaml --output-dir {unstarted} --overwrite"
+    assert said[0].stderr.startswith(f"{name}: error: --resume {unstarted}: no checkpoint there")
+    assert (
+        said[0]
+        .stderr.strip()
+        .endswith(f"start that run again with {again}, or resume another folder")
+    )
+    resume = f"torchrun --standalone --nproc_per_node 2 {program} --resume {two}"
+    assert said[1].stderr.strip() == (
+        f"{name}: error: --resume {two}: the run trains in 2 process(es) of 4 images (8 a step), "
+        f"this start has 1; continue it with {resume}"
+    )
+    if entrance == "python -m vit.train":  # torchrun runs the module as printed
+        torchrun = [sys.executable, "-m", "torch.distributed.run"]
+        help = subprocess.run(
+            [*torchrun, *resume.split()[1:-2], "--help"], cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert help.returncode == 0, help.stderr[-3000:]
+        assert help.stdout.count("usage: python -m vit.train ") == 1  # rank 0's
 
 
 def test_resuming_a_finished_run_asks_for_more_epochs(

@@ -3,7 +3,7 @@
     python -m vit.benchmark CHECKPOINT [--model NAME] [--pretrained [PATH]] [--data DATA]
         [--data-root DIR] [--batch-size 32] [--threads N] [--onnx-dir DIR]
 
-CHECKPOINT is read as evaluate.py reads --checkpoint (a run folder, a weights file, a
+CHECKPOINT is read as `python -m vit.evaluate` reads --checkpoint (a run folder, a weights file, a
 transformers folder, a model name with --pretrained). The paths are timed side by side on one
 batch, taking turns round by round: the PyTorch model in float32 and with bfloat16 weights
 (--model-dtype bfloat16, where the CPU multiplies bfloat16 natively), its ONNX export in
@@ -12,7 +12,7 @@ where it is installed (float32, bfloat16, static int8). Each path's outputs are 
 PyTorch float32's on the same images (DATA's test images, else random ones): a classifier's by
 the share of top-1 classes that agree, a headless model's embeddings by their least cosine
 similarity. The fastest path is printed with the commands that make and run it, with the model
-arguments given here. Its accuracy on a whole test set is evaluate.py's to tell (a headless
+arguments given here. Its accuracy on a whole test set is vit.evaluate's to tell (a headless
 model's: --knn on its features): the command is printed too. See docs/fast-inference.md.
 """
 
@@ -28,8 +28,10 @@ from .cli.flags import (
     add_data_root_argument,
     add_model_arguments,
     add_threads_argument,
+    command_name,
     module_parser,
     number_in,
+    runs_as_command,
 )
 from .factory.timm_weights import TIMM_WEIGHTS
 from .utils.ranges import AT_LEAST_1, POSITIVE
@@ -37,7 +39,7 @@ from .utils.ranges import AT_LEAST_1, POSITIVE
 
 def build_parser() -> argparse.ArgumentParser:
     # a bad flag: one line, not the usage text
-    parser = module_parser("python -m vit.benchmark", __doc__)
+    parser = module_parser(command_name(__name__, "vit.benchmark"), __doc__)
     add_model_arguments(parser, positional=True)
     parser.add_argument(
         "--data",
@@ -76,9 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-if __name__ == "__main__":
-    # `python -m vit.benchmark`: --help and flag mistakes are answered before the imports below
-    # load torch (seconds); main() reads the flags again, at no cost.
+if runs_as_command(__name__, "vit.benchmark"):
+    # `python -m vit.benchmark` or `vit-benchmark`: --help and flag mistakes are answered before
+    # the imports below load torch (seconds); main() reads the flags again, at no cost.
     build_parser().parse_args()
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
@@ -146,7 +148,7 @@ def print_table(
 
 def model_arguments(args: argparse.Namespace, source_flag: str = "--checkpoint") -> list[str]:
     """The model arguments given to the benchmark, as another command takes them: CHECKPOINT
-    after `source_flag` (evaluate.py's and vit.predict's --checkpoint; "" for vit.export's
+    after `source_flag` (vit.evaluate's and vit.predict's --checkpoint; "" for vit.export's
     positional), then --model and --pretrained [PATH], without which a state dict or a model
     name is refused."""
     words = [source_flag, args.checkpoint] if source_flag else [args.checkpoint]
@@ -182,10 +184,10 @@ def advice(
         lines.append(command("python -m vit.export", *model_arguments(args, ""), *export))
     data_flags = ["--data", data, *data_root]
     if classifier:
-        lines.append(command("python evaluate.py", *run, *data_flags) + "  # its accuracy")
+        lines.append(command("python -m vit.evaluate", *run, *data_flags) + "  # its accuracy")
         lines.append(command("python -m vit.predict IMAGES", *run))
     else:
-        evaluate = command("python evaluate.py", *run, *data_flags, "--knn")
+        evaluate = command("python -m vit.evaluate", *run, *data_flags, "--knn")
         lines.append(evaluate + "  # its features' kNN accuracy")
         lines.append(command("python -m vit.predict IMAGES", *run, "--features", "embeddings.npz"))
     return "\n".join(lines)
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         model = model_from_flags(args, source="CHECKPOINT").float().eval()
         if args.data is not None:
             preprocess = model.preprocess
-            # as evaluate.py reads --data: CIFAR from --data-root, downloaded there when missing
+            # as vit.evaluate reads --data: CIFAR from --data-root, downloaded there when missing
             read = {"data_root": args.data_root, "download": True}
             batch = evaluation_images(args.data, "test", args.batch_size, preprocess, **read)
             calibration = evaluation_images(
@@ -215,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             batch = torch.randn(args.batch_size, channels, height, width, generator=generator)
             calibration, shown = None, f"{len(batch)} random images"
     except (ValueError, KeyError, FileNotFoundError) as e:
-        print(f"python -m vit.benchmark: error: {e}", file=sys.stderr)
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     native = "native" if fast_bfloat16(torch.device("cpu")) else "emulated"
     print(f"CPU: {cpu_name()}; {cpu_flags()}; bfloat16 {native}; {torch.get_num_threads()} threads")

@@ -4,8 +4,8 @@
         [--static-size] [--optimize] [--int8 [--calibration DATA [--data-root DIR]]]] [--hf DIR]
         [--torchvision FILE] [--overwrite]
 
-CHECKPOINT is read as evaluate.py and `python -m vit.predict` read their --checkpoint
-(`vit.resolve_model`): a train.py run folder or a weights file in it, one of our
+CHECKPOINT is read as `python -m vit.evaluate` and `vit.predict` read their --checkpoint
+(`vit.resolve_model`): a vit.train run folder or a weights file in it, one of our
 `.safetensors` files, a transformers folder, a weights file of another layout with --model
 NAME, or a model name with --pretrained (timm's weights) or --pretrained PATH.
 Every requested output is checked as possible before any is written (its location, the
@@ -22,7 +22,7 @@ The ONNX graph takes any batch and any height and width that are multiples of th
 int8 matrix products (checked to --int8-tolerance, as int8 cannot meet 1e-5), their activations
 quantized at run time, or with --calibration DATA at ranges measured once on images of DATA's
 train split (static int8, which OpenVINO runs too; CIFAR read from --data-root, downloaded there
-when missing, as evaluate.py reads --data). Which path is fastest on this CPU:
+when missing, as vit.evaluate reads --data). Which path is fastest on this CPU:
 `python -m vit.benchmark CHECKPOINT`. See docs/fast-inference.md.
 
 onnx, onnxruntime, onnxscript and transformers are optional: `pip install
@@ -35,7 +35,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from .cli.flags import add_data_root_argument, add_model_arguments, module_parser, number_in
+from .cli.flags import (
+    add_data_root_argument,
+    add_model_arguments,
+    command_name,
+    module_parser,
+    number_in,
+    runs_as_command,
+)
 from .utils.ranges import AT_LEAST_1, NON_NEGATIVE
 
 FORMATS = ("onnx", "hf", "torchvision")  # the export flags, in the order they are written
@@ -43,7 +50,7 @@ FORMATS = ("onnx", "hf", "torchvision")  # the export flags, in the order they a
 
 def build_parser() -> argparse.ArgumentParser:
     # a bad flag: one line, not the usage text
-    parser = module_parser("python -m vit.export", __doc__)
+    parser = module_parser(command_name(__name__, "vit.export"), __doc__)
     add_model_arguments(parser, positional=True)
     parser.add_argument(
         "--onnx", type=Path, metavar="FILE", help="ONNX model, dynamic batch, height and width"
@@ -91,9 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-if __name__ == "__main__":
-    # `python -m vit.export`: --help and flag mistakes are answered before the imports below
-    # load torch (seconds); main() reads the flags again, at no cost.
+if runs_as_command(__name__, "vit.export"):
+    # `python -m vit.export` or `vit-export`: --help and flag mistakes are answered before the
+    # imports below load torch (seconds); main() reads the flags again, at no cost.
     build_parser().parse_args()
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
@@ -101,7 +108,6 @@ import functools
 
 from .cli.flags import DATA_ROOT, kept_output, replaced_input, unwritable
 from .cli.model_argument import model_from_flags
-from .data.transforms import evaluation_images
 from .factory.timm_weights import TIMM_WEIGHTS
 from .interop.export_check import MissingExtraError, require
 from .interop.layouts import huggingface
@@ -136,7 +142,7 @@ def location_problems(args: argparse.Namespace, targets: list[tuple[str, Path]])
         if flag in SUFFIXES and path.suffix.lower() not in SUFFIXES[flag]:
             problems.append(
                 f"--{flag} {path}: the file name must end in {' or '.join(SUFFIXES[flag])} "
-                f"(how evaluate.py, vit.predict and vit.load_weights recognise it)"
+                f"(how vit.evaluate, vit.predict and vit.load_weights recognise it)"
             )
     if args.hf is not None:  # the folder is put in place whole, after the files before it
         problems += [
@@ -172,6 +178,8 @@ def calibration_images(args: argparse.Namespace, model: VisionTransformer):
         return None
     if model.preprocess is None:
         raise ValueError("the model does not say how its input is prepared (no preprocess)")
+    from .data.transforms import evaluation_images  # albumentations with it: ~1 s, only here
+
     return evaluation_images(
         args.calibration,
         "train",

@@ -6,8 +6,8 @@
         [--explain DIR [--method rollout|gradient_rollout|relevance|last_block]]
         [--features FILE.npz|.csv|.json [--embedding pooled|clstoken|...] [--shard-size N]]
 
-The model argument is read as by evaluate.py and `vit.export` (`vit.resolve_model`):
---checkpoint is a train.py run folder (its model.safetensors) or a weights file in it, one of
+The model argument is read as by `vit.evaluate` and `vit.export` (`vit.resolve_model`):
+--checkpoint is a vit.train run folder (its model.safetensors) or a weights file in it, one of
 our `.safetensors` files, a transformers folder (their architecture and class names are
 stored), a weights file of another layout (timm, torchvision, transformers state dicts, Google
 .npz) with --model NAME, or a model name with --pretrained (timm's weights) or --pretrained
@@ -16,7 +16,7 @@ ONNX file exported by `vit.export` is run in onnxruntime (`vit.interop.onnx_runt
 classes, probabilities and --output files; --explain needs the PyTorch model, and --features
 the file of a headless model (its output, the pooled embedding).
 
-Images are prepared exactly as `evaluate.py` prepares them (the model's resize, centre crop and
+Images are prepared exactly as `vit.evaluate` prepares them (the model's resize, centre crop and
 normalisation), so the top-1 class here is evaluate's, under the class names evaluate
 reports (`vit.models.class_names.class_names_for`). Without --output the top-k classes are
 printed per image; with it, one record per image is written as it goes (CSV or JSON: path, label,
@@ -55,6 +55,8 @@ from .cli.flags import (
     add_model_dtype_argument,
     add_runtime_argument,
     add_threads_argument,
+    command_name,
+    runs_as_command,
 )
 from .inference.options import TTA_CHOICES
 
@@ -81,7 +83,7 @@ METHOD_HELP = (
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(  # a bad flag: one line, not the usage text
-        prog="python -m vit.predict",
+        prog=command_name(__name__, "vit.predict"),
         description="Top-k classes, embeddings (--features) or attention maps (--explain) for "
         "each image.",
     )
@@ -133,9 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-if __name__ == "__main__":
-    # `python -m vit.predict`: --help and flag mistakes are answered before the imports below
-    # load torch and matplotlib (seconds); main() reads the flags again, at no cost.
+if runs_as_command(__name__, "vit.predict"):
+    # `python -m vit.predict` or `vit-predict`: --help and flag mistakes are answered before
+    # the imports below load torch (seconds); main() reads the flags again, at no cost.
     build_parser().parse_args()
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
@@ -158,7 +160,6 @@ from .cli.flags import (
 from .cli.model_argument import model_from_flags
 from .data.images import expand_image_paths
 from .inference.embed import FeaturesError, FeaturesResult, check_embedding, describe
-from .inference.explanations import rollout_note
 from .inference.precision import cast_for_inference
 from .inference.predict_job import (
     PredictJob,
@@ -509,9 +510,12 @@ def classify_images(
 ) -> int:
     """Classes (printed, or streamed to `output`) and --explain maps; the exit status. quiet:
     the unreadable images are not said again (--features said them)."""
-    note = rollout_note(model, job.method) if job.explain else None
-    if note:
-        print(note, file=sys.stderr)
+    if job.explain:  # matplotlib, which draws the maps, is imported only then
+        from .inference.explanations import rollout_note
+
+        note = rollout_note(model, job.method)
+        if note:
+            print(note, file=sys.stderr)
     summary = ClassSummary()
     if output is None:
         # a --features job is a large one: one summary line instead of lines per image

@@ -1,3 +1,3 @@
 """Floor 6, what the command lines share: flags and their one-line errors (`flags`), and the
 model argument of every command, with its wording (`model_argument`). Only the command lines
-(train.py, evaluate.py, `python -m vit.predict` and `vit.export`) import it."""
+(`vit.train`, `vit.evaluate`, `vit.predict`, `vit.export`, `vit.benchmark`) import it."""

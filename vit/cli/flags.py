@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -29,6 +31,33 @@ class ArgumentParser(argparse.ArgumentParser):
         # which the front ends do not silence on the other ranks as they do stderr).
         if os.environ.get("RANK", "0") == "0":
             super().print_help(file)
+
+
+def command_name(name: str, module: str, script: str | None = None) -> str:
+    """How the user ran the command `module` ('vit.train'; `name` is its `__name__`), for its
+    usage line and messages: `python -m vit.train` run as the main module, `vit-train` by its
+    console script, else `script`, the repository's file (train.py, which torchrun and main()
+    called from Python run too), or `python -m vit.train` for a command without one."""
+    if name == "__main__":
+        return f"python -m {module}"
+    if runs_as_command(name, module):
+        return console_script(module)
+    return script or f"python -m {module}"
+
+
+def console_script(module: str) -> str:
+    """The console script ([project.scripts]) of the command `module`: vit.train -> vit-train."""
+    return module.replace(".", "-")
+
+
+def runs_as_command(name: str, module: str) -> bool:
+    """Whether the command `module` (`name` is its `__name__`) is what this process runs: by
+    `python -m` (then its name is __main__) or by its console script (the program's name, less
+    the suffix pip's wrapper strips on Windows). Such a command reads its flags before its
+    heavy imports, so that --help and a mistyped flag are answered at once: a console script
+    imports the module before calling its main(), and never runs `if __name__ == "__main__"`."""
+    program = re.sub(r"(-script\.pyw|\.exe)?$", "", Path(sys.argv[0]).name)
+    return name == "__main__" or program == console_script(module)
 
 
 def module_parser(prog: str, doc: str) -> ArgumentParser:
@@ -120,9 +149,9 @@ def replaced_input(flag: str, path: Path, inputs: list[Path]) -> str | None:
     return None
 
 
-# -- the model arguments of evaluate.py, predict and export ---------------------------------------
+# -- the model arguments of evaluate, predict and export ---------------------------------------
 CHECKPOINT_HELP = (
-    "a train.py run folder (or a weights file in it), one of our .safetensors files, a "
+    "a vit.train run folder (or a weights file in it), one of our .safetensors files, a "
     "transformers folder, a weights file of another layout (with --model), or a model name "
     "(with --pretrained)"
 )
@@ -156,7 +185,7 @@ DATA_ROOT = "data"  # --data-root's default, relative to where the command runs
 
 def add_data_root_argument(parser: argparse.ArgumentParser, data_flag: str = "--data") -> None:
     """--data-root: where `data_flag` cifar10/cifar100 is read, and downloaded when it is not
-    there (`vit.data.datasets.load_split`); evaluate.py's, `vit.benchmark`'s and `vit.export`'s
+    there (`vit.data.datasets.load_split`); `vit.evaluate`'s, `vit.benchmark`'s and `vit.export`'s
     (its --calibration)."""
     parser.add_argument(
         "--data-root",

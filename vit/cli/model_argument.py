@@ -1,7 +1,7 @@
 """The model argument of every command, and of `vit.resolve_model`: one grammar, one wording.
 
 A source is a model name (with a pretrained tag, --pretrained), one of our .safetensors files, a
-train.py run folder, a transformers folder, a weights file of another layout (with --model), or
+vit.train run folder, a transformers folder, a weights file of another layout (with --model), or
 an exported ONNX file (where a command runs one). `resolve_model` says which, builds it with
 `vit.create_model` / `vit.load_model` (which raise plain exceptions carrying the facts) and
 turns any mistake into one `ModelArgumentError` line that names the argument as the caller spelt
@@ -61,7 +61,7 @@ PATH_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".npz", ".onnx"
 
 
 def command_arguments(source: str = "--checkpoint") -> ArgumentNames:
-    """The flags of evaluate.py, `vit.predict` and `vit.export` (`source`: how the command
+    """The flags of `vit.evaluate`, `vit.predict` and `vit.export` (`source`: how the command
     names its weights argument, e.g. export's positional "CHECKPOINT")."""
     return ArgumentNames(source=source, model="--model", pretrained="--pretrained", keywords=False)
 
@@ -100,7 +100,7 @@ def resolve_model(
         - a model name of `vit.list_models()`, with or without a pretrained tag
           ("vit_base_patch16_224.augreg_in21k"), with `pretrained`;
         - one of our `.safetensors` files (its metadata says the architecture);
-        - a train.py run folder (its model.safetensors), or any weights file in it;
+        - a vit.train run folder (its model.safetensors), or any weights file in it;
         - a transformers folder of a family the package reads (`vit.load_model`);
         - a weights file in another layout (timm, torchvision or transformers state dict,
           Google .npz) with `model`.
@@ -230,7 +230,7 @@ def _model_from_path(
     if weights.is_dir() and not (weights / "config.json").is_file():
         raise ModelArgumentError(
             f"{given}: a folder with neither config.json (a transformers folder) nor "
-            f"model.safetensors (a train.py run folder)"
+            f"model.safetensors (a vit.train run folder)"
         )
     if not onnx:
         _refuse_onnx(weights, given)
@@ -274,7 +274,8 @@ def _model_from_path(
 def _refuse_onnx(path: Path, given: str) -> None:
     if path.suffix.lower() == ".onnx":
         raise ModelArgumentError(
-            f"{given}: an ONNX file, which only evaluate.py and python -m vit.predict run; pass "
+            f"{given}: an ONNX file, which only python -m vit.evaluate and python -m vit.predict "
+            f"run; pass "
             f"the weights it was exported from (our .safetensors, a run folder, a transformers "
             f"folder)"
         )

@@ -25,7 +25,6 @@ from ..data.transforms_factory import create_transform
 from ..models.class_names import class_names_for
 from ..models.vision_transformer import VisionTransformer
 from .embed import FeaturesResult, extract_features
-from .explanations import explanation_paths, save_explanations
 from .tta import black_pixel, tta_logits
 
 
@@ -144,7 +143,10 @@ def classified_batches(
     kept from one batch to the next."""
     names = class_names_for(model)
     transform = create_transform(model.preprocess)
-    targets = explanation_paths(job.paths, job.explain) if job.explain else {}
+    if job.explain:  # matplotlib, which draws the maps, is imported only then
+        from .explanations import explanation_paths, save_explanations
+
+        targets = explanation_paths(job.paths, job.explain)
     black = black_pixel(model.preprocess).to(device)  # --tta shift's border, normalised
     for batch_paths, batch, errors in prepared_batches(
         job.paths, transform, job.batch_size, job.workers
