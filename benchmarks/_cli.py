@@ -6,7 +6,6 @@ before any work, and Ctrl-C as one line (exit status 130), not a traceback."""
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import sys
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -103,14 +102,12 @@ def checked_config(parser: ArgumentParser, path: Path) -> TrainConfig:
     """The TrainConfig of a YAML file of train.py's settings, read as `train.py --config` reads
     it (its `read_yaml_config`: the same checks, the same words); a missing or unreadable file,
     one that is not YAML or a key that is no setting refused in one line."""
-    # train.py is a front end at the repository's root, not a module of the package
-    spec = importlib.util.spec_from_file_location("train_script", ROOT / "train.py")
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
+    from vit.train import read_yaml_config  # the command's module: imported where needed
+
     try:
-        settings = train.read_yaml_config(path)
+        settings = read_yaml_config(path)
     except SystemExit as e:  # train.py's one line: said again as this benchmark's
-        parser.error(str(e.code).removeprefix("train.py: error: "))
+        parser.error(str(e.code).split(": error: ", 1)[-1])
     if "model_kwargs" in settings:  # a mapping or KEY=VALUE items, as train.py takes them
         settings["model_kwargs"] = dict(settings["model_kwargs"] or {})
     return TrainConfig(**settings)
