@@ -922,3 +922,42 @@ def test_a_flag_that_changes_nothing_with_the_others_is_said(train_script, capsy
     for path in sorted((ROOT / "configs").glob("*.yaml")):
         train_script.parse_config(["--config", str(path)])
     assert capsys.readouterr().err == ""
+
+
+def test_a_full_disk_stops_the_run_in_one_line_and_resume_continues_it(
+    reference_run, image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
+):
+    """A full disk at the second checkpoint: five chained tracebacks ("iostream error"), the
+    last from redrawing curves.png on the same disk. Now one line names the file, the kept
+    checkpoint and the command that continues the run once there is room; it then ends as an
+    uninterrupted run."""
+    import errno
+
+    from vit.training import run_log
+
+    run = tmp_path / "run"
+    original = checkpoint.save_training_state
+    disk = {"full": False}
+
+    def full_from_the_second(state: dict, path: Path) -> None:
+        disk["full"] = disk["full"] or state["epoch"] == 2
+        if disk["full"]:  # what atomic_write raises there (test_data.py)
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        original(state, path)
+
+    def drawn_on(figure, path: Path) -> None:
+        if disk["full"]:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(checkpoint, "save_training_state", full_from_the_second)
+        patch.setattr(run_log, "save_figure", drawn_on)
+        assert train_script.main(tiny_args(image_folder, run, 4, *RECIPE)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(
+        f"train.py: stopped: No space left on device: {run / checkpoint.STATE_FILE}; {run} "
+        f"stopped after epoch 1 of 4 (its last checkpoint): continue it with "
+    ) and err[-1].endswith(f"--resume {run}, once there is room")
+    assert not any("Traceback" in line for line in err)
+    assert train_script.main(["--resume", str(run)]) == 0
+    assert_close_weights(run / "model.safetensors", reference_run / "model.safetensors")

@@ -263,6 +263,54 @@ def test_splits_with_other_classes_name_the_classes_that_differ(
     assert not run.exists()
 
 
+def test_a_run_folder_inside_the_data_is_refused(make_images, tmp_path, train_script, tiny_args,
+                                                 capsys):  # fmt: skip
+    """--output-dir DATA/train/cat was taken: the next run on DATA read curves.png as a cat (201
+    images of 200), and with DATA/train, tensorboard/ became a class without images."""
+    data = make_images(tmp_path / "data")
+    for inside in (data / "train" / "red", data / "train"):
+        assert refused(train_script, tiny_args(data, inside, 1), capsys) == (
+            f"train.py: error: --output-dir {inside} is inside --data {data}: the next run on "
+            f"that folder would read this run's files (curves.png, tensorboard/) as its images "
+            f"or classes; choose a folder outside it"
+        )
+    assert sorted(p.name for p in (data / "train").iterdir()) == ["blue", "green", "red"]
+
+
+def test_home_in_a_flag_after_an_equals_sign_is_the_home_folder(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch
+):
+    """`--output-dir=~/run`: the shell expands no ~ there, and a folder named "~" was made in
+    the current one (a config file's ~ was already expanded)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    args = [a for a in tiny_args(image_folder, tmp_path / "x", 1) if a not in ("--output-dir",)]
+    args.remove(str(tmp_path / "x"))
+    assert train_script.main([*args, "--output-dir=~/run"]) == 0
+    assert (tmp_path / "home" / "run" / "config.yaml").is_file()
+    assert not (tmp_path / "~").exists()
+
+
+def test_a_run_folder_named_like_a_flag_is_continued_by_the_command_given(train_script):
+    """`--resume -run` is read as a flag without its folder; the advice says ./-run."""
+    assert train_script.resume_command("-run", 1).endswith("--resume ./-run")
+    assert train_script.resume_command("runs/a b", 1).endswith("--resume 'runs/a b'")
+
+
+def test_a_run_folder_that_cannot_be_written_is_refused_before_resuming(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
+):
+    """A run folder on a read-only mount: a traceback from its lock file (OSError 30)."""
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 1)) == 0
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != run and access(path, mode))
+    capsys.readouterr()
+    assert refused(train_script, ["--resume", str(run), "--epochs", "2"], capsys) == (
+        f"train.py: error: --resume {run}: cannot write there ({run} is not a writable folder)"
+    )
+
+
 def test_unknown_model_kwargs_key_leaves_no_run_folder(
     image_folder, tmp_path, train_script, tiny_args, capsys
 ):

@@ -97,7 +97,22 @@ def flag_options(f: dataclasses.Field, annotation) -> dict:
         options["type"] = _none_or(base) if optional else base
     if default is not None and "default:" not in meta["help"] and base is not dict:
         options["help"] += f" (default {default})"
+    if f.name in (*YAML_PATHS, "resume"):
+        options["type"] = home_expanded(options["type"])
     return options
+
+
+def home_expanded(convert):
+    """`convert` of a path with `~` expanded: the shell leaves `--output-dir=~/runs` as it is,
+    and a folder named "~" would be made."""
+    return lambda value: convert(os.path.expanduser(value))
+
+
+def shell_path(path: str | Path) -> str:
+    """A path as a command line takes it: quoted, and "./-run" for "-run", which a flag would
+    take for another flag."""
+    text = str(path)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + f.name.replace("_", "-")
         groups[f.metadata["group"]].add_argument(flag, **flag_options(f, hints[f.name]))
     help = "YAML file of settings (keys: field or flag names)"
-    groups["run"].add_argument("--config", type=Path, help=help)
+    groups["run"].add_argument("--config", type=home_expanded(Path), help=help)
     help = (
         "train into an --output-dir that holds a run, replacing it: the previous run's files "
         "(weights, state, metrics, eval-*/ reports) are removed once the new run starts"
@@ -280,6 +295,9 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
             )
         if first.overwrite:
             parser.error(f"--resume {run} continues that run; --overwrite would start anew")
+        problem = unwritable("--resume", run, folder=True)  # its files are written again
+        if problem:
+            parser.error(problem)
         if first.output_dir is not None and Path(first.output_dir) != run:
             parser.error(
                 f"--resume {run} continues in its own folder; leave out --output-dir "
@@ -321,7 +339,7 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         if problem:
             parser.error(problem)
     if not cfg.resume and cfg.output_dir is not None:
-        problem = output_dir_problem(Path(cfg.output_dir), overwrite)
+        problem = output_dir_problem(Path(cfg.output_dir), overwrite, data=cfg.data)
         if problem:
             parser.error(problem)
     return cfg, overwrite
@@ -433,8 +451,8 @@ def resume_command(run: str, processes: int) -> str:
     started this one: scripts/train.sh (which names itself in VIT_TRAIN_COMMAND and starts as
     many processes as the run has), torchrun, or python."""
     if os.environ.get("VIT_TRAIN_COMMAND"):
-        return f"{os.environ['VIT_TRAIN_COMMAND']} --resume {shlex.quote(run)}"
-    return train_command(f"--resume {shlex.quote(run)}", processes)
+        return f"{os.environ['VIT_TRAIN_COMMAND']} --resume {shell_path(run)}"
+    return train_command(f"--resume {shell_path(run)}", processes)
 
 
 def start_again_command(run: Path) -> str:
@@ -444,13 +462,13 @@ def start_again_command(run: Path) -> str:
     from vit.training.checkpoint import CONFIG_FILE
     from vit.utils import process_group
 
-    again = f"--output-dir {shlex.quote(str(run))} --overwrite"
+    again = f"--output-dir {shell_path(run)} --overwrite"
     config = run / CONFIG_FILE
     if not config.is_file():
         return f"its own flags and {again}"
     saved = read_yaml_config(config, run_folder=True)
     processes = saved.get("processes") or process_group.from_env().world_size
-    return train_command(f"--config {shlex.quote(str(config))} {again}", processes)
+    return train_command(f"--config {shell_path(config)} {again}", processes)
 
 
 def train_command(args: str, processes: int) -> str:
@@ -467,14 +485,22 @@ def train_command(args: str, processes: int) -> str:
     return f"{alone} {args}"
 
 
-def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
+def output_dir_problem(folder: Path, overwrite: bool, data: str | None = None) -> str | None:
     """Why a new run cannot go into `folder` (None if it can): it is a file, it cannot be
-    written, or it holds a run that only --overwrite may replace."""
+    written, it is inside the `data` folder, or it holds a run that only --overwrite may
+    replace."""
     from vit.training.checkpoint import STATE_FILE, run_files
 
     problem = unwritable("--output-dir", folder, folder=True)
     if problem:
         return problem
+    if data is not None and Path(data).is_dir():
+        if folder.resolve().is_relative_to(Path(data).resolve()):  # curves.png in train/cat/
+            return (
+                f"--output-dir {folder} is inside --data {data}: the next run on that folder "
+                f"would read this run's files (curves.png, tensorboard/) as its images or "
+                f"classes; choose a folder outside it"
+            )
     previous = run_files(folder)
     if previous and not overwrite:
         names = ", ".join(p.name for p in previous[:4]) + (", ..." if len(previous) > 4 else "")
@@ -485,7 +511,8 @@ def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
                 f"--overwrite, which replaces them, or train into a new folder"
             )
         return (
-            f"--output-dir {folder} holds a run ({names}); continue it with --resume {folder}, "
+            f"--output-dir {folder} holds a run ({names}); continue it with --resume "
+            f"{shell_path(folder)}, "
             f"train into a new folder, or pass --overwrite to replace it"
         )
     return None
@@ -514,6 +541,7 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
     from vit.training.engine import train
     from vit.training.errors import (
         START_ERRORS,
+        DiskFull,
         NonFiniteLossError,
         PeerGone,
         TrainingError,
@@ -544,11 +572,16 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         return said(info.is_main, f"{PROG}: error: {e}", status=2)
     except PeerGone:
         left_for_peer()
+    except DiskFull as e:  # rank 0's (the others' collectives break as it leaves)
+        how = f"stopped: {e.error.strerror}: {e.error.filename}"
+        message = interrupted_message(e, info.world_size, how) + ", once there is room"
+        return said(True, message, status=1)
     except TrainingInterrupted as e:
         stopped_by = process_group.stopped_by()
         if not info.is_main:  # its process group broken by rank 0 leaving
             exit_without_teardown(128 + stopped_by)
-        message = interrupted_message(e, info.world_size, stopped_by)
+        how = "interrupted" if stopped_by == signal.SIGINT else f"stopped by {stopped_by.name}"
+        message = interrupted_message(e, info.world_size, how)
         return said(info.is_main, message, status=128 + stopped_by)  # the shell's 130 and 143
     return said(
         info.is_main,
@@ -594,11 +627,9 @@ def said(speaks: bool, line: str, status: int) -> int:
     return status
 
 
-def interrupted_message(
-    e: TrainingInterrupted, processes: int, stopped_by: signal.Signals = signal.SIGINT
-) -> str:
-    """After Ctrl-C or SIGTERM: where the run stopped, and the command that continues it."""
-    how = "interrupted" if stopped_by == signal.SIGINT else f"stopped by {stopped_by.name}"
+def interrupted_message(e: TrainingInterrupted, processes: int, how: str = "interrupted") -> str:
+    """After Ctrl-C, SIGTERM or a full disk (`how` it stopped): where the run stopped, and the
+    command that continues it."""
     if e.run_dir is None:
         return NOTHING_WRITTEN.format(how=how)
     again = resume_command(e.run_dir, processes)

@@ -20,6 +20,7 @@ exactly the weights of an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import statistics
 import time
@@ -55,6 +56,7 @@ from .checkpoint import (
 from .distillation import save_teacher
 from .errors import (
     START_ERRORS,
+    DiskFull,
     NonFiniteLossError,
     PeerGone,
     TrainingError,
@@ -178,6 +180,8 @@ def _train(cfg: TrainConfig, info: DistInfo, device: torch.device, overwrite: bo
         finally:
             log.close(stopped=stopped)
     except BaseException as e:
+        if started and isinstance(e, OSError) and e.errno == errno.ENOSPC:  # rank 0's writes
+            raise DiskFull(str(run_dir), saver.saved_epoch(), cfg.epochs, e) from None
         if not interrupted(e, info):
             raise
         if not (started or cfg.resume):  # nothing written: a run --overwrite would replace

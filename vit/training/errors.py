@@ -21,6 +21,15 @@ class TrainingInterrupted(Exception):
         self.run_dir, self.epoch, self.epochs = run_dir, epoch, epochs
 
 
+class DiskFull(TrainingInterrupted):
+    """Rank 0 could not write the run's files (no space left on the device, `error`): stopped
+    as Ctrl-C stops it, the last complete checkpoint kept for --resume once there is room."""
+
+    def __init__(self, run_dir: str, epoch: int | None, epochs: int, error: OSError) -> None:
+        super().__init__(run_dir, epoch, epochs)
+        self.error = error
+
+
 class PeerGone(Exception):
     """Another process of the run ended (killed, or out on its own error), breaking this one's
     collectives: torchrun, or that process, says why; this one has nothing to add."""
