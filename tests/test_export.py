@@ -644,3 +644,25 @@ def test_onnx_families_script_prints_a_table(capsys, one_thread, monkeypatch):
     assert "| logits (1000) |" in rows[0]
     for row in rows:
         assert 0 <= float(row.strip("| ").rsplit("|", 1)[1]) <= RTOL
+
+
+def test_sigterm_or_ctrl_c_during_an_export_is_one_line_and_leaves_no_file(
+    onnx_exports, tmp_path, monkeypatch, capsys
+):
+    """Ctrl-C printed torch's traceback; SIGTERM (kill) ended it at once, its temporary file
+    (28.8 MB for a small model) left beside the outputs. Now one line, the file written before
+    it kept, no temporary file: status 130 for Ctrl-C, 143 for SIGTERM."""
+    import signal
+
+    def killed_while_writing(model, path, tolerance=None):
+        signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(export, "export_torchvision", killed_while_writing)
+    weights = str(onnx_exports / "tiny.safetensors")
+    argv = [weights, "--hf", str(tmp_path / "hf"), "--torchvision", str(tmp_path / "tv.pth")]
+    assert export.main(argv) == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"python -m vit.export: interrupted; {tmp_path / 'hf'} written; nothing else was written"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was the command's

@@ -604,3 +604,18 @@ def test_predict_embeds_and_explains_the_real_dinov2_folder(tmp_path, one_thread
     np.testing.assert_allclose(record["embedding"], theirs[0].numpy(), rtol=1e-4, atol=1e-4)
     assert main([*args, "--explain", str(out), "--method", "relevance", "--overwrite"]) == 2
     assert "use --method last_block (the default) or rollout" in capsys.readouterr().err
+
+
+def test_sigterm_stops_a_prediction_as_ctrl_c_does(onnx_exports, image_folder, monkeypatch,
+                                                   capsys):  # fmt: skip
+    """SIGTERM (kill) ended it at once, three kills leaving three half-written temporary CSVs:
+    now its Ctrl-C line, the temporary file removed on the way out, status 143."""
+    import signal
+
+    import vit.predict as command
+
+    monkeypatch.setattr(command, "predict", lambda *a: signal.raise_signal(signal.SIGTERM))
+    image = next((image_folder / "test" / "red").iterdir())
+    assert command.main([str(image), "--checkpoint", str(onnx_exports / "tiny.safetensors")]) == 143
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

@@ -63,10 +63,12 @@ from vit.cli.flags import (
     add_runtime_argument,
     add_threads_argument,
     command_name,
+    interrupt_status,
     kept_output,
     missing_model_argument,
     number_in,
     runtime_problem,
+    sigterm_as_ctrl_c,
     unwritable,
 )
 from vit.data.workers import default_workers
@@ -360,14 +362,14 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
-        with one_writer(out_dir, json_path):
+        with sigterm_as_ctrl_c(), one_writer(out_dir, json_path):
             report = run(args, out_dir, json_path)
     except (CorruptImageError, FileNotFoundError, ValueError, locks.InUseError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: one line, what was kept and how to go on
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, what was kept, how to go on
         print(interrupted_message(out_dir, json_path), file=sys.stderr)
-        return 130
+        return interrupt_status(e)
     if "top1" in report:
         print(
             f"top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "

@@ -106,7 +106,14 @@ if runs_as_command(__name__, "vit.export"):
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
 import functools
 
-from .cli.flags import DATA_ROOT, kept_output, replaced_input, unwritable
+from .cli.flags import (
+    DATA_ROOT,
+    interrupt_status,
+    kept_output,
+    replaced_input,
+    sigterm_as_ctrl_c,
+    unwritable,
+)
 from .cli.model_argument import model_from_flags
 from .factory.timm_weights import TIMM_WEIGHTS
 from .interop.export_check import MissingExtraError, require
@@ -236,13 +243,20 @@ def main(argv: list[str] | None = None) -> int:
         "hf": export_transformers,
         "torchvision": export_torchvision,
     }
-    failed = 0
-    for flag, path in targets:
-        try:
-            print(f"--{flag}: {exporters[flag](model, path, tolerance=args.tolerance)}")
-        except (MissingExtraError, ValueError, OSError) as e:
-            print(f"error: --{flag} {path}: {e}", file=sys.stderr)
-            failed += 1
+    failed, written = 0, []
+    try:
+        with sigterm_as_ctrl_c():
+            for flag, path in targets:
+                try:
+                    print(f"--{flag}: {exporters[flag](model, path, tolerance=args.tolerance)}")
+                    written.append(str(path))
+                except (MissingExtraError, ValueError, OSError) as e:
+                    print(f"error: --{flag} {path}: {e}", file=sys.stderr)
+                    failed += 1
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the file being written is not there
+        kept = f"{', '.join(written)} written; " if written else ""
+        print(f"{parser.prog}: interrupted; {kept}nothing else was written", file=sys.stderr)
+        return interrupt_status(e)
     return 1 if failed else 0
 
 

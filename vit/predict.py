@@ -151,9 +151,11 @@ import torch
 from tqdm import tqdm
 
 from .cli.flags import (
+    interrupt_status,
     kept_output,
     missing_model_argument,
     runtime_problem,
+    sigterm_as_ctrl_c,
     unwritable,
     use_threads,
 )
@@ -342,11 +344,12 @@ def main(argv: list[str] | None = None) -> int:
     with unless_main_quiet(info):
         args = parser.parse_args(argv)
     try:
-        return predict(parser, args, info)
-    except KeyboardInterrupt:  # Ctrl-C: one line, what was kept and how to go on
+        with sigterm_as_ctrl_c():
+            return predict(parser, args, info)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, what was kept, how to go on
         if info.is_main:
             print(interrupted_message(args), file=sys.stderr)
-        return 130
+        return interrupt_status(e)
 
 
 def interrupted_message(args: argparse.Namespace) -> str:

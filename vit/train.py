@@ -97,9 +97,14 @@ def flag_options(f: dataclasses.Field, annotation) -> dict:
         options["type"] = _none_or(base) if optional else base
     if default is not None and "default:" not in meta["help"] and base is not dict:
         options["help"] += f" (default {default})"
-    if f.name in (*YAML_PATHS, "resume"):
+    if f.name in HOME_EXPANDED:
         options["type"] = home_expanded(options["type"])
     return options
+
+
+# The paths whose ~ a flag's value expands (not --cache-dir: its default, ~/.cache/vit, stays so
+# in config.yaml, and cache_path expands it where it is used)
+HOME_EXPANDED = ("data", "data_root", "pretrained", "teacher_path", "output_dir", "resume")
 
 
 def home_expanded(convert):

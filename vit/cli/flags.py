@@ -10,7 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
@@ -31,6 +35,37 @@ class ArgumentParser(argparse.ArgumentParser):
         # which the front ends do not silence on the other ranks as they do stderr).
         if os.environ.get("RANK", "0") == "0":
             super().print_help(file)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises its KeyboardInterrupt (`sigterm_as_ctrl_c`)."""
+
+
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Within the block, SIGTERM (`kill`, a scheduler's end of a job) stops a command as Ctrl-C
+    does: its `except KeyboardInterrupt` says what was kept, and the temporary file being
+    written is removed (the default end left it beside the outputs). `interrupt_status` gives
+    the shell's status. Left alone off the main thread, where no handler can be set, and
+    under torchrun, whose own way to end the other processes SIGTERM is."""
+    if threading.current_thread() is not threading.main_thread() or "RANK" in os.environ:
+        yield
+        return
+
+    def stop(signum: int, frame) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def interrupt_status(error: KeyboardInterrupt) -> int:
+    """The exit status of a command stopped by `error`: the shell's 143 for SIGTERM, 130 for
+    Ctrl-C."""
+    return 128 + (signal.SIGTERM if isinstance(error, Terminated) else signal.SIGINT)
 
 
 def command_name(name: str, module: str, script: str | None = None) -> str:
