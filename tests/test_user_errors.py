@@ -311,6 +311,41 @@ def test_a_run_folder_that_cannot_be_written_is_refused_before_resuming(
     )
 
 
+def test_an_unwritable_default_cache_names_the_way_out(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
+):
+    """A read-only home folder: "--cache-dir ~/.cache/vit: cannot write there" named a flag
+    the user never gave and no way on."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != home and access(path, mode))
+    args = tiny_args(image_folder, tmp_path / "run", 1)
+    at = args.index("--cache-dir")
+    del args[at : at + 2]  # the default, ~/.cache/vit
+    err = refused(train_script, args, capsys)
+    assert err.endswith("is not a writable folder); give another --cache-dir, or --cache-dir none")
+
+
+def test_an_unwritable_default_report_folder_names_the_way_out(
+    onnx_exports, image_folder, tmp_path, monkeypatch, capsys
+):
+    """evaluate.py's default folder (./eval-NAME-DATA here) where it cannot write: the line
+    named a flag the user never gave, and no way on."""
+    from vit.evaluate import main as evaluate_main
+
+    monkeypatch.chdir(tmp_path)
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != Path(".") and
+                        Path(path) != tmp_path and access(path, mode))  # fmt: skip
+    with pytest.raises(SystemExit) as refused_exit:
+        evaluate_main(["--checkpoint", str(onnx_exports / "tiny.safetensors"), "--data",
+                       str(image_folder)])  # fmt: skip
+    assert refused_exit.value.code == 2
+    assert capsys.readouterr().err.strip().endswith("; give an --output-dir")
+
+
 def test_unknown_model_kwargs_key_leaves_no_run_folder(
     image_folder, tmp_path, train_script, tiny_args, capsys
 ):

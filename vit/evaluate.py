@@ -344,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     json_path = args.json or out_dir / "report.json"
     for flag, path, folder in (("--output-dir", out_dir, True), ("--json", json_path, False)):
         problem = unwritable(flag, path, folder)
+        if problem and flag == "--output-dir" and args.output_dir is None:  # the default's
+            problem += "; give an --output-dir"
         if problem:
             parser.error(problem)
     if args.json is not None:  # a file the user named: what is there may be theirs

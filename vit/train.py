@@ -341,8 +341,8 @@ def parse_command(argv: list[str] | None = None) -> tuple[TrainConfig, bool]:
         print(f"{PROG}: warning: {idle}; as given, it changes nothing", file=sys.stderr)
     if cfg.cache_dir is not None:
         problem = unwritable("--cache-dir", cfg.cache_path, folder=True)
-        if problem:
-            parser.error(problem)
+        if problem:  # the default's, often: a read-only home folder
+            parser.error(f"{problem}; give another --cache-dir, or --cache-dir none")
     if not cfg.resume and cfg.output_dir is not None:
         problem = output_dir_problem(Path(cfg.output_dir), overwrite, data=cfg.data)
         if problem:
