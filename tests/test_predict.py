@@ -619,3 +619,22 @@ def test_sigterm_stops_a_prediction_as_ctrl_c_does(onnx_exports, image_folder, m
     assert command.main([str(image), "--checkpoint", str(onnx_exports / "tiny.safetensors")]) == 143
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_full_disk_stops_a_prediction_in_one_line(onnx_exports, image_folder, tmp_path,
+                                                    monkeypatch, capsys):  # fmt: skip
+    import errno
+
+    import vit.predict as command
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out.csv"))
+
+    monkeypatch.setattr(command, "predict", full)
+    image = next((image_folder / "test" / "red").iterdir())
+    argv = [str(image), "--checkpoint", str(onnx_exports / "tiny.safetensors")]
+    assert command.main([*argv, "--output", str(tmp_path / "out.csv")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"stopped: No space left on device: {tmp_path / 'out.csv'}; --output "
+        f"{tmp_path / 'out.csv'} not written (it is put in place at the end)"
+    )

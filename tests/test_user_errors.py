@@ -346,6 +346,26 @@ def test_an_unwritable_default_report_folder_names_the_way_out(
     assert capsys.readouterr().err.strip().endswith("; give an --output-dir")
 
 
+def test_a_full_disk_stops_an_evaluation_in_one_line(
+    onnx_exports, image_folder, tmp_path, monkeypatch, capsys
+):
+    """ "No space left on device" was a traceback, torch.save's words "iostream error"."""
+    import errno
+
+    import vit.evaluate as command
+
+    def full(args, out_dir, json_path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(json_path))
+
+    monkeypatch.setattr(command, "run", full)
+    report = tmp_path / "r.json"
+    argv = ["--checkpoint", str(onnx_exports / "tiny.safetensors"), "--data", str(image_folder)]
+    assert command.main([*argv, "--json", str(report), "--output-dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"{command.PROG}: stopped: No space left on device: {report}; {report} not written"
+    )
+
+
 def test_unknown_model_kwargs_key_leaves_no_run_folder(
     image_folder, tmp_path, train_script, tiny_args, capsys
 ):

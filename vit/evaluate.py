@@ -63,6 +63,7 @@ from vit.cli.flags import (
     add_runtime_argument,
     add_threads_argument,
     command_name,
+    disk_full,
     interrupt_status,
     kept_output,
     missing_model_argument,
@@ -372,6 +373,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, what was kept, how to go on
         print(interrupted_message(out_dir, json_path), file=sys.stderr)
         return interrupt_status(e)
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        print(interrupted_message(out_dir, json_path, how=disk_full(e)), file=sys.stderr)
+        return 1
     if "top1" in report:
         print(
             f"top-1 {100 * report['top1']:.2f}%  top-5 {100 * report['top5']:.2f}%  "
@@ -393,13 +399,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def interrupted_message(out_dir: Path, json_path: Path) -> str:
-    """After Ctrl-C: the report is not written; a feature extraction's finished shards are
-    kept, and the same command continues from them."""
+def interrupted_message(out_dir: Path, json_path: Path, how: str = "interrupted") -> str:
+    """After Ctrl-C (or `how` it stopped): the report is not written; a feature extraction's
+    finished shards are kept, and the same command continues from them."""
     from vit.inference.embed import finished_shards
     from vit.inference.probe import extraction_path
 
-    line = f"{PROG}: interrupted; {json_path} not written"
+    line = f"{PROG}: {how}; {json_path} not written"
     caches = [feature_cache(out_dir, split) for split in ("train", "test")]
     shards = sum(finished_shards(extraction_path(cache)) for cache in caches)
     if shards:

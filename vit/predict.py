@@ -151,6 +151,7 @@ import torch
 from tqdm import tqdm
 
 from .cli.flags import (
+    disk_full,
     interrupt_status,
     kept_output,
     missing_model_argument,
@@ -350,10 +351,15 @@ def main(argv: list[str] | None = None) -> int:
         if info.is_main:
             print(interrupted_message(args), file=sys.stderr)
         return interrupt_status(e)
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        print(interrupted_message(args, how=disk_full(e)), file=sys.stderr)
+        return 1
 
 
-def interrupted_message(args: argparse.Namespace) -> str:
-    """After Ctrl-C: what the interrupted job kept, and how to go on."""
+def interrupted_message(args: argparse.Namespace, how: str = "interrupted") -> str:
+    """After Ctrl-C (or `how` it stopped): what the job kept, and how to go on."""
     from .inference.embed import finished_shards, parts_folder
 
     kept = []
@@ -369,7 +375,7 @@ def interrupted_message(args: argparse.Namespace) -> str:
         kept.append(f"--output {args.output} not written (it is put in place at the end)")
     if args.explain is not None:
         kept.append(f"the maps written so far in --explain {args.explain} (--overwrite replaces)")
-    return "; ".join(["interrupted", *kept])
+    return "; ".join([how, *kept])
 
 
 def unless_main_quiet(info: DistInfo):

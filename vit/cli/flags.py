@@ -8,6 +8,7 @@ anything heavy, and print their help without loading torch.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import signal
@@ -60,6 +61,14 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def disk_full(error: OSError) -> str | None:
+    """How a command stopped by `error` says it, where the disk is full (None for any other
+    OSError, which stays the traceback it is): 'stopped: No space left on device: FILE'."""
+    if error.errno != errno.ENOSPC:
+        return None
+    return f"stopped: {error.strerror}: {error.filename}" if error.filename else f"stopped: {error}"
 
 
 def interrupt_status(error: KeyboardInterrupt) -> int:
