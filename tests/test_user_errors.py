@@ -366,6 +366,28 @@ def test_a_full_disk_stops_an_evaluation_in_one_line(
     )
 
 
+def test_a_report_and_its_matrix_are_replaced_together_or_not_at_all(
+    onnx_exports, image_folder, tmp_path, monkeypatch
+):
+    """The matrix was put in place before the report was written: a full disk at the report
+    left the old report beside the new model's matrix."""
+    import vit.evaluate as command
+
+    other = tmp_path / "other.safetensors"
+    shutil.copy(onnx_exports / "tiny.safetensors", other)
+    report = tmp_path / "r.json"
+    argv = ["--data", str(image_folder), "--json", str(report), "--output-dir", str(tmp_path)]
+    assert command.main(["--checkpoint", str(onnx_exports / "tiny.safetensors"), *argv]) == 0
+    kept = {path: path.read_bytes() for path in (report, command.confusion_png(report))}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device", str(report))
+
+    monkeypatch.setattr(command.json, "dumps", full_disk)
+    assert command.main(["--checkpoint", str(other), *argv, "--overwrite"]) == 1
+    assert {path: path.read_bytes() for path in kept} == kept  # the other model's: neither
+
+
 def test_unknown_model_kwargs_key_leaves_no_run_folder(
     image_folder, tmp_path, train_script, tiny_args, capsys
 ):

@@ -80,6 +80,7 @@ from vit.utils.ranges import AT_LEAST_0, AT_LEAST_1
 if TYPE_CHECKING:
     import numpy as np
     import torch
+    from matplotlib.figure import Figure
 
     from vit.data.datasets import ImageDataset
     from vit.models.vision_transformer import VisionTransformer
@@ -462,6 +463,7 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     from vit.inference.precision import cast_for_inference
     from vit.interop.onnx_runtime import onnx_device, refuse_flags
     from vit.utils.files import atomic_write
+    from vit.utils.plots import save_figure
     from vit.utils.process_group import DistInfo, resolve_device
 
     probing = args.knn or args.linear_probe
@@ -503,7 +505,9 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     scored_data = head_data(args, model) if model.num_classes > 0 else None
     features = split_features(args, model, device, out_dir) if probing else None
     png = confusion_png(json_path)
-    report = {} if scored_data is None else evaluate_head(args, model, device, png, scored_data)
+    report, figure = {}, None
+    if scored_data is not None:
+        report, figure = evaluate_head(args, model, device, png, scored_data)
     report.update(
         checkpoint=model_argument(args),
         runtime=getattr(model, "runtime", "pytorch"),  # an ONNX file's: onnxruntime or openvino
@@ -513,7 +517,14 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     )
     if features is not None:
         report.update(score_features(args, *features))
-    atomic_write(Path(json_path), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
+
+    def write_report() -> None:
+        atomic_write(Path(json_path), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
+
+    if figure is None:
+        write_report()
+    else:  # the report and its matrix replace the old ones together, or neither (a full disk)
+        save_figure(figure, png, then=write_report)
     return report
 
 
@@ -543,12 +554,12 @@ def evaluate_head(
     device: torch.device,
     png_path: Path,
     data: tuple[ImageDataset, list[int]],
-) -> dict:
+) -> tuple[dict, Figure]:
     """The head's top-1, top-5, per-class accuracy and confusion matrix on `data` (from
-    `head_data`); writes the confusion matrix to `png_path`."""
+    `head_data`), and the matrix drawn, for `png_path`."""
     from vit.data.loaders import eval_loader
     from vit.inference.evaluation import evaluate
-    from vit.utils.plots import plot_confusion_matrix, save_figure
+    from vit.utils.plots import plot_confusion_matrix
     from vit.utils.process_group import DistInfo
 
     dataset, mapping = data
@@ -579,7 +590,6 @@ def evaluate_head(
     top1 = f"top-1 {100 * result['top1']:.1f}%"
     title = f"{model_argument(args)} on {data_name} ({args.split}): {top1}"
     figure = plot_confusion_matrix(confusion, names, title=title)
-    png = save_figure(figure, png_path)
     report = {
         "top1": result["top1"],
         "top5": result["top5"],
@@ -587,7 +597,7 @@ def evaluate_head(
         "num_images": result["num_images"],
         "loss": result["loss"],
         "confusion_matrix": confusion.tolist(),
-        "confusion_matrix_png": str(png),
+        "confusion_matrix_png": str(png_path),
     }
     if "tta" in result:
         tta = result["tta"]
@@ -596,7 +606,7 @@ def evaluate_head(
             **{key: tta[key] for key in ("top1", "top5", "loss")},
             "per_class": {class_names[i]: tta["per_class"][i] for i in present},
         }
-    return report
+    return report, figure
 
 
 def probe_splits(args: argparse.Namespace, model: VisionTransformer) -> dict[str, ImageDataset]:

@@ -10,7 +10,7 @@ Attention maps are min-max rescaled *here*, for display only; `vit.explain` retu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +25,20 @@ from matplotlib.ticker import MaxNLocator
 from .files import atomic_write
 
 
-def save_figure(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
-    """Write `fig` as a PNG atomically (a killed run leaves the old file, never half a PNG)."""
+def save_figure(
+    fig: Figure, path: str | Path, dpi: int = 110, then: Callable[[], object] | None = None
+) -> Path:
+    """Write `fig` as a PNG atomically (a killed run leaves the old file, never half a PNG).
+    `then`: written after the PNG's temporary file and before it is put in place (a report the
+    figure belongs with), so that where either fails, neither replaces what was there."""
     path = Path(path)
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi))
+
+    def write(tmp: Path) -> None:
+        fig.savefig(tmp, format="png", dpi=dpi)
+        if then is not None:
+            then()
+
+    atomic_write(path, write)
     return path
 
 
