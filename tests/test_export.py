@@ -662,7 +662,8 @@ def test_sigterm_or_ctrl_c_during_an_export_is_one_line_and_leaves_no_file(
     argv = [weights, "--hf", str(tmp_path / "hf"), "--torchvision", str(tmp_path / "tv.pth")]
     assert export.main(argv) == 143
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"python -m vit.export: interrupted; {tmp_path / 'hf'} written; nothing else was written"
+        f"python -m vit.export: stopped by SIGTERM; {tmp_path / 'hf'} written; nothing else was "
+        f"written"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was the command's

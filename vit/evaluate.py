@@ -70,6 +70,7 @@ from vit.cli.flags import (
     number_in,
     runtime_problem,
     sigterm_as_ctrl_c,
+    stopped_how,
     unwritable,
 )
 from vit.data.workers import default_workers
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, what was kept, how to go on
-        print(interrupted_message(out_dir, json_path), file=sys.stderr)
+        print(interrupted_message(out_dir, json_path, how=stopped_how(e)), file=sys.stderr)
         return interrupt_status(e)
     except OSError as e:
         if not disk_full(e):

@@ -112,6 +112,7 @@ from .cli.flags import (
     kept_output,
     replaced_input,
     sigterm_as_ctrl_c,
+    stopped_how,
     unwritable,
 )
 from .cli.model_argument import model_from_flags
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                     failed += 1
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the file being written is not there
         kept = f"{', '.join(written)} written; " if written else ""
-        print(f"{parser.prog}: interrupted; {kept}nothing else was written", file=sys.stderr)
+        print(f"{parser.prog}: {stopped_how(e)}; {kept}nothing else was written", file=sys.stderr)
         return interrupt_status(e)
     return 1 if failed else 0
 

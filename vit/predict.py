@@ -157,6 +157,7 @@ from .cli.flags import (
     missing_model_argument,
     runtime_problem,
     sigterm_as_ctrl_c,
+    stopped_how,
     unwritable,
     use_threads,
 )
@@ -349,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             return predict(parser, args, info)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, what was kept, how to go on
         if info.is_main:
-            print(interrupted_message(args), file=sys.stderr)
+            print(interrupted_message(args, how=stopped_how(e)), file=sys.stderr)
         return interrupt_status(e)
     except OSError as e:
         if not disk_full(e):

@@ -2,7 +2,7 @@
 
     python -m vit.train --data cifar10                          # the CIFAR recipe
     python -m vit.train --data path/to/folder --epochs 30 --batch-size 64
-    python -m vit.train --config configs/cifar10.yaml --lr 5e-4  # flags override the YAML
+    python -m vit.train --config configs/cifar10.yaml --lr 5e-4  # a checkout's recipe; flags win
     python -m vit.train --data cifar10 --time-budget 1500        # as many epochs as fit in 25 min
     python -m vit.train --resume runs/RUN                        # continue a run as started
     torchrun --nproc_per_node 4 -m vit.train --data cifar10      # DistributedDataParallel

@@ -71,6 +71,12 @@ def disk_full(error: OSError) -> str | None:
     return f"stopped: {error.strerror}: {error.filename}" if error.filename else f"stopped: {error}"
 
 
+def stopped_how(error: KeyboardInterrupt) -> str:
+    """How a command stopped by `error` says it, in train.py's words: 'interrupted' (Ctrl-C)
+    or 'stopped by SIGTERM'."""
+    return "stopped by SIGTERM" if isinstance(error, Terminated) else "interrupted"
+
+
 def interrupt_status(error: KeyboardInterrupt) -> int:
     """The exit status of a command stopped by `error`: the shell's 143 for SIGTERM, 130 for
     Ctrl-C."""
