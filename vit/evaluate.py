@@ -376,9 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         print(interrupted_message(out_dir, json_path, how=stopped_how(e)), file=sys.stderr)
         return interrupt_status(e)
     except OSError as e:
-        if not disk_full(e):
+        how = disk_full(e)
+        if how is None:
             raise
-        print(interrupted_message(out_dir, json_path, how=disk_full(e)), file=sys.stderr)
+        print(interrupted_message(out_dir, json_path, how=how), file=sys.stderr)
         return 1
     if "top1" in report:
         print(

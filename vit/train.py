@@ -34,7 +34,6 @@ import logging
 import os
 import re
 import shlex
-import signal
 import sys
 import time
 import types
@@ -45,7 +44,14 @@ import yaml
 
 # Only light modules here: `--help` must not wait for torch (the engine is imported once the
 # flags are read).
-from vit.cli.flags import ArgumentParser, command_name, key_value, unwritable
+from vit.cli.flags import (
+    ArgumentParser,
+    command_name,
+    disk_full,
+    key_value,
+    signal_words,
+    unwritable,
+)
 from vit.training.settings import (
     CHANGEABLE_ON_RESUME,
     TrainConfig,
@@ -102,11 +108,6 @@ def flag_options(f: dataclasses.Field, annotation) -> dict:
     return options
 
 
-# The paths whose ~ a flag's value expands (not --cache-dir: its default, ~/.cache/vit, stays so
-# in config.yaml, and cache_path expands it where it is used)
-HOME_EXPANDED = ("data", "data_root", "pretrained", "teacher_path", "output_dir", "resume")
-
-
 def home_expanded(convert):
     """`convert` of a path with `~` expanded: the shell leaves `--output-dir=~/runs` as it is,
     and a folder named "~" would be made."""
@@ -159,6 +160,10 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 # Settings that name files and folders: a YAML file's ~ is the user's home, as a shell's is.
 YAML_PATHS = ("data", "data_root", "pretrained", "teacher_path", "output_dir", "cache_dir")
+# The paths whose ~ a flag's value expands: a YAML file's but --cache-dir (argparse passes its
+# default, ~/.cache/vit, through the flag's type too; config.yaml keeps it so, and cache_path
+# expands it where it is used), and --resume's
+HOME_EXPANDED = (*(key for key in YAML_PATHS if key != "cache_dir"), "resume")
 
 
 def read_yaml_config(path: Path, run_folder: bool = False) -> dict:
@@ -578,15 +583,14 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
     except PeerGone:
         left_for_peer()
     except DiskFull as e:  # rank 0's (the others' collectives break as it leaves)
-        how = f"stopped: {e.error.strerror}: {e.error.filename}"
-        message = interrupted_message(e, info.world_size, how) + ", once there is room"
+        message = interrupted_message(e, info.world_size, disk_full(e.error))
+        message += ", once there is room"
         return said(True, message, status=1)
     except TrainingInterrupted as e:
         stopped_by = process_group.stopped_by()
         if not info.is_main:  # its process group broken by rank 0 leaving
             exit_without_teardown(128 + stopped_by)
-        how = "interrupted" if stopped_by == signal.SIGINT else f"stopped by {stopped_by.name}"
-        message = interrupted_message(e, info.world_size, how)
+        message = interrupted_message(e, info.world_size, signal_words(stopped_by))
         return said(info.is_main, message, status=128 + stopped_by)  # the shell's 130 and 143
     return said(
         info.is_main,

@@ -71,16 +71,23 @@ def disk_full(error: OSError) -> str | None:
     return f"stopped: {error.strerror}: {error.filename}" if error.filename else f"stopped: {error}"
 
 
+def signal_words(stopped_by: signal.Signals) -> str:
+    """How a command stopped by a signal says it: 'interrupted' (Ctrl-C) or 'stopped by
+    SIGTERM'; its exit status is the shell's, 128 + the signal (130, 143)."""
+    return "interrupted" if stopped_by == signal.SIGINT else f"stopped by {stopped_by.name}"
+
+
+def stopped_signal(error: KeyboardInterrupt) -> signal.Signals:
+    """The signal behind `error`: SIGTERM (`sigterm_as_ctrl_c`) or Ctrl-C's SIGINT."""
+    return signal.SIGTERM if isinstance(error, Terminated) else signal.SIGINT
+
+
 def stopped_how(error: KeyboardInterrupt) -> str:
-    """How a command stopped by `error` says it, in train.py's words: 'interrupted' (Ctrl-C)
-    or 'stopped by SIGTERM'."""
-    return "stopped by SIGTERM" if isinstance(error, Terminated) else "interrupted"
+    return signal_words(stopped_signal(error))
 
 
 def interrupt_status(error: KeyboardInterrupt) -> int:
-    """The exit status of a command stopped by `error`: the shell's 143 for SIGTERM, 130 for
-    Ctrl-C."""
-    return 128 + (signal.SIGTERM if isinstance(error, Terminated) else signal.SIGINT)
+    return 128 + stopped_signal(error)
 
 
 def command_name(name: str, module: str, script: str | None = None) -> str:
