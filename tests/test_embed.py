@@ -3,6 +3,7 @@ features copied out of the batch, images streamed, shards resumed after a kill, 
 listed, the feature choices of DINOv2, DINO and CLIP, torchrun's two processes writing the one file;
 and predict's last_block maps of a headless backbone."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -209,6 +210,34 @@ def test_a_finished_file_is_replaced_only_with_overwrite(tmp_path, one_thread):
     assert out.read_text() == "precious\n" and not parts_folder(out).exists()
     result = extract_features(model, keys, load, out, overwrite=True)
     assert result.count == 5 and read_features(out)[0].tolist() == keys
+
+
+def test_a_full_disk_at_the_start_leaves_no_parts_to_refuse_the_same_job_again(
+    tmp_path, one_thread, monkeypatch
+):
+    """The parts folder comes with its manifest or not at all: one left without it by a full
+    disk read as another job's, and the same command, run again once there was room, was
+    refused."""
+    model = tiny_model()
+    paths = write_images(tmp_path / "images", 3)
+    keys, out = [str(p) for p in paths], tmp_path / "f.npz"
+
+    def load(i):
+        return Image.open(paths[i]).convert("RGB")
+
+    write_text = Path.write_text
+
+    def full(path, *args, **kwargs):
+        if path.name == "manifest.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return write_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match="No space left"):
+        extract_features(model, keys, load, out)
+    assert list(tmp_path.glob(".f.npz*")) == []  # neither the parts nor a temporary folder
+    monkeypatch.setattr(Path, "write_text", write_text)
+    assert extract_features(model, keys, load, out).count == 3
 
 
 def test_predict_refuses_to_replace_an_output_file(tmp_path, one_thread, capsys):

@@ -62,7 +62,7 @@ from tqdm import tqdm
 
 from ..data.images import CorruptImageError
 from ..models.families import family_of
-from ..utils.files import atomic_write
+from ..utils.files import atomic_write, atomic_write_dir
 from ..utils.process_group import barrier
 
 EMBEDDINGS = {
@@ -256,8 +256,11 @@ def _prepare_parts(out: Path, manifest: dict, overwrite: bool) -> int:
                 )
             shutil.rmtree(parts)
     if not parts.exists():
-        parts.mkdir(parents=True)
-        atomic_write(manifest_path, lambda tmp: tmp.write_text(json.dumps(manifest)))
+        # whole or not at all: a folder left without its manifest (a full disk) would read as
+        # another job's parts, and refuse the same command run again once there is room
+        atomic_write_dir(
+            parts, lambda tmp: (tmp / manifest_path.name).write_text(json.dumps(manifest))
+        )
     return finished_shards(out)
 
 
