@@ -12,6 +12,7 @@ hidden states and final LayerNorm, which is what it computes.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -430,3 +431,18 @@ def test_torch_export_of_a_model_of_any_size_runs_at_other_sizes(one_thread):
         for size in ((224, 224), (160, 256)):
             x = images(*size)
             torch.testing.assert_close(program.module()(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_traced_model_saved_and_loaded_gives_the_same_logits(tmp_path, one_thread):
+    """TorchScript by tracing (docs/model.md), for LibTorch: the family switches included."""
+    for name in ("vit_tiny_patch16_224", "vit_small_patch14_reg4_dinov2"):
+        model = vit.create_model(name, img_size=112, **TIMM_TINY).eval()
+        x = images(112, 112)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # torch deprecates TorchScript
+            torch.jit.trace(model, x).save(tmp_path / "traced.pt")
+            traced = torch.jit.load(tmp_path / "traced.pt")
+        other_batch = images(112, 112, batch=3, seed=2)
+        with torch.no_grad():
+            for batch in (x, other_batch):
+                torch.testing.assert_close(traced(batch), model(batch), rtol=1e-5, atol=1e-5)
