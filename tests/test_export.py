@@ -70,6 +70,30 @@ def test_onnx_has_a_dynamic_batch_height_and_width_and_our_logits(model, tmp_pat
     assert leftovers(tmp_path) == []
 
 
+def test_a_large_onnx_keeps_its_weights_beside_it_and_a_failed_check_keeps_the_previous(
+    model, tmp_path, monkeypatch, one_thread
+):
+    """Over protobuf's limit (here: any size) the weights go to FILE.data, which FILE names;
+    both are checked before either is put in place. They were written in place: a failed
+    check removed the previous export of that name, and a killed one left half a file."""
+    from vit.interop import onnx_export
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 0)
+    path, data = tmp_path / "model.onnx", tmp_path / "model.onnx.data"
+    assert export_onnx(model, path).path == path and data.stat().st_size > 10_000
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.randn(2, 3, 32, 32)
+    assert (
+        relative_error(session.run(["logits"], {"pixel_values": x.numpy()})[0], logits(model, x))
+        <= RTOL
+    )
+    before = path.read_bytes(), data.read_bytes()
+    monkeypatch.setattr(onnx_export, "relative_difference", lambda theirs, ours: 0.5)
+    with pytest.raises(ValueError, match="tolerance"):
+        export_onnx(vit.VisionTransformer(**TINY), path)
+    assert (path.read_bytes(), data.read_bytes()) == before and leftovers(tmp_path) == []
+
+
 def test_static_size_onnx_keeps_the_model_input_size(model, tmp_path, one_thread):
     path = tmp_path / "model.onnx"
     export_onnx(model, path, options=OnnxOptions(dynamic_size=False))

@@ -18,7 +18,7 @@ import torch
 
 from ..models.class_names import class_names_for
 from ..models.vision_transformer import VisionTransformer
-from ..utils.files import atomic_write
+from ..utils.files import atomic_write, atomic_write_files
 from .export_check import (
     ExportCheck,
     MissingExtraError,
@@ -131,17 +131,19 @@ def export_onnx(
     )
     program.model.metadata_props.update(onnx_metadata(model, "float32"))
     large = sum(p.numel() * p.element_size() for p in model.parameters()) > EXTERNAL_DATA_BYTES
-    if large:  # the weights go to a .data file beside it: written in place, removed on failure
+    result: list[ExportCheck] = []
+    if (
+        large
+    ):  # the weights in FILE.data beside it, which FILE names: both checked, then put in place
         if options.optimize or options.int8:
             raise ValueError("--optimize and --int8 take models under 1.8 GB of float32 weights")
-        try:
-            program.save(str(path), external_data=True)
-            return _verify_onnx(onnxruntime, path, model, tolerance)
-        except BaseException:
-            for written in (path, path.with_name(path.name + ".data")):
-                written.unlink(missing_ok=True)
-            raise
-    result: list[ExportCheck] = []
+
+        def write_both(folder: Path) -> None:
+            program.save(str(folder / path.name), external_data=True)
+            result.append(_verify_onnx(onnxruntime, folder / path.name, model, tolerance))
+
+        atomic_write_files([path, path.with_name(path.name + ".data")], write_both)
+        return ExportCheck(path, *astuple(result[0])[1:])
 
     def write(tmp: Path) -> None:
         program.save(str(tmp), external_data=False)

@@ -104,6 +104,31 @@ def atomic_write_dir(path: Path, write: Callable[[Path], object]) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def atomic_write_files(paths: list[Path], write: Callable[[Path], object]) -> None:
+    """Files that belong together (an ONNX file and the weights file it names): `write(folder)`
+    writes each of `paths`' names into a fresh folder beside them, then they are renamed into
+    place, the first last (the one a reader opens). A failure before the renames leaves every
+    previous file as it was; all of `paths` must be in one folder."""
+    paths = [Path(p) for p in paths]
+    folder = paths[0].parent
+    if any(p.parent != folder for p in paths):
+        raise ValueError(f"files written together must share one folder: {paths}")
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".{paths[0].name}.", suffix=".tmp"))
+    try:
+        write(tmp)
+        for path in reversed(paths):
+            _normal_permissions(tmp / path.name)
+            os.replace(tmp / path.name, path)
+    except BaseException as e:
+        full = disk_full_error(e, paths[0])  # asked before the removal frees the space
+        if full is not None:
+            raise full from e
+        raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def check_marked(folder: Path, mark: str) -> None:
     """FileExistsError where `folder` exists without the `mark` file `marked_write_dir` keeps in
     what it writes: someone else's folder, never to be removed."""
