@@ -271,6 +271,8 @@ def test_validation_split_is_stratified_seeded_and_apart_from_training(image_fol
         (("--val-split", "1"), "--val-split 1.0: "),
         (("--trainable-blocks", "4"), "--trainable-blocks 4: the model has 3 blocks"),
         ((*TINY_KWARGS, "global_pool=''"), "the model outputs every token, not one prediction"),
+        # as a shell passes `global_pool=''` on: it was None ("got None")
+        ((*TINY_KWARGS, "global_pool="), "the model outputs every token, not one prediction"),
     ],
 )
 def test_bad_fine_tuning_settings_are_one_line_and_write_nothing(

@@ -15,8 +15,8 @@ scripts/train.sh, which picks the machine's recipe).
 Settings are layered: defaults < --config YAML < flags. --resume RUN continues the run with
 its own settings (its config.yaml) and number of processes: a setting given again must be the
 run's, except --epochs, to extend it, and those that change how it runs, not what it learns
-(vit.training.settings.CHANGEABLE_ON_RESUME). Every flag is a field of
-vit.training.settings.TrainConfig (where its default and help live).
+(vit.training.settings.CHANGEABLE_ON_RESUME). Every flag but --config and --overwrite is a
+field of vit.training.settings.TrainConfig (where its default and help live).
 
 A mistake is one line on stderr and exit status 2, under torchrun too (rank 0 says it, the
 other processes leave quietly); Ctrl-C is one line naming the last checkpoint and the command

@@ -131,13 +131,14 @@ def module_parser(prog: str, doc: str) -> ArgumentParser:
 
 def key_value(item: str) -> tuple[str, object]:
     """'depth=6' -> ('depth', 6): an argparse type for KEY=VALUE items (--model-kwargs), the
-    value read as YAML; argparse names the flag in its error."""
+    value read as YAML, an empty one as the empty string (a shell passes `global_pool=''` on
+    as `global_pool=`; `KEY=null` is None); argparse names the flag in its error."""
     import yaml  # here, not at the top: `import vit` and --help stay light
 
     key, sep, value = item.partition("=")
     if not sep:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
-    return key, yaml.safe_load(value)
+    return key, yaml.safe_load(value) if value else ""
 
 
 def train_setting(item: str) -> tuple[str, object]:
