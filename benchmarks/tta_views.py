@@ -20,7 +20,7 @@ import torch
 
 from vit.data.datasets import load_split
 from vit.data.transforms import EvalTransform
-from vit.inference.tta import black_pixel, mean_probability, shift
+from vit.inference.tta import black_pixel, log_mean_probability, shift
 
 View = tuple[int, int, bool]  # (dy, dx, mirrored)
 
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     logits = score_views(model, batches, args.radius, args.amp)
 
     def top1(views: list[View]) -> float:
-        mean = mean_probability(*(logits[view] for view in views))  # (N, K)
+        mean = log_mean_probability(*(logits[view] for view in views))  # (N, K)
         return 100 * (mean.argmax(1) == labels).double().mean().item()
 
     print(f"{args.checkpoint} on {len(labels)} test images of {args.data}:")

@@ -565,6 +565,31 @@ def test_cosine_direction_explains_a_headless_backbone():
         relevance(model, images, direction=reference, similarity="euclid")
 
 
+def test_a_direction_in_the_heads_output_space_explains_a_clip_text_similarity():
+    """A CLIP model's head is its image projection, into the space of its text embeddings:
+    with pre_logits=False the direction is read there (a text embedding of the head's width
+    was refused, the embeddings taken before the head)."""
+    model = tiny_model(num_classes=16)  # the head as a projection 32 -> 16
+    images = images_for(model, batch=3)
+    text = torch.randn(16)  # a text embedding: the projection's width, not the tower's
+    with pytest.raises(ValueError, match=r"direction has shape \(16,\).*pre_logits=False"):
+        relevance(model, images, direction=text)
+    projected = vit.explain.embed(model, images, pre_logits=False)
+    with torch.no_grad():
+        torch.testing.assert_close(projected, model(images))
+    record = record_attention(model, images, direction=text, pre_logits=False)
+    cosine = torch.nn.functional.cosine_similarity(projected, text[None], dim=-1)
+    torch.testing.assert_close(record.scores, cosine)
+    # the dot product with the projection's input-side direction is the same score: equal maps
+    through_head = model.head.weight.detach().T @ text  # (32,): text . (W e + b) - text . b
+    for method in (gradient_rollout, relevance):
+        projected_map = method(model, images, direction=text, similarity="dot", pre_logits=False)
+        torch.testing.assert_close(
+            projected_map, method(model, images, direction=through_head, similarity="dot")
+        )
+        assert projected_map.shape == (3, *model.grid_size)
+
+
 def test_class_target_and_direction_are_not_mixed_up():
     model = tiny_model()
     images = images_for(model, batch=2)

@@ -7,7 +7,7 @@ import torch
 import vit
 from vit.data.transforms import EvalTransform
 from vit.inference.evaluation import evaluate
-from vit.inference.tta import black_pixel, mean_probability, shift, tta_logits, views
+from vit.inference.tta import black_pixel, log_mean_probability, shift, tta_logits, views
 
 PREPROCESS = vit.Preprocess(
     input_size=(32, 32), crop_pct=1.0, mean=(0.49, 0.48, 0.45), std=(0.25, 0.24, 0.26)
@@ -71,7 +71,7 @@ def test_tta_logits_is_the_mean_softmax_of_the_views_and_the_first_view_is_plain
         probs = torch.stack([model(v).softmax(-1) for v in views(images, "shift", fill)]).mean(0)
         assert torch.equal(plain, model(images))
     assert torch.allclose(log_probs.exp(), probs, atol=1e-6)
-    assert torch.allclose(mean_probability(plain), plain.log_softmax(-1))
+    assert torch.allclose(log_mean_probability(plain), plain.log_softmax(-1))
 
 
 @pytest.mark.parametrize("method", ["flip", "shift", "flip-shift"])

@@ -247,6 +247,9 @@ def test_a_headless_checkpoint_keeps_the_fresh_head(caplog):
         ((12, 20), None, 1),
         ((10, 10), (8, 12), 0),
         ((14, 14), None, 0),
+        # as many tokens, another grid: resampled (a square one was taken for unchanged)
+        ((4, 4), (2, 8), 1),
+        ((2, 8), (2, 8), 1),
     ],
 )
 def test_resample_matches_timm(new_size, old_size, prefix):

@@ -6,10 +6,11 @@ forward pass (plus one backward for gradients) in eval mode with the explicit at
 switched on, whatever the model was using before, and restores both settings afterwards. A
 headless backbone has no class to explain: the gradients are then of the cosine (or
 dot-product) similarity of each image's pooled embedding (`embed`) to a `direction` in
-embedding space (another image's or a text's embedding).
+embedding space (another image's `embed`), or with `pre_logits=False` in the space of the
+head's output (a CLIP model's image projection: a CLIP text embedding).
 
-Shape legend: B batch, nh heads, N tokens (prefix + patches), L the attention pool's latent
-queries, D embedding width.
+Shape legend: B batch, nh heads, N tokens (prefix + patches), gh*gw patches, L the attention
+pool's latent queries (one), D embedding width.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _attention_modules(model: nn.Module) -> list[nn.Module]:
 @dataclass
 class _Captured:
     blocks: list[torch.Tensor]  # depth tensors (B, nh, N, N)
-    pool: list[torch.Tensor]  # the attention pool's (B, nh, L, N), L latent queries
+    pool: list[torch.Tensor]  # the attention pool's (B, nh, L, gh*gw): it reads patches only
 
 
 @contextmanager
@@ -125,7 +126,8 @@ class AttentionRecord:
     None when a direction was explained. attentions: depth tensors (B, nh, N, N), detached.
     gradients: depth tensors (B, nh, N, N), d(score)/d(attention), or None when no backward was
     run. targets: (B,) class indices the gradients are for, or None. pool_attention /
-    pool_gradient: the attention-pool readout's (B, nh, L, N) probabilities and their gradient
+    pool_gradient: the attention-pool readout's (B, nh, L, gh*gw) probabilities (over the patch
+    tokens alone: the pool reads no prefix token) and their gradient
     (global_pool="map"), else None. embeddings: (B, D) pooled features when a direction was
     explained. scores: (B,) the explained quantity (target logit or similarity).
     """
@@ -158,7 +160,9 @@ def similarity_scores(
     if direction.shape != embeddings.shape:
         raise ValueError(
             f"direction has shape {tuple(direction.shape)}; the model's embeddings are "
-            f"{tuple(embeddings.shape)}: pass one ({embeddings.shape[-1]},) vector or one per image"
+            f"{tuple(embeddings.shape)}: pass one ({embeddings.shape[-1]},) vector or one per "
+            f"image (pre_logits=False takes one in the space of the model's head output, where a "
+            f"CLIP model's text embeddings live)"
         )
     if similarity == "cosine":
         return F.cosine_similarity(embeddings, direction, dim=-1)
@@ -168,11 +172,13 @@ def similarity_scores(
 
 
 @torch.no_grad()
-def embed(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
-    """Pooled pre-logits features (B, D) of `images` in eval mode: the embedding a headless
-    backbone (DINOv2, CLIP's image tower) returns, and the space `direction` lives in."""
+def embed(model: nn.Module, images: torch.Tensor, pre_logits: bool = True) -> torch.Tensor:
+    """The embeddings of `images` in eval mode, the space `direction` lives in: the pooled
+    features before the head (B, D), what a headless backbone (DINOv2, CLIP's image tower)
+    returns, or with `pre_logits=False` the head's output (B, K): a CLIP model's image
+    projection into its text space, where its text embeddings live."""
     with _eval_mode(model):
-        return model.forward_head(model.forward_features(images), pre_logits=True)
+        return model.forward_head(model.forward_features(images), pre_logits=pre_logits)
 
 
 def record_attention(
@@ -183,6 +189,7 @@ def record_attention(
     *,
     direction: torch.Tensor | None = None,
     similarity: Similarity = "cosine",
+    pre_logits: bool = True,
 ) -> AttentionRecord:
     """Run `model` on `images` (B, C, H, W) in eval mode and capture its attention.
 
@@ -190,9 +197,11 @@ def record_attention(
     class; an int or a name in `model.class_names`: that class for every image; a sequence or
     tensor of B ints, or B names: one per image) and
     return the gradients with respect to each block's attention, paired with that same block.
-    With `direction` ((D,) or (B, D), e.g. another image's or a text's embedding) the gradients
-    are of the similarity between each image's pooled embedding and the direction instead
-    (see `similarity_scores`): the way to explain a headless backbone. Summing the scores over
+    With `direction` ((D,) or (B, D), e.g. another image's `embed`) the gradients are of the
+    similarity between each image's pooled embedding and the direction instead (see
+    `similarity_scores`): the way to explain a headless backbone. With `pre_logits=False` the
+    embedding is the head's output instead ((K,) or (B, K)): a CLIP model's image projection,
+    to explain the similarity to a CLIP text embedding. Summing the scores over
     the batch gives per-image gradients, because images do not interact in a ViT in eval mode.
     Parameter `.grad`s are left untouched.
     """
@@ -220,7 +229,8 @@ def record_attention(
                 targets = _resolve_target(class_indices(model, target), logits)
                 scores = logits.gather(1, targets[:, None])[:, 0]
             else:
-                embeddings = model.forward_head(model.forward_features(x), pre_logits=True)
+                features = model.forward_features(x)
+                embeddings = model.forward_head(features, pre_logits=pre_logits)
                 scores = similarity_scores(embeddings, direction, similarity)
             # autograd.grad with the captured tensors as inputs: gradient i belongs to block i by
             # construction (backward hooks fire in reverse order, a classic source of mix-ups).

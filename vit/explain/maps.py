@@ -13,8 +13,9 @@ The map is read where the head reads: the class token's row (with a distillation
 mean of both rows), the mean of the patch rows for global_pool="avg", or the attention pool's
 weights over the tokens for global_pool="map". Register tokens can be left out
 (`include_registers=False`). A headless backbone has no class to explain: the gradient methods
-then take a `direction` in embedding space (another image's or a text's embedding) and explain
-the cosine (or dot-product) similarity of each image's pooled embedding to it.
+then take a `direction` in embedding space (another image's embedding; with
+`pre_logits=False` in the head's output space, a CLIP text embedding) and explain the cosine (or
+dot-product) similarity of each image's embedding to it.
 
 Each function runs one forward pass (plus one backward for the gradient methods) through
 `vit.explain.capture.record_attention`: in eval mode with the explicit attention path switched
@@ -161,6 +162,7 @@ def gradient_rollout(
     *,
     direction: torch.Tensor | None = None,
     similarity: Similarity = "cosine",
+    pre_logits: bool = True,
     include_registers: bool = True,
 ) -> torch.Tensor:
     """Gradient-weighted attention rollout for a class or a direction: (B, gh, gw).
@@ -168,12 +170,20 @@ def gradient_rollout(
     target: None for each image's predicted class, an int or a class name (one of
     `model.class_names`) for one class for all, or B ints or names.
     direction: instead of a class, an embedding ((D,) or (B, D)) whose `similarity` ("cosine"
-    or "dot") to each image's pooled embedding is explained (headless backbones). Other
+    or "dot") to each image's pooled embedding is explained (headless backbones); with
+    `pre_logits=False`, to the head's output (a CLIP text embedding and the image projection,
+    see `vit.explain.capture.embed`). Other
     arguments as in `attention_rollout`; the attention pool's row is grad * attention fused,
     clamped at zero and normalised like a rollout row.
     """
     record = record_attention(
-        model, images, True, target, direction=direction, similarity=similarity
+        model,
+        images,
+        True,
+        target,
+        direction=direction,
+        similarity=similarity,
+        pre_logits=pre_logits,
     )
     prep = _prepare(model, images, record, include_registers)
     matrix = gradient_rollout_matrix(
@@ -193,16 +203,23 @@ def relevance(
     *,
     direction: torch.Tensor | None = None,
     similarity: Similarity = "cosine",
+    pre_logits: bool = True,
     include_registers: bool = True,
 ) -> torch.Tensor:
     """Chefer et al. 2021 gradient-times-attention relevance for a class: (B, gh, gw).
 
-    target, direction, similarity, include_registers: as in `gradient_rollout`. With an
+    target, direction, similarity, pre_logits, include_registers: as in `gradient_rollout`. With an
     attention pool its mean_h((grad * A)^+) row reads the relevance matrix (the pool's latent
     query is not a token, so it has no identity term).
     """
     record = record_attention(
-        model, images, True, target, direction=direction, similarity=similarity
+        model,
+        images,
+        True,
+        target,
+        direction=direction,
+        similarity=similarity,
+        pre_logits=pre_logits,
     )
     prep = _prepare(model, images, record, include_registers)
     matrix = relevance_matrix(prep.attentions, prep.gradients)
@@ -261,7 +278,7 @@ def mean_attention_distance(
     distances = torch.cdist(centres, centres)  # (gh*gw, gh*gw) pixels between patch centres
     result = []
     for a in attentions:
-        patches = a[:, :, num_prefix_tokens:, num_prefix_tokens:].double()  # (B, nh, P, P)
+        patches = a[:, :, num_prefix_tokens:, num_prefix_tokens:].double()  # (B, nh, gh*gw, gh*gw)
         patches = patches / patches.sum(dim=-1, keepdim=True).clamp_min(1e-12)
         per_query = (patches * distances.to(patches.device)).sum(dim=-1)  # (B, nh, gh*gw)
         result.append(per_query.mean(dim=(0, 2)))  # (nh,)

@@ -64,7 +64,7 @@ def tta_logits(
     are the plain logits.
     """
     scored = [model(view).float() for view in views(images, method, fill)]  # each (B, K)
-    return scored[0], mean_probability(*scored) if len(scored) > 1 else scored[0]
+    return scored[0], log_mean_probability(*scored) if len(scored) > 1 else scored[0]
 
 
 def black_pixel(preprocess) -> torch.Tensor:
@@ -76,7 +76,7 @@ def black_pixel(preprocess) -> torch.Tensor:
     return -torch.tensor(preprocess.mean) / torch.tensor(preprocess.std)
 
 
-def mean_probability(*logits: torch.Tensor) -> torch.Tensor:
+def log_mean_probability(*logits: torch.Tensor) -> torch.Tensor:
     """Logits of the same images, each (B, K) -> log of their mean softmax probability (B, K).
 
     Usable as logits: its softmax is the mean probability, its argmax the TTA prediction,

@@ -164,7 +164,8 @@ def whiten_stem_(
     as the teacher takes them, in place: with the patches' covariance V diag(lam) V^T,
         weight = [V diag((lam + eps)^-1/2); -V diag((lam + eps)^-1/2)]^T    (24, 3, 2, 2)
         bias   = -weight mu                                                  (centred outputs)
-    so each filter's output has unit variance over the images and no two are correlated."""
+    so each filter's output has unit variance over the images, the first 12 uncorrelated (the
+    other 12 their negatives)."""
     if not isinstance(teacher.stem, WhitenStem):
         raise ValueError(
             f"whiten_stem_ needs a teacher with stem='whiten', not {teacher.stem_kind!r}"
@@ -181,9 +182,10 @@ def whiten_stem_(
 
 @torch.no_grad()
 def dirac_init_(teacher: CnnTeacher) -> CnnTeacher:
-    """Each 3x3 conv's first min(in, out) filters set to pass their input channel through
-    unchanged (the rest keep their random start): every conv starts as a partial identity, as
-    if the network had residual connections."""
+    """Each 3x3 conv of the stages (not the stem, as in airbench): its first min(in, out)
+    filters set to pass their input channel through unchanged (the rest keep their random
+    start), so every such conv starts as a partial identity, as if the network had residual
+    connections."""
     for module in teacher.stages.modules():
         if isinstance(module, nn.Conv2d):
             nn.init.dirac_(module.weight[: module.in_channels])

@@ -62,7 +62,9 @@ class HFClass:
 class Family:
     """What the package knows about one family; `FAMILIES` below, one record each."""
 
-    name: str  # the id `vit.models.registry.ModelSpec.family` uses (plain ViTs: "vit")
+    # the record's id (`family_of`; plain ViTs: "vit"); `vit.models.registry.ModelSpec.family`
+    # groups more coarsely (its dinov2 holds dinov2_reg, deit undistilled DeiTs are "vit" here)
+    name: str
     title: str
     switches: Mapping[str, Any]  # the ViTConfig fields that make it, with its presets' values
     is_member: Callable[[Any], bool]  # does a ViTConfig carry this family's switches

@@ -14,7 +14,7 @@ and runs in timm exactly like any other:
   plain ViT baselines for ImageNet-1k"), stored in `pos_embed` with gradients off.
 * `whiten_patch_embed_`: a patch embedding that whitens the training images' patches: the
   first layer's data-dependent start in airbench's CNNs for CIFAR-10 (a fixed convolution of
-  2x2 patches; in its ablations, KellerJordan/cifar10-zoo, 94% in 22 epochs instead of 35).
+  2x2 patches; in its ablations, KellerJordan/cifar10-zoo, 94% in 21 epochs instead of 35).
   Pixels within a patch are strongly correlated, so a few directions of the patch space carry
   most of its variance, and a random projection of it learns slowly along the rest; whitened,
   every direction starts out equally loud. Here the layer stays linear and keeps training.
@@ -87,7 +87,8 @@ def sincos_2d(grid: tuple[int, int], dim: int, temperature: float = 10000.0) -> 
     """Fixed 2-D sine-cosine position embeddings, (gh*gw, D), row-major like the patch tokens.
 
     A quarter of the channels each: sin and cos of the row index, sin and cos of the column
-    index, at geometrically spaced frequencies (as big_vision's `posemb_sincos_2d`).
+    index, at geometrically spaced frequencies (big_vision's `posemb_sincos_2d`'s, which puts
+    the column's quarters first).
     """
     if dim % 4:
         raise ValueError(f"sin-cos position embeddings need embed_dim divisible by 4, got {dim}")
@@ -121,7 +122,8 @@ def sincos_pos_embed_(model: nn.Module) -> nn.Module:
 # damped instead of raised to the variance of the others: JPEG noise, mostly. airbench's is 5e-4
 # for 12 values a patch; 48 and more hold more near-empty directions, so more is damped here.
 WHITEN_EPS = 1e-2
-# The default initialisation's standard deviation of the patch embedding's weights (timm's):
+# The default initialisation's standard deviation of the patch embedding's weights (this
+# package's `init_weights`; timm's leaves the conv at PyTorch's default):
 # the whitened embedding keeps the tokens' expected size, so only their directions change.
 DEFAULT_STD = 0.02
 

@@ -25,6 +25,22 @@ def resamples_always(method: str = "timm") -> bool:
     return method != "dinov2" and torch.compiler.is_exporting()
 
 
+def unchanged_grid(
+    posemb: torch.Tensor,
+    new_size: tuple[int, int],
+    old_size: tuple[int, int] | None,
+    num_prefix_tokens: int,
+) -> bool:
+    """Whether `new_size` is the grid `posemb` already has: `old_size` itself, or where it is
+    not given (a square grid assumed), a square grid of as many tokens. (As many tokens alone
+    is not enough: a 2x8 grid read as 4x4 would scramble the positions.)"""
+    if posemb.shape[1] != new_size[0] * new_size[1] + num_prefix_tokens:
+        return False
+    if old_size is None:
+        return new_size[0] == new_size[1]
+    return tuple(old_size) == tuple(new_size)
+
+
 def resample_abs_pos_embed(
     posemb: torch.Tensor,
     new_size: tuple[int, int],
@@ -39,9 +55,8 @@ def resample_abs_pos_embed(
     D-channel image and interpolated in float32 (bicubic in half precision is too coarse).
     Same semantics as timm's `resample_abs_pos_embed`.
     """
-    num_new = new_size[0] * new_size[1] + num_prefix_tokens
     # (asked first: comparing the traced sizes would fix an exported program to them)
-    if not resamples_always() and num_new == posemb.shape[1] and new_size[0] == new_size[1]:
+    if not resamples_always() and unchanged_grid(posemb, new_size, old_size, num_prefix_tokens):
         return posemb
     if old_size is None:
         side = math.isqrt(posemb.shape[1] - num_prefix_tokens)
@@ -88,11 +103,11 @@ def resample_pos_embed(
         raise ValueError(f"unknown pos_embed resampling {method!r}; accepted: {sorted(RESAMPLERS)}")
     if method == "timm":
         return resample_abs_pos_embed(posemb, new_size, old_size, num_prefix_tokens)
-    grid_tokens = posemb.shape[1] - num_prefix_tokens
-    square = new_size[0] == new_size[1]
-    if not resamples_always(method) and grid_tokens == new_size[0] * new_size[1] and square:
-        return posemb  # both libraries skip resampling for an unchanged square grid
-    old_size = old_size or (math.isqrt(grid_tokens),) * 2
+    if not resamples_always(method) and unchanged_grid(
+        posemb, new_size, old_size, num_prefix_tokens
+    ):
+        return posemb  # both libraries skip resampling for an unchanged grid
+    old_size = old_size or (math.isqrt(posemb.shape[1] - num_prefix_tokens),) * 2
     if method == "transformers":
         interpolate = dict(size=tuple(new_size), align_corners=False)
     else:  # the original DINOv2: the offset moves every sample point a little

@@ -112,7 +112,7 @@ class ModelSpec:
     pretrained_tag: str | None = None  # timm's default tag; None: no published weights
     description: str = ""
     # vit, dinov2 (with or without registers), clip, siglip, deit (with or without distillation),
-    # deit3 (as `vit.models.families`' records), or cifar
+    # deit3, or cifar (coarser than `vit.models.families`' records: see Family.name)
     family: str = "vit"
     other_tags: dict[str, Weights] = field(default_factory=dict)
 

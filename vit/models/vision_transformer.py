@@ -414,9 +414,11 @@ class VisionTransformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """ViT paper / timm initialisation: truncated normal(0.02) weights, zero biases, a zero
-        head so that training starts from uniform predictions, near-zero class and register
-        tokens, LayerScale at init_values, the attention pool's query at std D**-0.5."""
+        """timm's truncated normal(0.02) for every Linear, here the patch embedding's conv too
+        (timm leaves it at PyTorch's default, std 1/sqrt(3 C p^2): 0.083 at patch 4), zero
+        biases, and the ViT paper's zero head (timm's default head is trunc_normal(0.02)) so
+        that training starts from uniform predictions; near-zero class and register tokens,
+        LayerScale at init_values, the attention pool's query at std D**-0.5."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 nn.init.trunc_normal_(module.weight, std=0.02)

@@ -36,7 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ..inference.evaluation import evaluate
-from ..inference.tta import mean_probability
+from ..inference.tta import log_mean_probability
 from ..models.cnn_teacher import CHANNEL_MULT, CnnTeacher, whiten_stem_
 from ..utils.files import atomic_write
 from ..utils.process_group import DistInfo
@@ -77,7 +77,7 @@ def distillation_loss(
 def teacher_logits(teacher: torch.nn.Module, images: torch.Tensor, tta: str) -> torch.Tensor:
     """What the frozen `teacher` says about images (B, 3, H, W): its logits (B, K) in float32,
     or under --teacher-tta flip the log of its mean probability over each image and its mirror
-    image (`vit.inference.tta.mean_probability`: usable as logits, its softmax that mean). The
+    image (`vit.inference.tta.log_mean_probability`: usable as logits, its softmax that mean). The
     two views go through in one pass of 2B images: one set of launches, and batch norm in eval
     mode makes an image's answer independent of its batch."""
     if tta == "none":
@@ -85,7 +85,7 @@ def teacher_logits(teacher: torch.nn.Module, images: torch.Tensor, tta: str) -> 
     if tta != "flip":
         raise ValueError(f"--teacher-tta must be none or flip, got {tta!r}")
     both = teacher(torch.cat([images, images.flip(-1)])).float()  # (2B, K)
-    return mean_probability(*both.chunk(2))  # (B, K)
+    return log_mean_probability(*both.chunk(2))  # (B, K)
 
 
 def teacher_loader_settings(cfg: TrainConfig, recipe: TeacherRecipe) -> TrainConfig:

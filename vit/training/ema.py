@@ -23,10 +23,12 @@ def paired_tensors(average: nn.Module, model: nn.Module) -> tuple[list, list]:
 
 
 class ModelEma:
-    """Exponential moving average of a model's weights (and a copy of its buffers).
+    """Exponential moving average of a model's weights and floating-point buffers (its integer
+    buffers, counters, copied).
 
     The decay warms up as (1 + step) / (10 + step), capped at `decay`, so that short runs
-    are not dominated by the random initial weights (as timm's ModelEmaV3 with warmup).
+    are not dominated by the random initial weights (TensorFlow's ExponentialMovingAverage
+    with num_updates; timm's ModelEmaV3 warms up by another curve, 1 - (1 + step)^(-2/3)).
     """
 
     def __init__(self, model: nn.Module, decay: float) -> None:

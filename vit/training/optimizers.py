@@ -33,8 +33,9 @@ from torch import nn
 
 from ..models.vision_transformer import Attention
 
-# Quintic Newton-Schulz coefficients with a steep slope at zero (Jordan et al.): a few steps
-# bring every singular value into roughly [0.7, 1.2], which is all Muon needs.
+# Quintic Newton-Schulz coefficients with a steep slope at zero (Jordan et al.): a few steps push
+# every singular value up toward 1 (at most ~1.2), which is all Muon needs; those far below the
+# largest, common in square matrices, stay below ~0.7 after 5 steps.
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
@@ -270,7 +271,8 @@ def _rank_and_world() -> tuple[int, int]:
 def param_groups(
     model: nn.Module, weight_decay: float, lr_scales: dict[str, float] | None = None
 ) -> list[dict]:
-    """Weight decay on weight matrices only: not on biases, norms, pos_embed or cls_token;
+    """Weight decay on weights only: not on biases, norms or what `no_weight_decay()` names
+    (pos_embed, the class and register tokens; the attention pool's query is decayed, as timm);
     frozen parameters (requires_grad False) in no group. With `lr_scales` (a factor per
     parameter name: layer decay), one group per factor and kind, each with its `lr_scale`."""
     skip = set(getattr(model, "no_weight_decay", set)())
