@@ -132,9 +132,9 @@ def export_onnx(
     program.model.metadata_props.update(onnx_metadata(model, "float32"))
     large = sum(p.numel() * p.element_size() for p in model.parameters()) > EXTERNAL_DATA_BYTES
     result: list[ExportCheck] = []
-    if (
-        large
-    ):  # the weights in FILE.data beside it, which FILE names: both checked, then put in place
+    # Past protobuf's limit the weights go to FILE.data, which FILE names: both checked, then put
+    # in place together
+    if large:
         if options.optimize or options.int8:
             raise ValueError("--optimize and --int8 take models under 1.8 GB of float32 weights")
 

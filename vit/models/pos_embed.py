@@ -30,10 +30,15 @@ def unchanged_grid(
     new_size: tuple[int, int],
     old_size: tuple[int, int] | None,
     num_prefix_tokens: int,
+    method: str = "timm",
 ) -> bool:
-    """Whether `new_size` is the grid `posemb` already has: `old_size` itself, or where it is
-    not given (a square grid assumed), a square grid of as many tokens. (As many tokens alone
-    is not enough: a 2x8 grid read as 4x4 would scramble the positions.)"""
+    """Whether `new_size` is the grid `posemb` already has, so that resampling is skipped (as
+    timm and transformers skip it): `old_size` itself, or where it is not given (a square grid
+    assumed), a square grid of as many tokens. (As many tokens alone is not enough: a 2x8 grid
+    read as 4x4 would scramble the positions.) Never while torch.export traces, asked first:
+    comparing the traced sizes would fix an exported program to them (`resamples_always`)."""
+    if resamples_always(method):
+        return False
     if posemb.shape[1] != new_size[0] * new_size[1] + num_prefix_tokens:
         return False
     if old_size is None:
@@ -55,8 +60,7 @@ def resample_abs_pos_embed(
     D-channel image and interpolated in float32 (bicubic in half precision is too coarse).
     Same semantics as timm's `resample_abs_pos_embed`.
     """
-    # (asked first: comparing the traced sizes would fix an exported program to them)
-    if not resamples_always() and unchanged_grid(posemb, new_size, old_size, num_prefix_tokens):
+    if unchanged_grid(posemb, new_size, old_size, num_prefix_tokens):
         return posemb
     if old_size is None:
         side = math.isqrt(posemb.shape[1] - num_prefix_tokens)
@@ -103,10 +107,8 @@ def resample_pos_embed(
         raise ValueError(f"unknown pos_embed resampling {method!r}; accepted: {sorted(RESAMPLERS)}")
     if method == "timm":
         return resample_abs_pos_embed(posemb, new_size, old_size, num_prefix_tokens)
-    if not resamples_always(method) and unchanged_grid(
-        posemb, new_size, old_size, num_prefix_tokens
-    ):
-        return posemb  # both libraries skip resampling for an unchanged grid
+    if unchanged_grid(posemb, new_size, old_size, num_prefix_tokens, method):
+        return posemb
     old_size = old_size or (math.isqrt(posemb.shape[1] - num_prefix_tokens),) * 2
     if method == "transformers":
         interpolate = dict(size=tuple(new_size), align_corners=False)
