@@ -92,6 +92,12 @@ def test_grayscale_and_transparent_images_become_rgb(images, tmp_path):
     Image.fromarray(np.array([[0, 1], [1, 0]], np.uint8), "P").save(palette, transparency=0)
     pixels = load_image(palette)
     assert (pixels[0, 0] == 255).all() and (pixels[1, 1] == 255).all()  # transparent: white
+    # a transparent colour in an RGB or greyscale PNG (tRNS) too: it came out as its colour
+    keyed_rgb, keyed_gray = tmp_path / "keyed-rgb.png", tmp_path / "keyed-gray.png"
+    Image.fromarray(np.zeros((2, 2, 3), np.uint8)).save(keyed_rgb, transparency=(0, 0, 0))
+    Image.fromarray(np.array([[0, 9], [9, 0]], np.uint8)).save(keyed_gray, transparency=0)
+    assert (load_image(keyed_rgb) == 255).all()
+    assert load_image(keyed_gray)[..., 0].tolist() == [[255, 9], [9, 255]]
     deep = tmp_path / "16bit.png"  # 16-bit greyscale: the levels scaled, not clipped to white
     levels = np.array([[0, 257 * 100], [257 * 200, 65535]], np.uint16)
     Image.fromarray(levels).save(deep)

@@ -2,9 +2,9 @@
 expansion of files, folders and glob patterns into a list of images.
 
 Every image becomes RGB the same way: grayscale is replicated to three channels, and images
-with transparency (RGBA, LA, PA, or a palette with a transparent colour) are composited on
-white, which is what a viewer shows (dropping alpha would reveal whatever colour the encoder
-left under transparent pixels, often black).
+with transparency (RGBA, LA, PA, or a transparent colour in a palette, RGB or greyscale image)
+are composited on white, which is what a viewer shows (dropping alpha would reveal whatever
+colour the encoder left under transparent pixels, often black).
 """
 
 from __future__ import annotations
@@ -56,14 +56,16 @@ def open_image(path: str | Path) -> Image.Image:
         Image.DecompressionBombError,
     ) as e:
         raise CorruptImageError(f"cannot read image {path}: {e}") from e
+    sixteen_bit = image.mode == "I" or image.mode.startswith("I;16")
+    # a transparent colour (PNG's tRNS) marks palette, RGB and greyscale images alike
     transparent = image.mode in ("RGBA", "LA", "PA") or (
-        image.mode == "P" and "transparency" in image.info
+        "transparency" in image.info and not sixteen_bit
     )
     if transparent:
         rgba = image.convert("RGBA")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
-    if image.mode == "I" or image.mode.startswith("I;16"):
+    if sixteen_bit:
         # 16-bit greyscale (PNG, TIFF): PIL's convert("RGB") clips every value above 255 to
         # white; scale 0..65535 to 0..255 instead
         levels = np.asarray(image, dtype=np.float64) / 257.0
