@@ -51,6 +51,11 @@ def test_subset_is_stratified(image_folder):
     labels = np.repeat(np.arange(4), 10)
     chosen = stratified_indices(labels, 10, seed=0)
     assert np.bincount(labels[chosen]).tolist() == [3, 3, 2, 2]
+    # a class of one image: what it cannot give comes from the others (9 asked gave 7)
+    small = np.array([0] + [1] * 100 + [2] * 100)
+    for asked, per_class in [(9, [1, 4, 4]), (30, [1, 15, 14]), (500, [1, 100, 100])]:
+        chosen = stratified_indices(small, asked, seed=0)
+        assert np.bincount(small[chosen]).tolist() == per_class and len(set(chosen)) == len(chosen)
 
 
 def test_unknown_data_names_the_input(tmp_path):
@@ -393,3 +398,15 @@ def test_a_full_disk_is_one_error_naming_the_file_and_the_old_one_stays(tmp_path
     monkeypatch.undo()  # space enough: the writer's own error, as it was
     with pytest.raises(RuntimeError, match="unexpected pos"):
         files.atomic_write(target, torch_save_on_a_full_disk)
+
+
+def test_in_memory_batches_keep_non_square_images_and_resize_them_in_proportion():
+    """The default size was the width: every batch of 16x24 images was stretched to 24x24."""
+    from vit.data.batch_pipeline import InMemoryBatches
+
+    images = np.random.default_rng(0).integers(0, 256, size=(8, 16, 24, 3), dtype=np.uint8)
+    batches = InMemoryBatches(images, np.arange(8), batch_size=4, mean=(0.5,) * 3, std=(0.25,) * 3)
+    for size, shape in [(None, (16, 24)), (16, (16, 24)), (8, (8, 12))]:
+        batches.set_epoch(0, size)
+        x, _ = next(iter(batches))
+        assert tuple(x.shape) == (4, 3, *shape)

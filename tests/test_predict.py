@@ -356,6 +356,17 @@ def test_explain_writes_the_image_beside_its_map(
     assert "wrote 7 attention maps" in capsys.readouterr().err
 
 
+def test_every_image_gets_a_map_of_its_own_name(tmp_path):
+    """a.jpg beside a.png takes a_jpg.png, the name of an a_jpg.jpg beside them: one map
+    replaced the other."""
+    from vit.inference.explanations import explanation_paths
+
+    images = [tmp_path / name for name in ("a.jpg", "a.png", "a_jpg.jpg", "b.jpg")]
+    targets = explanation_paths(images, tmp_path / "maps")
+    names = [targets[image].name for image in images]
+    assert names == ["a_jpg.png", "a_png.png", "a_jpg_2.png", "b.png"]
+
+
 def test_explain_never_replaces_an_image_and_keeps_earlier_maps(
     checkpoint, tmp_path, one_thread, capsys
 ):

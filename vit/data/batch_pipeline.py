@@ -60,7 +60,8 @@ class InMemoryBatches:
     (1: the draws of earlier releases). Every call has one shape, so RandAugment compiles once:
     the epoch's last call is filled up with other images of the epoch, whose augmented copies
     are dropped.
-    Call `set_epoch(epoch, size)` before iterating; `size` (default H) resizes the batch.
+    Call `set_epoch(epoch, size)` before iterating; `size` (default H) resizes the batch to that
+    height, its width in proportion (square images: size x size).
     """
 
     def __init__(
@@ -108,7 +109,7 @@ class InMemoryBatches:
         )
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.epoch = 0
-        self.size = int(self.images.shape[-1])
+        self.size: int | None = None  # the batches' height; None: the images' own
         # Every process gets the same number of full batches (DDP steps in lockstep).
         self.per_process = len(self.images) // world_size
         if self.per_process < batch_size:
@@ -120,7 +121,7 @@ class InMemoryBatches:
 
     def set_epoch(self, epoch: int, size: int | None = None) -> None:
         self.epoch = epoch
-        self.size = int(size or self.images.shape[-1])
+        self.size = None if size is None else int(size)
 
     def __len__(self) -> int:
         return self.per_process // self.batch_size
@@ -165,7 +166,7 @@ class InMemoryBatches:
         index: torch.Tensor | None = None,
         copy: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """uint8 (B, 3, H, W) -> normalised float (B, 3, size, size), augmented.
+        """uint8 (B, 3, H, W) -> normalised float (B, 3, size, size * W / H), augmented.
 
         index: the images' positions in the data set (needed by hflip_alternate); copy (B,):
         which of an image's aug_repeats copies each is (odd ones flip the other way)."""
@@ -183,10 +184,10 @@ class InMemoryBatches:
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         if self.randaug_ops > 0:
             x = rand_augment(x, self.randaug_ops, generator, apply=self.apply_randaug)
-        if self.size != H or self.size != W:
-            x = F.interpolate(
-                x, size=(self.size, self.size), mode="bilinear", antialias=True, align_corners=False
-            )
+        if self.size is not None and self.size != H:
+            # the width in proportion: a square size stretched non-square images (16x24 to 24x24)
+            size = (self.size, round(self.size * W / H))
+            x = F.interpolate(x, size=size, mode="bilinear", antialias=True, align_corners=False)
         x = (x - self.mean) / self.std
         if self.reprob > 0:
             x = random_erase(x, self.reprob, generator)

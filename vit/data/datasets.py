@@ -259,14 +259,25 @@ def first_missing_folder(path: Path) -> Path | None:
 
 
 def stratified_indices(labels: np.ndarray, count: int, seed: int) -> list[int]:
-    """`count` sample indices spread evenly over the classes, chosen at random by `seed`."""
+    """`count` sample indices (all of them, where there are fewer) spread evenly over the
+    classes, chosen at random by `seed`."""
     rng = np.random.default_rng(seed)
     classes = np.unique(labels)
+    members = [np.flatnonzero(labels == c) for c in classes]
+    # an even share each (the first count % C one more), at most the class's images; what small
+    # classes cannot give goes, one at a time, to the classes that have more (it was left out)
+    sizes = [
+        min(count // len(classes) + (i < count % len(classes)), len(m))
+        for i, m in enumerate(members)
+    ]
+    left = min(count, len(labels)) - sum(sizes)
+    while left > 0:
+        for i, m in enumerate(members):
+            if left > 0 and sizes[i] < len(m):
+                sizes[i], left = sizes[i] + 1, left - 1
     chosen = []
-    for i, c in enumerate(classes):
-        members = np.flatnonzero(labels == c)
-        share = count // len(classes) + (1 if i < count % len(classes) else 0)
-        chosen += rng.choice(members, size=min(share, len(members)), replace=False).tolist()
+    for m, size in zip(members, sizes, strict=True):
+        chosen += rng.choice(m, size=size, replace=False).tolist()
     return sorted(chosen)
 
 

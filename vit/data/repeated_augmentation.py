@@ -1,8 +1,9 @@
 """Repeated augmentation (Hoffer et al. 2020; DeiT; timm's RepeatAugSampler): each image of an
 epoch's shuffle taken `repeats` times in a row, dealt to the processes in turn, each copy
 augmented on its own; each process keeps as many samples as without repeats, so an epoch is of
-1 / repeats of the images. One process holds an image's copies in one batch; with as many
-processes as copies, each holds one (DeiT's layout).
+1 / repeats of the images. An image's copies are consecutive in one process's stream (in one
+batch where the batch size is a multiple of `repeats`); with as many processes as copies, each
+holds one (DeiT's layout).
 
 `deal_repeats` is the layout, shared by both training pipelines: the in-memory batches
 (`vit.data.batch_pipeline`) and, through `RepeatAugSampler`, the per-image loader.

@@ -26,18 +26,24 @@ HEAD_MAP_CMAP = "inferno"  # plot_head_attention's colours, for the colour bar
 
 def explanation_paths(paths: Sequence[Path], folder: Path) -> dict[Path, Path]:
     """One PNG per image under `folder`, mirroring the images' folders below their common
-    parent (cats/a.jpg -> DIR/cats/a.png; a.jpg and a.png side by side -> a_jpg.png, a_png.png)."""
+    parent (cats/a.jpg -> DIR/cats/a.png; a.jpg and a.png side by side -> a_jpg.png, a_png.png;
+    a name still taken, by an a_jpg.jpg beside them, gets a number: a_jpg_2.png)."""
     absolute = [p.resolve() for p in paths]
     root = Path(os.path.commonpath([p.parent for p in absolute])) if absolute else Path()
     stems: dict[Path, int] = {}
     for p in absolute:
         key = p.relative_to(root).with_suffix("")
         stems[key] = stems.get(key, 0) + 1
-    out = {}
+    out, taken = {}, set()
     for original, p in zip(paths, absolute, strict=True):
         rel = p.relative_to(root)
         name = rel.stem if stems[rel.with_suffix("")] == 1 else f"{rel.stem}_{rel.suffix[1:]}"
-        out[original] = folder / rel.parent / f"{name}.png"
+        target, number = folder / rel.parent / f"{name}.png", 1
+        while target in taken:  # one map must not replace another's
+            number += 1
+            target = folder / rel.parent / f"{name}_{number}.png"
+        taken.add(target)
+        out[original] = target
     return out
 
 

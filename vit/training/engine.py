@@ -6,7 +6,7 @@
     curves.png             loss and accuracy curves, redrawn after every epoch
     tensorboard/           the same metrics as TensorBoard events
     training_state.pt      everything `--resume` needs (`vit.training.checkpoint.TrainingState`)
-    model.safetensors      the latest weights (the final ones once done), loadable alone
+    model.safetensors      the latest kept weights (EMA's where on; the final ones once done)
     best.safetensors       the kept weights (EMA's where on) with the best top-1 so far
 
 The order `train` runs things: `vit.training.build.start`, on every process together (a failure
