@@ -2,9 +2,13 @@
 and magnitudes, and the batch is transformed by tensor operations where it lies, a GPU
 included, with no per-image Python and no host synchronisation.
 
-The menu is the per-image pipeline's (`vit.data.transforms.randaugment_ops`: the same 13 ops at
-the same strengths), each op defined as torchvision's functional op (PIL's definitions), which
-the tests compare with image by image:
+The menu is the per-image pipeline's (`vit.data.transforms.randaugment_ops`): the same 13 ops in
+the same order at the same strengths, each image's ops drawn as here (uniformly, with
+replacement, applied in the order drawn), there from albumentations' generators.
+tests/test_randaugment.py compares the two menus op by op, to within a level: the per-image ops
+end in uint8, translate by whole pixels, and rotate the other way for the same angle. Each op
+here is torchvision's functional op (PIL's definitions), which the tests compare with image by
+image:
 
     rotate +-20 deg, shear x / y +-15 deg, translate x / y +-15%      one affine warp (bilinear,
                                                                         zeros outside)

@@ -17,16 +17,55 @@ import cv2
 import numpy as np
 import torch
 from albumentations.pytorch import ToTensorV2
-from PIL import Image
+from PIL import Image, ImageOps
 
 from ..models.registry import Preprocess
 from .datasets import CACHE_MAX_SIDE, load_split
 from .eval_transform import eval_transform
 
 
+class PILSharpness(A.ImageOnlyTransform):
+    """PIL's `ImageEnhance.Sharpness` (torchvision's `adjust_sharpness`, the batch path's
+    sharpness) on uint8 RGB images, at a factor drawn uniformly from `factor`: the image moved
+    away from its SMOOTH-filtered self by that factor (1 leaves it as it is, above 1
+    sharpens), the one-pixel border kept as PIL keeps it. Not `A.Sharpen`: at RandAugment's
+    strengths that changes pixels ~10x as much, and its `lightness` darkens the image."""
+
+    # PIL's ImageFilter.SMOOTH
+    SMOOTH = np.array([[1, 1, 1], [1, 5, 1], [1, 1, 1]], dtype=np.float32) / 13
+
+    def __init__(self, factor: tuple[float, float] = (1.2, 1.6), p: float = 0.5) -> None:
+        super().__init__(p=p)
+        self.factor = factor
+
+    def get_params(self) -> dict[str, float]:
+        # albumentations' generator, which the pipeline seeds per sample
+        return {"factor": self.py_random.uniform(*self.factor)}
+
+    def apply(self, img: np.ndarray, factor: float, **params) -> np.ndarray:
+        image = img.astype(np.float32)
+        smoothed = image.copy()  # (H, W, 3)
+        smoothed[1:-1, 1:-1] = cv2.filter2D(image, -1, self.SMOOTH)[1:-1, 1:-1]
+        sharpened = smoothed + factor * (image - smoothed)
+        return np.clip(np.rint(sharpened), 0, 255).astype(np.uint8)
+
+
+class PILEqualize(A.ImageOnlyTransform):
+    """PIL's `ImageOps.equalize` (torchvision's, the batch path's) on uint8 RGB images.
+    `A.Equalize` is OpenCV's equalisation by default (tens of levels from PIL's), and its
+    mode="pil" shifts PIL's lookup table by one level."""
+
+    def apply(self, img: np.ndarray, **params) -> np.ndarray:
+        return np.asarray(ImageOps.equalize(Image.fromarray(img)))
+
+
 def randaugment_ops() -> list[A.BasicTransform]:
-    """A RandAugment-strength menu (Cubuk et al. 2020, magnitude ~9/30): geometric and
-    photometric ops, each applied fully when picked."""
+    """RandAugment's menu (Cubuk et al. 2020, magnitude ~9/30), each op applied fully when
+    drawn: the batch path's 13 ops (`vit.data.batch_randaugment.OPS`, in its order) at its
+    strengths, PIL's definitions to within a level, as the tests check op by op. Where the
+    two differ: each op here ends in uint8, translations are by whole pixels (albumentations
+    truncates the fraction of the size), and a rotation turns the other way for the same angle
+    (the range is symmetric, so the distribution is the same)."""
     return [
         A.Affine(rotate=(-20, 20), p=1.0),
         A.Affine(shear={"x": (-15, 15), "y": (0, 0)}, p=1.0),
@@ -36,11 +75,11 @@ def randaugment_ops() -> list[A.BasicTransform]:
         A.ColorJitter(brightness=0.4, contrast=0, saturation=0, hue=0, p=1.0),
         A.ColorJitter(brightness=0, contrast=0.4, saturation=0, hue=0, p=1.0),
         A.ColorJitter(brightness=0, contrast=0, saturation=0.5, hue=0, p=1.0),
+        PILSharpness(factor=(1.2, 1.6), p=1.0),
         A.Posterize(num_bits=(4, 6), p=1.0),
         A.Solarize(threshold_range=(0.5, 1.0), p=1.0),
-        A.Equalize(p=1.0),
-        A.AutoContrast(p=1.0),
-        A.Sharpen(alpha=(0.2, 0.6), p=1.0),
+        PILEqualize(p=1.0),
+        A.AutoContrast(method="pil", p=1.0),  # the default method, "cdf", equalises
     ]
 
 
@@ -54,7 +93,7 @@ class AugmentConfig:
     crop_pad_mode: str = "constant"  # ... filled with black, or "reflect": the image mirrored
     hflip: float = 0.5
     aa: str = "randaug"  # "none" or "randaug"
-    aa_n: int = 2  # ops picked per image from the RandAugment menu
+    aa_n: int = 2  # ops drawn per image from the RandAugment menu (with replacement)
     reprob: float = 0.25  # random erasing probability
 
 
@@ -95,7 +134,10 @@ def train_transform(preprocess: Preprocess, aug: AugmentConfig) -> A.Compose:
         ops.append(A.HorizontalFlip(p=aug.hflip))
     if aug.aa == "randaug":
         if aug.aa_n > 0:
-            ops.append(A.SomeOf(randaugment_ops(), n=aug.aa_n, p=1.0))
+            # RandAugment's draw (timm's, torchvision's, the batch path's): aa_n ops drawn
+            # uniformly with replacement, applied in the order drawn, which RandomOrder does
+            # with replace=True. A.SomeOf sorts its draws into the menu's order.
+            ops.append(A.RandomOrder(randaugment_ops(), n=aug.aa_n, replace=True, p=1.0))
     elif aug.aa != "none":
         raise ValueError(f"--aa must be 'none' or 'randaug', got {aug.aa!r}")
     if aug.reprob > 0:
