@@ -149,9 +149,11 @@ def test_derived_datasets_share_images_and_keep_their_own_labels(image_folder):
     assert moved[0][1] == 2 and raw[0][1] == 0  # the original keeps its labels
 
 
-def test_eval_transform_matches_create_transform():
+@pytest.mark.parametrize("crop_mode", ["center", "squash", "border"])
+@pytest.mark.parametrize("input_size", [(32, 32), (24, 40)])
+def test_eval_transform_matches_create_transform(input_size, crop_mode):
     image = np.random.default_rng(0).integers(0, 256, (50, 60, 3), dtype=np.uint8)
-    pre = Preprocess(input_size=(32, 32), crop_pct=0.875)
+    pre = Preprocess(input_size=input_size, crop_pct=0.875, crop_mode=crop_mode)
     expected = vit.create_transform(pre)(Image.fromarray(image))
     assert torch.equal(EvalTransform(pre)(image), expected)
 
@@ -329,6 +331,14 @@ def test_test_images_come_from_memory_where_the_eval_transform_only_normalises()
         return build_test_loader(cfg, dataset, preprocess, info=DistInfo(), device=cpu)
 
     assert isinstance(loader(32), InMemoryEvalBatches)
+    # at the input size and crop_pct 1, every crop mode only normalises: the values from memory
+    image = np.random.default_rng(0).integers(0, 256, (32, 48, 3), dtype=np.uint8)
+    for mode in ("center", "squash", "border"):
+        preprocess = Preprocess(input_size=(32, 48), crop_pct=1.0, crop_mode=mode)
+        mean, std = torch.tensor(preprocess.mean), torch.tensor(preprocess.std)
+        pixels = torch.from_numpy(image).permute(2, 0, 1) / 255  # (3, H, W)
+        normalised = (pixels - mean.view(3, 1, 1)) / std.view(3, 1, 1)
+        torch.testing.assert_close(EvalTransform(preprocess)(image), normalised)
     assert not isinstance(loader(32, crop_pct=0.9), InMemoryEvalBatches)  # resized to 35, cropped
     assert not isinstance(loader(40), InMemoryEvalBatches)  # resized to 32
     assert not isinstance(loader(32, batch_augment=False), InMemoryEvalBatches)

@@ -411,7 +411,8 @@ def test_transformers_folder_keeps_the_centre_crop(model, tmp_path, one_thread, 
     """A model evaluated with a crop (timm's default crop_pct 0.9: resize to 35, crop 32) is
     written as DINOv2's BitImageProcessor, which transformers runs the same way, and read back
     as the same evaluation transform (it was written without the crop, and read back as a plain
-    resize: another top-1 on 2 of 20 images of an audit's run)."""
+    resize: another top-1 on 2 of 20 images of an audit's run). A non-square input is written
+    (and read back) as a squash: transformers cannot keep the ratio to a non-square size."""
     from PIL import Image
 
     from vit.data.eval_transform import eval_transform
@@ -420,20 +421,24 @@ def test_transformers_folder_keeps_the_centre_crop(model, tmp_path, one_thread, 
     export_transformers(model, tmp_path / "hf")
     back = vit.load_model(tmp_path / "hf").preprocess
     assert back.input_size == input_size and back.mean == (0.4, 0.5, 0.6)
+    square = input_size[0] == input_size[1]
+    assert back.crop_mode == ("center" if square else "squash")
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (61, 83, 3), np.uint8))
-    expected = eval_transform(model.preprocess)(image)
+    expected = eval_transform(replace(model.preprocess, crop_mode=back.crop_mode))(image)
     assert torch.equal(eval_transform(back)(image), expected)
     theirs = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf", backend="pil")
     assert type(theirs).__name__ == "BitImageProcessorPil"
     assert theirs(image, return_tensors="pt")["pixel_values"][0].shape == expected.shape
-    if input_size == (32, 32):  # transformers' own pixels, where the crop's offsets are even
-        model.preprocess = replace(model.preprocess, crop_pct=0.875)  # (transformers rounds an
-        export_transformers(model, tmp_path / "hf2")  # odd one down, torchvision to even)
-        theirs = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf2", backend="pil")
-        image = image.resize((90, 60))  # -> 36 x 54 -> 32 x 32
-        pixels = theirs(image, return_tensors="pt")["pixel_values"][0]
-        expected = eval_transform(model.preprocess)(image)
-        torch.testing.assert_close(pixels, expected, atol=1e-5, rtol=0)
+    # transformers' own pixels, where the crop's offsets are whole (transformers rounds a half
+    # one down, torchvision to even)
+    model.preprocess = replace(model.preprocess, crop_pct=0.875)
+    export_transformers(model, tmp_path / "hf2")
+    theirs = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf2", backend="pil")
+    # (W, H) -> 36 x 54 -> 32 x 32; non-square: squashed to 36 x 54 -> 32 x 48
+    image = image.resize((90, 60) if square else (70, 60))
+    pixels = theirs(image, return_tensors="pt")["pixel_values"][0]
+    expected = eval_transform(replace(model.preprocess, crop_mode=back.crop_mode))(image)
+    torch.testing.assert_close(pixels, expected, atol=1e-5, rtol=0)
 
 
 def test_a_crop_read_back_resizes_to_the_size_written():

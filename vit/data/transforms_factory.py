@@ -15,11 +15,13 @@ def create_transform(
 ) -> Callable:
     """The transform for a PIL image, from a `Preprocess`, a model name ("vit_base_patch16_224",
     with an optional ".tag"), a model (its `preprocess`), or a timm data config dict
-    (`input_size` (C, H, W), `mean`, `std`, `interpolation`, `crop_pct`).
+    (`input_size` (C, H, W), `mean`, `std`, `interpolation`, `crop_pct`, and `crop_mode`:
+    "center" where it is missing or None, as timm).
 
-    Evaluation (the default): resize, centre crop, tensor, normalise, matching timm's eval
-    transform: the resize target is input_size / crop_pct (floored), on the shorter side for
-    square inputs and on both sides otherwise.
+    Evaluation (the default): resize, centre crop, tensor, normalise, as timm's eval transform
+    for the preprocessing's crop_mode (`vit.data.eval_transform`): "center" resizes keeping the
+    aspect ratio until both sides reach input_size / crop_pct (floored), "squash" resizes both
+    sides to it, "border" keeps the ratio to fit inside it and pads with the mean colour.
     is_training: the project's training augmentation instead (`vit.data.transforms.train_transform`:
     crop, flip, RandAugment, random erasing, normalise) with `aug` (a
     `vit.data.transforms.AugmentConfig`, its defaults if None); random on every call.
@@ -52,6 +54,7 @@ def _as_preprocess(source) -> Preprocess:
             raise ValueError(f"data config lacks {missing}; a timm data config has {list(keys)}")
         values = {k: source[k] for k in keys}
         values["input_size"] = tuple(values["input_size"])[-2:]  # timm's is (C, H, W)
+        values["crop_mode"] = source.get("crop_mode") or "center"  # timm's default for None
         return Preprocess.from_dict(values)
     raise TypeError(
         f"create_transform takes a Preprocess, a model name, a model or a timm data config "

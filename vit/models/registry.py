@@ -23,12 +23,21 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
+# timm's eval crop modes (`timm.data.transforms_imagenet_eval`), as `vit.data.eval_transform`
+# makes them: each resizes towards the scale size, input_size / crop_pct (floored), then crops.
+CROP_MODES = ("center", "squash", "border")
+
+
 @dataclass
 class Preprocess:
-    """How images must be prepared for a model: resize, centre crop, normalise.
+    """How images must be prepared for a model: resize, crop, normalise, as timm's eval
+    transform does (`vit.data.eval_transform`).
 
-    Evaluation resizes the shorter side to `input_size / crop_pct` and centre-crops
-    `input_size`, as timm's eval transform does.
+    The scale size is `input_size / crop_pct` (floored, each side). `crop_mode` "center" (timm's
+    default) resizes keeping the aspect ratio until both sides reach the scale size, then
+    centre-crops `input_size`; "squash" resizes both sides to the scale size, then centre-crops;
+    "border" resizes keeping the ratio until both sides fit inside it, then pads with the mean
+    colour and centre-crops.
     """
 
     input_size: tuple[int, int] = (224, 224)  # (H, W)
@@ -36,9 +45,23 @@ class Preprocess:
     std: tuple[float, float, float] = IMAGENET_INCEPTION_STD
     interpolation: str = "bicubic"
     crop_pct: float = 0.9
+    crop_mode: str = "center"
+
+    def __post_init__(self) -> None:
+        if self.crop_mode not in CROP_MODES:
+            raise ValueError(
+                f"crop_mode {self.crop_mode!r} is not one of timm's: expected one of "
+                f"{', '.join(repr(mode) for mode in CROP_MODES)}"
+            )
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as saved in a file's metadata. crop_mode only where it is not "center",
+        so that the metadata (and the feature caches keyed on it) of every model from before
+        the field stay as they were; `from_dict` reads its absence as "center"."""
+        values = asdict(self)
+        if values["crop_mode"] == "center":
+            del values["crop_mode"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> Preprocess:
@@ -49,14 +72,14 @@ class Preprocess:
 
     def data_config(self, in_chans: int = 3) -> dict:
         """timm's data config dict: input_size (C, H, W), interpolation, mean, std, crop_pct,
-        crop_mode ("center": the shorter side resized for square inputs, as our eval does)."""
+        crop_mode."""
         return dict(
             input_size=(in_chans, *self.input_size),
             interpolation=self.interpolation,
             mean=tuple(self.mean),
             std=tuple(self.std),
             crop_pct=self.crop_pct,
-            crop_mode="center",
+            crop_mode=self.crop_mode,
         )
 
 

@@ -151,8 +151,9 @@ def build_test_loader(
 
 def only_normalised(test_set: ImageDataset, preprocess: Preprocess) -> bool:
     """Whether the evaluation transform leaves every (decoded, in-memory) test image's pixels
-    as they are: every image at the input size, and a resize to input_size / crop_pct (floored)
-    that is the input size again."""
+    as they are: every image at the input size, and a scale size, input_size / crop_pct
+    (floored), that is the input size again; then every crop_mode's resize keeps the image's
+    size (torchvision returns it untouched) and its crop or padding is none."""
     if test_set.images is None or len(test_set) == 0:
         return False
     height, width = preprocess.input_size

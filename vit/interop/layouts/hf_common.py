@@ -188,11 +188,13 @@ PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 def preprocess_from_hf(processor: dict, img_size: tuple[int, int]) -> dict:
     """A `preprocessor_config.json` -> `vit.Preprocess` fields.
 
-    ViTImageProcessor (and SigLIP's) resizes straight to `size`: we resize the shorter side and
-    centre-crop (crop_pct 1.0), identical for square images, a crop instead of a squash
-    otherwise. CLIP's and DINOv2's processors resize the shorter side to `size` and centre-crop
-    `crop_size`, which is crop_pct = crop / shorter side (DINOv2: 224 / 256); a `size` of
-    height and width before the crop (our writer's for a non-square input) is both sides'."""
+    ViTImageProcessor (and SigLIP's) resizes straight to `size`: we read it as crop_mode
+    "center" with crop_pct 1.0 (timm's mode for these weights), identical for images of the
+    input's shape, a crop instead of a squash otherwise. CLIP's and DINOv2's processors resize
+    the shorter side to `size` and centre-crop `crop_size`, which is crop_pct = crop / shorter
+    side (DINOv2: 224 / 256); a `size` of height and width before the crop (our writer's for a
+    squash, or a non-square input) resizes both sides: crop_mode "squash", as transformers
+    runs it."""
     size, crop = processor.get("size") or {}, processor.get("crop_size") or {}
     if isinstance(size, int):  # older processors: one number, the shorter side
         size = {"shortest_edge": size}
@@ -200,13 +202,13 @@ def preprocess_from_hf(processor: dict, img_size: tuple[int, int]) -> dict:
         crop = {"height": crop, "width": crop}
     height = size.get("height", size.get("shortest_edge", img_size[0]))
     width = size.get("width", size.get("shortest_edge", img_size[1]))
-    crop_pct = 1.0
+    crop_pct, crop_mode = 1.0, "center"
     if processor.get("do_center_crop") and crop:
         if "shortest_edge" in size:
             crop_pct = crop_pct_of((crop["height"],), (size["shortest_edge"],))
-        elif "height" in size:  # both sides resized, as our transform does a non-square input
+        elif "height" in size:  # both sides resized to `size`: a squash
             crops, sizes = (crop["height"], crop["width"]), (size["height"], size["width"])
-            crop_pct = crop_pct_of(crops, sizes)
+            crop_pct, crop_mode = crop_pct_of(crops, sizes), "squash"
         height, width = crop["height"], crop["width"]
     return dict(
         input_size=(int(height), int(width)),
@@ -214,6 +216,7 @@ def preprocess_from_hf(processor: dict, img_size: tuple[int, int]) -> dict:
         std=tuple(processor.get("image_std", (0.5, 0.5, 0.5))),
         interpolation=PIL_RESAMPLE.get(processor.get("resample", 2), "bilinear"),
         crop_pct=crop_pct,
+        crop_mode=crop_mode,
     )
 
 
@@ -229,22 +232,27 @@ def crop_pct_of(crops: tuple[int, ...], sizes: tuple[int, ...]) -> float:
 
 def preprocess_to_hf(preprocess) -> dict:
     """Our `Preprocess` -> a `preprocessor_config.json` dict: ViTImageProcessor's (a resize to
-    the input size) without a crop (crop_pct 1), else DINOv2's BitImageProcessor (the shorter
-    side resized to input / crop_pct, then the centre crop), so that the folder is evaluated as
-    the model was (timm's default crop_pct is 0.9)."""
+    the input size) without a crop (crop_pct 1), else DINOv2's BitImageProcessor (a resize to
+    input / crop_pct, then the centre crop), so that the folder is evaluated as the model was
+    (timm's default crop_pct is 0.9). The resize is the shorter side's for a square "center"
+    input, both sides' otherwise: exact for "squash"; transformers has no resize that keeps the
+    ratio to a non-square size, so a non-square "center" (or "border") model's folder squashes,
+    and is read back as "squash". Without a crop, the plain resize squashes images of another
+    shape than the input's (read back as "center", crop_pct 1)."""
     resample = {name: code for code, name in PIL_RESAMPLE.items()}
     height, width = preprocess.input_size
     if preprocess.crop_pct == 1.0:
         resize = {"image_processor_type": "ViTImageProcessor", "do_resize": True}
         resize["size"] = {"height": height, "width": width}
-    else:  # the evaluation transform's resize (eval_transform): one side if square, else both
+    else:  # the evaluation transform's scale size (eval_transform): one side or both
         resized = [math.floor(side / preprocess.crop_pct) for side in (height, width)]
+        shorter_side = height == width and preprocess.crop_mode == "center"
         resize = {
             "image_processor_type": "BitImageProcessor",
             "do_resize": True,
             "size": (
                 {"shortest_edge": resized[0]}
-                if height == width
+                if shorter_side
                 else {"height": resized[0], "width": resized[1]}
             ),
             "do_center_crop": True,
