@@ -441,6 +441,21 @@ def test_transformers_folder_keeps_the_centre_crop(model, tmp_path, one_thread, 
     torch.testing.assert_close(pixels, expected, atol=1e-5, rtol=0)
 
 
+def test_a_folder_without_a_crop_is_evaluated_as_transformers_resizes(model, tmp_path, one_thread):
+    """ViTImageProcessor resizes both sides to its size: read as a squash, not as a resize of
+    the shorter side and a crop (the pixels of a non-square photo were another part of it)."""
+    from PIL import Image
+
+    model.preprocess = vit.Preprocess(input_size=(32, 32), mean=(0.4, 0.5, 0.6), crop_pct=1.0)
+    export_transformers(model, tmp_path / "hf")
+    back = vit.load_model(tmp_path / "hf").preprocess
+    assert (back.crop_pct, back.crop_mode) == (1.0, "squash")
+    theirs = transformers.AutoImageProcessor.from_pretrained(tmp_path / "hf", backend="pil")
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 72, 3), np.uint8))
+    pixels = theirs(image, return_tensors="pt")["pixel_values"][0]
+    torch.testing.assert_close(vit.create_transform(back)(image), pixels, atol=1e-5, rtol=0)
+
+
 def test_a_crop_read_back_resizes_to_the_size_written():
     """9 / (9 / 14) is 13.999... in floating point: the crop_pct read back is nudged so that
     the evaluation transform resizes to the size the folder names."""

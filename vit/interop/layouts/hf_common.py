@@ -188,13 +188,12 @@ PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
 def preprocess_from_hf(processor: dict, img_size: tuple[int, int]) -> dict:
     """A `preprocessor_config.json` -> `vit.Preprocess` fields.
 
-    ViTImageProcessor (and SigLIP's) resizes straight to `size`: we read it as crop_mode
-    "center" with crop_pct 1.0 (timm's mode for these weights), identical for images of the
-    input's shape, a crop instead of a squash otherwise. CLIP's and DINOv2's processors resize
-    the shorter side to `size` and centre-crop `crop_size`, which is crop_pct = crop / shorter
-    side (DINOv2: 224 / 256); a `size` of height and width before the crop (our writer's for a
-    squash, or a non-square input) resizes both sides: crop_mode "squash", as transformers
-    runs it."""
+    ViTImageProcessor (and SigLIP's) resizes both sides straight to `size`: crop_mode "squash"
+    with crop_pct 1.0, as transformers runs it (images of the input's shape are only resized,
+    in every mode). CLIP's and DINOv2's processors resize the shorter side to `size` and
+    centre-crop `crop_size`, which is crop_pct = crop / shorter side (DINOv2: 224 / 256); a
+    `size` of height and width before the crop (our writer's for a squash, or a non-square
+    input) resizes both sides: crop_mode "squash" too."""
     size, crop = processor.get("size") or {}, processor.get("crop_size") or {}
     if isinstance(size, int):  # older processors: one number, the shorter side
         size = {"shortest_edge": size}
@@ -202,7 +201,8 @@ def preprocess_from_hf(processor: dict, img_size: tuple[int, int]) -> dict:
         crop = {"height": crop, "width": crop}
     height = size.get("height", size.get("shortest_edge", img_size[0]))
     width = size.get("width", size.get("shortest_edge", img_size[1]))
-    crop_pct, crop_mode = 1.0, "center"
+    # without a crop, a `size` of height and width is a resize of both sides: a squash
+    crop_pct, crop_mode = 1.0, "squash" if "height" in size else "center"
     if processor.get("do_center_crop") and crop:
         if "shortest_edge" in size:
             crop_pct = crop_pct_of((crop["height"],), (size["shortest_edge"],))
@@ -237,8 +237,8 @@ def preprocess_to_hf(preprocess) -> dict:
     (timm's default crop_pct is 0.9). The resize is the shorter side's for a square "center"
     input, both sides' otherwise: exact for "squash"; transformers has no resize that keeps the
     ratio to a non-square size, so a non-square "center" (or "border") model's folder squashes,
-    and is read back as "squash". Without a crop, the plain resize squashes images of another
-    shape than the input's (read back as "center", crop_pct 1)."""
+    and is read back as "squash". Without a crop (crop_pct 1), ViTImageProcessor's plain resize
+    squashes images of another shape than the input's (read back as "squash", crop_pct 1)."""
     resample = {name: code for code, name in PIL_RESAMPLE.items()}
     height, width = preprocess.input_size
     if preprocess.crop_pct == 1.0:
