@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -420,3 +421,30 @@ def test_in_memory_batches_keep_non_square_images_and_resize_them_in_proportion(
         batches.set_epoch(0, size)
         x, _ = next(iter(batches))
         assert tuple(x.shape) == (4, 3, *shape)
+
+
+def test_files_written_together_are_put_in_place_together_through_a_ctrl_c(tmp_path, monkeypatch):
+    """A Ctrl-C between the renames of a report and its matrix left the new report beside the
+    old matrix: it now waits until both are in place."""
+    import signal
+
+    import vit.utils.files as files
+
+    report, matrix = tmp_path / "r.json", tmp_path / "r.png"
+    report.write_text("old"), matrix.write_text("old")
+    replace = files.os.replace
+
+    def interrupted_between(source, target):
+        replace(source, target)
+        if Path(target) == matrix:  # the first of the two renames
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(files.os, "replace", interrupted_between)
+
+    def write(folder):
+        (folder / "r.json").write_text("new"), (folder / "r.png").write_text("new")
+
+    with pytest.raises(KeyboardInterrupt):
+        files.atomic_write_files([report, matrix], write)
+    assert (report.read_text(), matrix.read_text()) == ("new", "new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]

@@ -520,13 +520,13 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     if features is not None:
         report.update(score_features(args, *features))
 
-    def write_report() -> None:
-        atomic_write(Path(json_path), lambda tmp: tmp.write_text(json.dumps(report, indent=2)))
+    def write_report(tmp: Path) -> None:
+        tmp.write_text(json.dumps(report, indent=2))
 
     if figure is None:
-        write_report()
+        atomic_write(Path(json_path), write_report)
     else:  # the report and its matrix replace the old ones together, or neither (a full disk)
-        save_figure(figure, png, then=write_report)
+        save_figure(figure, png, beside={Path(json_path): write_report})
     return report
 
 

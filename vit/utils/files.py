@@ -10,8 +10,10 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -107,8 +109,9 @@ def atomic_write_dir(path: Path, write: Callable[[Path], object]) -> None:
 def atomic_write_files(paths: list[Path], write: Callable[[Path], object]) -> None:
     """Files that belong together (an ONNX file and the weights file it names): `write(folder)`
     writes each of `paths`' names into a fresh folder beside them, then they are renamed into
-    place, the first last (the one a reader opens). A failure before the renames leaves every
-    previous file as it was; all of `paths` must be in one folder."""
+    place, the first last (the one a reader opens), Ctrl-C and SIGTERM held back until all are
+    (one between two renames would leave a new file beside an old one). A failure before the
+    renames leaves every previous file as it was; all of `paths` must be in one folder."""
     paths = [Path(p) for p in paths]
     folder = paths[0].parent
     if any(p.parent != folder for p in paths):
@@ -117,9 +120,11 @@ def atomic_write_files(paths: list[Path], write: Callable[[Path], object]) -> No
     tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".{paths[0].name}.", suffix=".tmp"))
     try:
         write(tmp)
-        for path in reversed(paths):
+        for path in paths:
             _normal_permissions(tmp / path.name)
-            os.replace(tmp / path.name, path)
+        with signals_held():
+            for path in reversed(paths):
+                os.replace(tmp / path.name, path)
     except BaseException as e:
         full = disk_full_error(e, paths[0])  # asked before the removal frees the space
         if full is not None:
@@ -127,6 +132,20 @@ def atomic_write_files(paths: list[Path], write: Callable[[Path], object]) -> No
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM wait (POSIX): they arrive, with their
+    KeyboardInterrupt or ending, right after it."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no way to hold them
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def check_marked(folder: Path, mark: str) -> None:

@@ -22,23 +22,31 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .files import atomic_write
+from .files import atomic_write, atomic_write_files
 
 
 def save_figure(
-    fig: Figure, path: str | Path, dpi: int = 110, then: Callable[[], object] | None = None
+    fig: Figure,
+    path: str | Path,
+    dpi: int = 110,
+    beside: Mapping[Path, Callable[[Path], object]] | None = None,
 ) -> Path:
     """Write `fig` as a PNG atomically (a killed run leaves the old file, never half a PNG).
-    `then`: written after the PNG's temporary file and before it is put in place (a report the
-    figure belongs with), so that where either fails, neither replaces what was there."""
+    `beside`: files of the PNG's folder that belong with it (a report), each written by its
+    `write(tmp_path)`: all are written first and put in place together
+    (`vit.utils.files.atomic_write_files`), so that where one fails, none replaces what was
+    there."""
     path = Path(path)
+    if not beside:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi))
+        return path
 
-    def write(tmp: Path) -> None:
-        fig.savefig(tmp, format="png", dpi=dpi)
-        if then is not None:
-            then()
+    def write_all(folder: Path) -> None:
+        fig.savefig(folder / path.name, format="png", dpi=dpi)
+        for other, write in beside.items():
+            write(folder / Path(other).name)
 
-    atomic_write(path, write)
+    atomic_write_files([*map(Path, beside), path], write_all)
     return path
 
 
