@@ -626,6 +626,23 @@ def test_every_output_is_checked_before_any_is_written(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_what_the_writers_refuse_is_also_refused_before_anything_is_written(
+    tmp_path, capsys, monkeypatch
+):
+    """A CLIP head with a bias (which the projection cannot hold) and an onnxruntime too old
+    for the opset were refused by the writers, after the other outputs were in place."""
+    clip = vit.VisionTransformer(**{**TINY, "pre_norm": True})
+    torch.nn.init.ones_(clip.head.bias)
+    path = vit.save_weights(clip, tmp_path / "clip.safetensors")
+    out = tmp_path / "out"
+    assert export.main([str(path), "--onnx", str(out / "m.onnx"), "--hf", str(out / "hf")]) == 2
+    assert "CLIP's projection has none" in capsys.readouterr().err and not out.exists()
+    monkeypatch.setattr(onnxruntime, "__version__", "1.22.1")
+    plain = vit.save_weights(vit.VisionTransformer(**TINY), tmp_path / "plain.safetensors")
+    assert export.main([str(plain), "--onnx", str(out / "m.onnx"), "--hf", str(out / "hf")]) == 2
+    assert "onnxruntime>=1.23" in capsys.readouterr().err and not out.exists()
+
+
 def test_what_a_user_saved_is_kept_and_the_input_never_replaced(
     model, tmp_path, capsys, one_thread
 ):

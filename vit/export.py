@@ -120,7 +120,7 @@ from .factory.timm_weights import TIMM_WEIGHTS
 from .interop.export_check import MissingExtraError, require
 from .interop.layouts import huggingface
 from .interop.layouts import torchvision as torchvision_layout
-from .interop.onnx_export import OnnxOptions, export_onnx
+from .interop.onnx_export import OnnxOptions, export_onnx, require_onnx_packages
 from .interop.torchvision_export import export_torchvision
 from .interop.transformers_export import export_transformers
 from .models.class_names import class_names_for
@@ -167,11 +167,12 @@ def format_problem(flag: str, model: VisionTransformer) -> str | None:
     is missing, or the format cannot hold the model), None if it can."""
     try:
         if flag == "onnx":
-            for module in ("onnx", "onnxscript", "onnxruntime"):
-                require(module, "--onnx (export and verification)")
+            require_onnx_packages()
         elif flag == "hf":
             require("transformers", "--hf (verifying the export)")
             huggingface.config_to_hf(model.config, class_names_for(model), model.model_name)
+            # the weights too: what the class has no tensor for (a CLIP projection's bias)
+            huggingface.state_to_hf(model.state_dict(), model.config, model.model_name)
         else:
             torchvision_layout.constructor_args(model.config)
     except (MissingExtraError, ValueError) as e:

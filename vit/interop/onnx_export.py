@@ -89,24 +89,15 @@ def export_onnx(
     `model(x)` (batch 1 and 3; with a dynamic size also at a second image size, against our
     model with `dynamic_img_size`). Input `pixel_values` (B, C, H, W) float32, normalised as
     `model.preprocess` says; output `logits` (B, num_classes), or for a headless model
-    (num_classes=0) `embeddings` (B, D), its pooled features. The metadata holds `vit.class_names`,
-    `vit.preprocess`, `vit.model_name`, `vit.inference.precision` ("float32" or "int8") and
+    (num_classes=0) `embeddings`: its pooled features (B, D), or a model without pooling's tokens
+    (B, N, D). The metadata holds `vit.class_names`,
+    `vit.preprocess`, `vit.model_name`, `vit.precision` ("float32" or "int8") and
     `vit.output` ("logits" or "embeddings"), each a JSON string. `options.optimize` applies
     onnxruntime's transformer fusions (their counts are in the result); `options.int8` quantizes the
     MatMul and Gemm weights to int8 per channel (dynamic activations), checked to
     `int8_tolerance`."""
     options = options or OnnxOptions()
-    for module in ("onnx", "onnxscript"):
-        require(module, "--onnx (torch.onnx's exporter)")
-    onnxruntime = require("onnxruntime", "--onnx (verifying the export)")
-    from packaging.version import Version  # a dependency of onnxruntime, imported above
-
-    if opset >= 23 and Version(onnxruntime.__version__).release < (1, 23):
-        raise MissingExtraError(
-            f"--onnx writes opset {opset}, whose Attention operator onnxruntime runs from 1.23 "
-            f"on; this is onnxruntime {onnxruntime.__version__}: pip install -U "
-            f"'onnxruntime>=1.23'"
-        )
+    onnxruntime = require_onnx_packages(opset)
     if options.calibration is not None and not options.int8:
         raise ValueError("calibration images calibrate --int8's activations: pass --int8 too")
     path = Path(path)
@@ -157,6 +148,23 @@ def export_onnx(
 
     atomic_write(path, write)
     return ExportCheck(path, *astuple(result[0])[1:])
+
+
+def require_onnx_packages(opset: int = ONNX_OPSET):
+    """onnx, onnxscript and an onnxruntime that runs `opset`, or MissingExtraError naming what
+    to install; returns onnxruntime."""
+    for module in ("onnx", "onnxscript"):
+        require(module, "--onnx (torch.onnx's exporter)")
+    onnxruntime = require("onnxruntime", "--onnx (verifying the export)")
+    from packaging.version import Version  # a dependency of onnxruntime, imported above
+
+    if opset >= 23 and Version(onnxruntime.__version__).release < (1, 23):
+        raise MissingExtraError(
+            f"--onnx writes opset {opset}, whose Attention operator onnxruntime runs from 1.23 "
+            f"on; this is onnxruntime {onnxruntime.__version__}: pip install -U "
+            f"'onnxruntime>=1.23'"
+        )
+    return onnxruntime
 
 
 def dynamic_size_copy(model: VisionTransformer) -> VisionTransformer:
