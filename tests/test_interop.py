@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 import vit
 from vit.interop.layouts import torchvision as torchvision_layout
+from vit.models.pos_embed import resample_pos_embed
 
 transformers = pytest.importorskip("transformers")
 torchvision = pytest.importorskip("torchvision")
@@ -171,6 +172,17 @@ def test_not_a_plain_vit_is_refused_naming_what_it_is(tmp_path):
     )
     with pytest.raises(ValueError, match="holds a ViTForMaskedImageModeling"):
         vit.load_model(folder)
+
+
+def test_a_non_square_folder_loads_at_another_size_resampled_from_its_grid(tmp_path, one_thread):
+    """config.json's image_size [32, 48] is a 4x6 grid: its 24 tokens are not a square, which
+    was blamed on prefix-token switches."""
+    theirs = hf_classifier(image_size=[32, 48])
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = vit.load_model(tmp_path / "hf", img_size=48)
+    stored = theirs.vit.embeddings.position_embeddings.detach()
+    expected = resample_pos_embed(stored, (6, 6), (4, 6), method="transformers")
+    torch.testing.assert_close(ours.pos_embed.detach(), expected)
 
 
 # -- torchvision ---------------------------------------------------------------------------------

@@ -298,6 +298,57 @@ def test_non_square_grid_read_from_our_metadata(tmp_path):
     torch.testing.assert_close(square.pos_embed.detach(), expected)
 
 
+def test_a_transposed_grid_of_as_many_tokens_is_resampled(tmp_path):
+    """A 4x6 grid loaded as 6x4 has as many tokens; read as it is, it would be scrambled."""
+    torch.manual_seed(0)
+    wide = vit.VisionTransformer(**{**TINY, "img_size": (32, 48)})
+    path = vit.save_weights(wide, tmp_path / "wide.safetensors")
+    tall = vit.VisionTransformer(**{**TINY, "img_size": (48, 32)})
+    report = vit.load_weights(tall, path)
+    assert report.resampled_pos_embed == ((4, 6), (6, 4))
+    expected = timm_resample(wide.pos_embed.detach(), (6, 4), (4, 6), num_prefix_tokens=1)
+    torch.testing.assert_close(tall.pos_embed.detach(), expected)
+
+
+def test_our_file_resamples_the_way_its_weights_source_does(tmp_path):
+    """A model loaded from a transformers folder, saved again, is resampled transformers' way
+    (its config's pos_embed_resample), not timm's for our file's layout."""
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(**{**TINY, "pos_embed_resample": "transformers"})
+    path = vit.save_weights(model, tmp_path / "resaved.safetensors")
+    bigger = vit.VisionTransformer(**{**TINY, "img_size": 48})
+    vit.load_weights(bigger, path)
+    stored = model.pos_embed.detach()
+    expected = vit.models.pos_embed.resample_pos_embed(stored, (6, 6), method="transformers")
+    torch.testing.assert_close(bigger.pos_embed.detach(), expected)
+
+
+def test_a_missing_key_message_marks_its_hint_as_pythons():
+    """The commands print the message too, and have no strict switch."""
+    sd = dict(vit.VisionTransformer(**TINY).state_dict())
+    del sd["norm.bias"]
+    with pytest.raises(KeyError) as info:
+        vit.load_weights(vit.VisionTransformer(**TINY), sd)
+    assert "(in Python: load_weights(..., strict=False) loads the rest)" in info.value.args[0]
+
+
+def test_a_whole_pickled_model_is_refused_as_such(tmp_path):
+    """torch.nn classes are under "torch" too: this was put down to a newer pickle protocol."""
+    path = tmp_path / "model.pth"
+    torch.save(torch.nn.Linear(2, 2), path)
+    with pytest.raises(ValueError, match=r"whole pickled model .*torch\.save\(model\.state_dict"):
+        vit.interop.weights.read_checkpoint(path)
+
+
+def test_an_npz_in_another_layout_than_googles_is_refused_in_one_line(tmp_path):
+    """Only Google's arrays are converted; timm-named arrays reached load_state_dict."""
+    model = vit.VisionTransformer(**TINY)
+    path = tmp_path / "timm.npz"
+    np.savez(path, **{k: v.numpy() for k, v in model.state_dict().items()})
+    with pytest.raises(ValueError, match=r"cannot read .*timm\.npz: .*Google's JAX layout only"):
+        vit.load_weights(model, path)
+
+
 # -- Google's JAX checkpoints ------------------------------------------------------------------
 def to_jax_layout(sd: dict, big_vision: bool = False) -> dict[str, np.ndarray]:
     """Write a timm state dict the way Google's JAX code stores it (the inverse conversion)."""

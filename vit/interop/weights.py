@@ -84,10 +84,10 @@ class LoadReport:
 class WeightsMismatchError(KeyError):
     """`load_weights(strict=True)` met keys the model and the weights do not share. `problem`
     states them (and the switches they belong to); the message adds the Python API's way round
-    it, which a command line has no use for."""
+    it, marked as Python's: the commands print the message as it is and have no such switch."""
 
     def __init__(self, problem: str) -> None:
-        super().__init__(f"{problem} (pass strict=False to load the rest)")
+        super().__init__(f"{problem} (in Python: load_weights(..., strict=False) loads the rest)")
         self.problem = problem
 
 
@@ -102,6 +102,9 @@ class Checkpoint:
     norm_eps: float | None = None  # LayerNorm eps the weights were trained with, if known
     description: str = ""  # the source, for messages
     pos_embed: str = "timm"  # how the source resamples position embeddings (vit.models.pos_embed)
+    # the patch grid the weights were made for, where the source says (our metadata, a
+    # transformers config.json); else a square grid is assumed from the token count
+    grid: tuple[int, int] | None = None
 
 
 # -- reading files -------------------------------------------------------------------------------
@@ -172,6 +175,13 @@ def torch_load(path: Path):
                 f"cannot read {path}: not a checkpoint (neither a torch.save archive nor a "
                 f"pickle); accepted: {ACCEPTED}"
             ) from e
+        whole_model = [name for name in code or () if name.startswith(MODULE_PICKLES)]
+        if whole_model:
+            raise ValueError(
+                f"refused to load {path}: it is a whole pickled model ({whole_model[0]}), and only "
+                f"weights are read; save its state dict instead: "
+                f"torch.save(model.state_dict(), ...) (or vit.save_weights for a .safetensors)"
+            ) from e
         if code:
             raise ValueError(
                 f"refused to load {path}: it is a pickle that would run code while loading "
@@ -192,6 +202,9 @@ def torch_load(path: Path):
 
 
 SAFE_PICKLE_MODULES = ("torch", "collections", "builtins.set", "_codecs.encode", "numpy")
+# What a torch.save(model) names: a model's classes, not tensors (and "torch" above would pass
+# torch.nn.* and torchvision.* as harmless)
+MODULE_PICKLES = ("torch.nn.modules.", "torchvision.", "timm.", "transformers.", "vit.")
 
 
 def _pickled_callables(path: Path) -> list[str] | None:
@@ -225,7 +238,11 @@ def _pickled_callables(path: Path) -> list[str] | None:
     if not pickles:
         return None
     found = [name.replace("__builtin__.", "builtins.") for name in found]  # pickle protocol 2
-    return [name for name in dict.fromkeys(found) if not name.startswith(SAFE_PICKLE_MODULES)]
+    return [
+        name
+        for name in dict.fromkeys(found)
+        if name.startswith(MODULE_PICKLES) or not name.startswith(SAFE_PICKLE_MODULES)
+    ]
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
@@ -258,22 +275,24 @@ def _read_file(path: Path) -> tuple[dict, dict]:
     raise ValueError(f"unsupported weights file {path} (suffix {suffix!r}); accepted: {ACCEPTED}")
 
 
-def _read_transformers_folder(folder: Path) -> tuple[dict, float]:
-    """A transformers folder -> (its tensors, merged over shards; its LayerNorm eps)."""
+def _read_transformers_folder(folder: Path) -> tuple[dict, float, tuple[int, int]]:
+    """A transformers folder -> (its tensors, merged over shards; its LayerNorm eps; its patch
+    grid, which config.json's image_size may make non-square)."""
     config = hf_common.read_json(folder / "config.json")
     # refuses what this package cannot compute, naming it
     arch, _ = layouts.config_from_transformers(config, source=str(folder))
     tensors: dict[str, torch.Tensor] = {}
     for path in hf_common.weights_files(folder):
         tensors.update(_read_file(path)[0])
-    return tensors, arch["norm_eps"]
+    grid = tuple(i // p for i, p in zip(arch["img_size"], arch["patch_size"], strict=True))
+    return tensors, arch["norm_eps"], grid
 
 
 def read_checkpoint(source: str | Path | nn.Module | Mapping | Checkpoint) -> Checkpoint:
     """Any accepted source -> its tensors under timm's names, with its metadata and layout."""
     if isinstance(source, Checkpoint):
         return source
-    norm_eps, metadata = None, {}
+    norm_eps, metadata, grid = None, {}, None
     if isinstance(source, nn.Module):
         raw, description = dict(source.state_dict()), f"a {type(source).__name__}"
     elif isinstance(source, Mapping):
@@ -283,7 +302,7 @@ def read_checkpoint(source: str | Path | nn.Module | Mapping | Checkpoint) -> Ch
         if path.is_dir():
             if not (path / "config.json").is_file():
                 raise ValueError(f"{path} is a folder without config.json; accepted: {ACCEPTED}")
-            raw, norm_eps = _read_transformers_folder(path)
+            raw, norm_eps, grid = _read_transformers_folder(path)
         elif not path.is_file():
             raise FileNotFoundError(f"weights file not found: {path}")
         else:
@@ -292,9 +311,21 @@ def read_checkpoint(source: str | Path | nn.Module | Mapping | Checkpoint) -> Ch
     else:
         raise TypeError(f"cannot load weights from a {type(source).__name__}; accepted: {ACCEPTED}")
     layout = layouts.detect(list(raw), description)
+    if layout.name != "google_jax" and any(isinstance(v, np.ndarray) for v in raw.values()):
+        # only Google's layout is converted from numpy; another would reach the model as arrays
+        raise ValueError(
+            f"cannot read {description}: numpy arrays (an .npz) are read in Google's JAX layout "
+            f"only, and these are named in the {layout.name} layout; accepted: {ACCEPTED}"
+        )
     state_dict, notes = layout.to_timm(raw, description)
+    pos_embed = layout.pos_embed
     if "vit.config" in metadata:
-        norm_eps = metadata["vit.config"].get("norm_eps", 1e-6)
+        config = metadata["vit.config"]
+        norm_eps = config.get("norm_eps", 1e-6)
+        # Our file's layout is timm's, but its weights' source (a transformers DINOv2 folder,
+        # say) resamples its own way: the config records it.
+        pos_embed = config.get("pos_embed_resample", pos_embed)
+        grid = _stored_grid(metadata)
     elif norm_eps is None:
         norm_eps = layout.norm_eps
     return Checkpoint(
@@ -304,7 +335,8 @@ def read_checkpoint(source: str | Path | nn.Module | Mapping | Checkpoint) -> Ch
         notes=notes,
         norm_eps=norm_eps,
         description=description,
-        pos_embed=layout.pos_embed,
+        pos_embed=pos_embed,
+        grid=grid,
     )
 
 
@@ -368,13 +400,17 @@ def adapt_state_dict(
     state_dict = dict(state_dict)
     target = model.state_dict()
     pos = state_dict.get("pos_embed")
-    if pos is not None and pos.shape != target["pos_embed"].shape:
+    prefix = model.pos_embed_prefix_tokens  # 0 with no_embed_class (DeiT III, DINOv2-reg)
+    if pos is not None and old_grid and math.prod(old_grid) != pos.shape[1] - prefix:
+        old_grid = None  # a grid said of other tokens (other prefix switches): checked below
+    # As many tokens is not the same grid: a 4x6 grid read as 6x4 would be scrambled.
+    regrid = old_grid is not None and tuple(old_grid) != tuple(model.grid_size)
+    if pos is not None and (pos.shape != target["pos_embed"].shape or regrid):
         if pos.shape[-1] != target["pos_embed"].shape[-1]:
             raise ValueError(
                 f"pos_embed width {pos.shape[-1]} does not match the model's embed_dim "
                 f"{target['pos_embed'].shape[-1]}: these weights are for another architecture"
             )
-        prefix = model.pos_embed_prefix_tokens  # 0 with no_embed_class (DeiT III, DINOv2-reg)
         side = math.isqrt(max(pos.shape[1] - prefix, 0))
         if old_grid is None and side * side != pos.shape[1] - prefix:
             raise ValueError(
@@ -488,7 +524,7 @@ def load_weights(
         checkpoint.state_dict,
         model,
         report,
-        old_grid=_stored_grid(checkpoint.metadata),
+        old_grid=checkpoint.grid,
         pos_embed=checkpoint.pos_embed,
     )
     target = model.state_dict()
