@@ -209,6 +209,25 @@ def test_mae_pretraining_folder_loads_its_encoder(tmp_path, one_thread, caplog):
         assert relative_error(ours.forward_features(x), reference) <= RTOL
 
 
+def test_facebookresearch_mae_checkpoint_is_timm_layout_not_dinov2(tmp_path):
+    """mae_visualize_vit_*.pth: the encoder in timm's names, a mask token and a decoder_*. The
+    mask token alone made it the original DINOv2 (its resampler, its note): it is timm's layout,
+    resampled timm's way, with the decoder dropped."""
+    torch.manual_seed(0)
+    encoder = vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2)
+    state = dict(encoder.state_dict())
+    state["mask_token"] = torch.zeros(1, 1, 16)
+    state["decoder_embed.weight"], state["decoder_pos_embed"] = (
+        torch.randn(16, 32),
+        torch.zeros(1, 17, 16),
+    )
+    torch.save({"model": state}, tmp_path / "mae_visualize_vit_tiny.pth")
+    checkpoint = read_checkpoint(tmp_path / "mae_visualize_vit_tiny.pth")
+    assert (checkpoint.layout, checkpoint.pos_embed) == ("timm", "timm")
+    assert "ignored MAE's mask token and decoder" in " ".join(checkpoint.notes)
+    assert sorted(checkpoint.state_dict) == sorted(encoder.state_dict())
+
+
 @pytest.mark.parametrize("registers", [0, 2], ids=["dinov2", "dinov2-registers"])
 def test_dinov2_518_px_position_embeddings_give_transformers_outputs_at_224(
     tmp_path, one_thread, registers
@@ -386,6 +405,25 @@ def test_open_clip_checkpoint_gives_clips_image_embeddings(tmp_path, one_thread,
         reference = theirs.get_image_features(pixel_values=x)
         reference = getattr(reference, "pooler_output", reference)
         assert relative_error(ours.eval()(x), reference) <= RTOL
+
+
+def test_open_clip_timm_trunk_keeps_the_projection_bias_and_refuses_an_mlp_head():
+    """OpenCLIP towers on a timm trunk (`visual.trunk.*`): the head's proj may have a bias
+    (proj_bias=True), which is kept; an MLP projection head cannot be held and is refused."""
+    torch.manual_seed(0)
+    trunk = vit.VisionTransformer(img_size=32, patch_size=16, embed_dim=32, depth=1, num_heads=4)
+    state = {f"visual.trunk.{k}": v for k, v in trunk.state_dict().items() if "head" not in k}
+    bias = torch.randn(12)
+    linear = {
+        **state,
+        "visual.head.proj.weight": torch.randn(12, 32),
+        "visual.head.proj.bias": bias,
+    }
+    torch.testing.assert_close(read_checkpoint(linear).state_dict["head.bias"], bias)
+    mlp = {**state, "visual.head.mlp.fc1.weight": torch.randn(64, 32)}
+    mlp["visual.head.mlp.fc2.weight"] = torch.randn(12, 64)
+    with pytest.raises(ValueError, match=r"outside its timm trunk.*visual\.head\.mlp\.fc1"):
+        read_checkpoint(mlp)
 
 
 # -- the real DINOv2 ViT-S/14 --------------------------------------------------------------------

@@ -221,6 +221,24 @@ def test_torchvision_vit_b_32_through_create_model(tmp_path, one_thread):
         assert relative_error(our_logits(ours, x), theirs(x)) <= RTOL
 
 
+def test_torchvision_vit_h_14_at_224_gets_swag_preprocessing(tmp_path):
+    """vit_h_14 has SWAG weights only: at 224 px, IMAGENET1K_SWAG_LINEAR_V1's transform (resize
+    224 bicubic, crop 224), not V1's bilinear 256 -> 224 crop."""
+    torch.manual_seed(0)
+    theirs = torchvision.models.VisionTransformer(
+        image_size=224, patch_size=14, num_layers=1, num_heads=2, hidden_dim=16, mlp_dim=32
+    )
+    path = tmp_path / "vit_h_14_swag_linear.pth"
+    torch.save(theirs.state_dict(), path)
+    ours = vit.create_model(
+        "vit_huge_patch14_224", pretrained=path, embed_dim=16, depth=1, num_heads=2, mlp_ratio=2.0
+    )
+    swag = torchvision.models.ViT_H_14_Weights.IMAGENET1K_SWAG_LINEAR_V1.transforms()
+    assert (swag.resize_size, swag.crop_size) == ([224], [224])
+    assert swag.interpolation == torchvision.transforms.InterpolationMode.BICUBIC
+    assert ours.preprocess.interpolation == "bicubic" and ours.preprocess.crop_pct == 1.0
+
+
 @pytest.mark.parametrize("builder", sorted(torchvision_layout.BUILDERS))
 def test_every_torchvision_vit_maps_onto_a_named_model(builder):
     """Shapes only (meta tensors: no memory, no init): every torchvision ViT's keys map onto

@@ -408,6 +408,54 @@ def test_google_npz_fuses_qkv_like_timm_does(tmp_path, timm_tiny, big_vision):
     assert_same(logits(reference), logits(ours))
 
 
+def test_big_vision_map_head_loads_like_timm(tmp_path):
+    """big_vision's MAP head (SigLIP's readout) has its own LayerNorm_0 and MlpBlock_0: they are
+    the attention pool, not one more encoder block."""
+    torch.manual_seed(0)
+    theirs = timm.create_model("vit_tiny_patch16_224", global_pool="map", **TINY).eval()
+    sd = theirs.state_dict()
+    arrays = to_jax_layout(sd, big_vision=True)
+    head, mha = "params/MAPHead_0/", "params/MAPHead_0/MultiHeadDotProductAttention_0/"
+    dim, heads = sd["cls_token"].shape[-1], 3
+    key, value = sd["attn_pool.kv.weight"].chunk(2)
+    key_bias, value_bias = sd["attn_pool.kv.bias"].chunk(2)
+    map_head = {
+        head + "probe": sd["attn_pool.latent"],
+        f"{mha}query/kernel": sd["attn_pool.q.weight"].T.reshape(dim, heads, -1),
+        f"{mha}query/bias": sd["attn_pool.q.bias"].reshape(heads, -1),
+        f"{mha}key/kernel": key.T.reshape(dim, heads, -1),
+        f"{mha}key/bias": key_bias.reshape(heads, -1),
+        f"{mha}value/kernel": value.T.reshape(dim, heads, -1),
+        f"{mha}value/bias": value_bias.reshape(heads, -1),
+        f"{mha}out/kernel": sd["attn_pool.proj.weight"].T.reshape(heads, -1, dim),
+        f"{mha}out/bias": sd["attn_pool.proj.bias"],
+        head + "LayerNorm_0/scale": sd["attn_pool.norm.weight"],
+        head + "LayerNorm_0/bias": sd["attn_pool.norm.bias"],
+    }
+    for d, fc in ((0, "fc1"), (1, "fc2")):
+        map_head[f"{head}MlpBlock_0/Dense_{d}/kernel"] = sd[f"attn_pool.mlp.{fc}.weight"].T
+        map_head[f"{head}MlpBlock_0/Dense_{d}/bias"] = sd[f"attn_pool.mlp.{fc}.bias"]
+    arrays.update({k: v.detach().numpy().copy() for k, v in map_head.items()})
+    path = tmp_path / "siglip.npz"
+    np.savez(path, **arrays)
+    reference = timm.create_model("vit_tiny_patch16_224", global_pool="map", **TINY).eval()
+    timm_load_npz(reference, str(path))  # timm's own reader agrees the file is what we wrote
+    assert_same(logits(theirs, 32), logits(reference, 32))
+    ours = vit.create_model("vit_tiny_patch16_224", global_pool="map", pretrained=path, **TINY)
+    assert_same(logits(theirs, 32), logits(ours, 32))
+
+
+def test_google_npz_with_a_pre_logits_layer_is_refused(tmp_path, timm_tiny):
+    """The head of a ViT-21k file reads tanh(pre_logits(x)): without that layer it is another
+    classifier, so the file is refused (as torchvision's heads.pre_logits)."""
+    arrays = to_jax_layout(timm_tiny.state_dict())
+    arrays["pre_logits/kernel"], arrays["pre_logits/bias"] = np.eye(192), np.zeros(192)
+    path = tmp_path / "vit21k.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(ValueError, match="pre_logits.*no representation layer"):
+        vit.create_model("vit_tiny_patch16_224", num_classes=10, pretrained=path)
+
+
 def test_npz_without_vit_arrays_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="not a ViT JAX checkpoint"):
         convert_jax_checkpoint({"foo": np.zeros(3)}, source="foo.npz")

@@ -91,7 +91,8 @@ def create_model(
     model = model_class(kwargs)(**kwargs)
     layout = layouts.BY_NAME[checkpoint.layout] if checkpoint is not None else None
     if layout is not None and layout.preprocess is not None:  # the weights' own (torchvision's)
-        preprocess = Preprocess.from_dict(layout.preprocess(preprocess.input_size))
+        patch = to_pair(model.config.patch_size, "patch_size")  # torchvision: vit_h_14 is SWAG
+        preprocess = Preprocess.from_dict(layout.preprocess(preprocess.input_size, patch))
     model.preprocess = preprocess
     model.model_name = name
     if checkpoint is not None:

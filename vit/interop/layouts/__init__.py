@@ -7,7 +7,8 @@ is `vit.interop.weights`' job and knows nothing about layouts. Each layout also 
 weights need beyond names: the LayerNorm eps they were trained with and how their position
 embeddings are resampled to another image size (`vit.models.pos_embed.RESAMPLERS`).
 
-    timm         patch_embed.proj.weight, blocks.0.attn.qkv.weight, ...   (ours: no mapping)
+    timm         patch_embed.proj.weight, blocks.0.attn.qkv.weight, ...   (ours: no mapping;
+                 facebookresearch/mae's mask_token and decoder_* dropped)
     transformers vit.embeddings.patch_embeddings.projection.weight, vit.encoder.layer.0. ...
                  (+ DINOv2 layer_scale1, DeiT distillation_token, CLIP class_embedding,
                  SigLIP embeddings.patch_embedding without a class token)
@@ -62,9 +63,9 @@ class Layout:
     norm_eps: float | None = None  # LayerNorm eps its checkpoints use, when the keys tell
     # how the source library resamples its position embeddings (a `vit.models.pos_embed` resampler)
     pos_embed: str = "timm"
-    # input size (H, W) -> `vit.Preprocess` fields, where the layout's weights expect their own
-    # preprocessing rather than the model name's (torchvision's)
-    preprocess: Callable[[tuple[int, int]], dict] | None = None
+    # (input size (H, W), patch size (h, w)) -> `vit.Preprocess` fields, where the layout's
+    # weights expect their own preprocessing rather than the model name's (torchvision's)
+    preprocess: Callable[[tuple[int, int], tuple[int, int]], dict] | None = None
 
 
 _TIMM_ROOTS = ("patch_embed.", "blocks.", "cls_token", "pos_embed", "norm.", "head.", "fc_norm.")
@@ -74,10 +75,19 @@ def _is_timm(keys: Collection[str]) -> bool:
     return any(key.startswith(_TIMM_ROOTS) for key in keys)
 
 
+def _timm_to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[str]]:
+    """timm names already; facebookresearch/mae's pre-training checkpoints (`mae_visualize_*`)
+    add a mask token and a decoder (`decoder_*`) beside the encoder: dropped, with a note."""
+    if not any(key.startswith("decoder_") for key in state):
+        return dict(state), []
+    kept = {k: v for k, v in state.items() if not k.startswith("decoder_") and k != "mask_token"}
+    return kept, [f"{source}: ignored MAE's mask token and decoder (decoder_*, pre-training only)"]
+
+
 # transformers resamples with `interpolate_pos_encoding` (bicubic to a size, no antialias),
 # except for DINOv2 with registers (antialiased, as timm).
 LAYOUTS: tuple[Layout, ...] = (
-    Layout("timm", "patch_embed.proj.weight", _is_timm, lambda sd, source: (dict(sd), [])),
+    Layout("timm", "patch_embed.proj.weight", _is_timm, _timm_to_timm),
     Layout(
         "transformers_dinov2_reg",
         "embeddings.register_tokens",

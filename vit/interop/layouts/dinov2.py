@@ -2,8 +2,9 @@
 and the `_reg4_` ones with registers).
 
 Its `DinoVisionTransformer` already uses timm's names (`patch_embed.proj`, `blocks.{i}.attn.qkv`,
-`blocks.{i}.ls1.gamma`, `norm`), plus a `mask_token` (used in training only; its presence tells
-this layout from timm's) and, with registers, `register_tokens`, which become timm's
+`blocks.{i}.ls1.gamma`, `norm`), plus a `mask_token` (used in training only; with the LayerScale
+it tells this layout from timm's, and from MAE's pre-training checkpoints, whose mask token
+sits beside blocks without LayerScale) and, with registers, `register_tokens`, which become timm's
 `reg_token` with the class token's position embedding folded into the class token
 (no_embed_class, as timm converts them). ViT-g/14's SwiGLU MLP (`mlp.w12`, `mlp.w3`) is refused.
 
@@ -28,7 +29,11 @@ CHUNKED = re.compile(r"^blocks\.\d+\.(\d+\.)")
 
 
 def matches(keys: Collection[str]) -> bool:
-    return "mask_token" in keys and any(key.startswith("blocks.") for key in keys)
+    # a mask token and LayerScale: MAE's pre-training checkpoints have a mask_token and
+    # timm-named blocks too, but no LayerScale (every DINOv2 has ls1)
+    return "mask_token" in keys and any(
+        key.startswith("blocks.") and key.endswith(".ls1.gamma") for key in keys
+    )
 
 
 def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[str]]:

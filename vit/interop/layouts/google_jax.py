@@ -1,5 +1,8 @@
 """Google's original JAX ViT checkpoints (`.npz`): vit_jax / augreg and big_vision layouts.
 
+big_vision's MAP head (`MAPHead_0/`, SigLIP's attention-pool readout) becomes timm's
+`attn_pool.*` (a model built with global_pool="map"); a ViT-21k `pre_logits` layer is refused.
+
 Flax stores Dense kernels as (in, out) and attention kernels per head: query/key/value
 (D, nh, hs) and out (nh, hs, D). PyTorch's Linear wants (out, in), and timm's attention has one
 fused qkv Linear, so q, k and v are flattened and stacked along the output axis.
@@ -7,13 +10,12 @@ fused qkv Linear, so q, k and v are flattened and stacked along the output axis.
 
 from __future__ import annotations
 
-import logging
+import re
 from collections.abc import Collection, Mapping
 
 import numpy as np
 import torch
 
-logger = logging.getLogger("vit")
 PREFIXES = ("", "opt/target/", "params/", "params/img/")
 
 
@@ -51,6 +53,14 @@ def convert_jax_checkpoint(arrays: Mapping[str, np.ndarray], source: str = "npz"
     def norm(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         return get(f"{name}/scale"), get(f"{name}/bias")
 
+    if has("pre_logits/kernel"):
+        # the head reads tanh(pre_logits(x)): kept alone on the raw features it gives other
+        # predictions; refused as the torchvision layout refuses its heads.pre_logits
+        raise ValueError(
+            f"{source} is a ViT with a representation layer ({prefix}pre_logits, a ViT-21k "
+            f"tanh layer before the head): not supported, our ViT has no representation layer"
+        )
+
     # big_vision names sub-layers from 0 and keeps pos_embedding at the top level
     big_vision = has("pos_embedding") or prefix.startswith("params/")
     attn_i, ln2_i, mlp_i = (0, 1, 0) if big_vision else (1, 2, 3)
@@ -65,7 +75,30 @@ def convert_jax_checkpoint(arrays: Mapping[str, np.ndarray], source: str = "npz"
     if has("head/kernel"):
         sd["head.weight"], sd["head.bias"] = dense("head")
 
-    depth = sum(1 for k in arrays if k.startswith(prefix) and k.endswith("LayerNorm_0/scale"))
+    if has("MAPHead_0/probe"):  # big_vision's attention-pool readout -> timm's attn_pool
+        head, mha = "MAPHead_0/", "MAPHead_0/MultiHeadDotProductAttention_0/"
+        sd["attn_pool.latent"] = get(head + "probe")  # (1, 1, D)
+        sd["attn_pool.q.weight"] = get(f"{mha}query/kernel").flatten(1).T
+        sd["attn_pool.q.bias"] = get(f"{mha}query/bias").flatten()
+        sd["attn_pool.kv.weight"] = torch.cat(
+            [get(f"{mha}{n}/kernel").flatten(1).T for n in ("key", "value")]
+        )
+        sd["attn_pool.kv.bias"] = torch.cat(
+            [get(f"{mha}{n}/bias").flatten() for n in ("key", "value")]
+        )
+        sd["attn_pool.proj.weight"] = get(f"{mha}out/kernel").flatten(0, 1).T
+        sd["attn_pool.proj.bias"] = get(f"{mha}out/bias")
+        sd["attn_pool.norm.weight"], sd["attn_pool.norm.bias"] = norm(head + "LayerNorm_0")
+        sd["attn_pool.mlp.fc1.weight"], sd["attn_pool.mlp.fc1.bias"] = dense(
+            head + "MlpBlock_0/Dense_0"
+        )
+        sd["attn_pool.mlp.fc2.weight"], sd["attn_pool.mlp.fc2.bias"] = dense(
+            head + "MlpBlock_0/Dense_1"
+        )
+
+    # count encoder blocks by name: a MAP head (MAPHead_0/) has LayerNorms and an MlpBlock too
+    block = re.compile(re.escape(prefix) + r"Transformer/encoderblock_(\d+)/")
+    depth = len({m.group(1) for m in map(block.match, arrays) if m})
     for i in range(depth):
         src, dst = f"Transformer/encoderblock_{i}/", f"blocks.{i}."
         mha = f"{src}MultiHeadDotProductAttention_{attn_i}/"
@@ -81,6 +114,4 @@ def convert_jax_checkpoint(arrays: Mapping[str, np.ndarray], source: str = "npz"
         mlp = f"{src}MlpBlock_{mlp_i}/"
         sd[dst + "mlp.fc1.weight"], sd[dst + "mlp.fc1.bias"] = dense(mlp + "Dense_0")
         sd[dst + "mlp.fc2.weight"], sd[dst + "mlp.fc2.bias"] = dense(mlp + "Dense_1")
-    if has("pre_logits/kernel"):
-        logger.warning("%s: ignoring its pre_logits layer (a ViT-21k representation layer)", source)
     return sd

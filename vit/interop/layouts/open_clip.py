@@ -9,7 +9,9 @@
     visual.proj (D, E), x @ proj          -> head.weight (E, D) and a zero head.bias
 
 `nn.MultiheadAttention` keeps q, k and v stacked in timm's order, so attention is renames only.
-OpenCLIP models whose tower is a timm model (`visual.trunk.*`) already use timm's names. The
+OpenCLIP models whose tower is a timm model (`visual.trunk.*`) already use timm's names, and
+their `visual.head.proj` (weight, and bias if any) becomes `head`; an MLP projection head
+(`visual.head.mlp.*`) or other image-tower tensors outside the trunk are refused. The
 text tower is dropped. The keys do not say which activation the tower was trained with
 (OpenAI's QuickGELU or OpenCLIP's GELU), nor its image size: the model name does (the
 `_quickgelu` variants). LayerNorm eps is PyTorch's default, 1e-5.
@@ -64,9 +66,21 @@ def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[
         )
     if any(key.startswith(TRUNK) for key in state):  # a timm model inside OpenCLIP
         out = {k.removeprefix(TRUNK): v for k, v in state.items() if k.startswith(TRUNK)}
+        # OpenCLIP's TimmModel head: a Linear `proj` (with a bias when proj_bias=True), or an
+        # MLP projection (head.mlp.*) that our single Linear head cannot hold: refused below
+        head = {"visual.head.proj.weight", "visual.head.proj.bias"}
+        unknown = [k for k in state if k.startswith("visual.") and not k.startswith(TRUNK)]
+        unknown = [k for k in unknown if k not in head]
+        if unknown:
+            raise ValueError(
+                f"{source} has image-tower tensors outside its timm trunk that a ViT with one "
+                f"linear head cannot hold ({unknown[:8]}; e.g. an MLP projection head): "
+                f"supported: {SUPPORTED}"
+            )
         if "visual.head.proj.weight" in state:
             out["head.weight"] = state["visual.head.proj.weight"]
-            out["head.bias"] = torch.zeros(out["head.weight"].shape[0])
+            bias = state.get("visual.head.proj.bias")  # proj_bias=False: none, i.e. zero
+            out["head.bias"] = torch.zeros(out["head.weight"].shape[0]) if bias is None else bias
         return out, notes
     out, unknown = {}, []
     for key, value in state.items():

@@ -4,6 +4,11 @@ The architecture is the same as timm's, LayerNorm eps 1e-6 included, and `nn.Mul
 keeps q, k and v stacked in one `in_proj_weight` in timm's order, so the map is renames only.
 What torchvision can build and we cannot: a tanh "pre-logits" representation layer and a
 convolutional stem; both are refused by name.
+
+Position embeddings are resampled timm's way (bicubic, antialiased). torchvision's model never
+resamples by itself; its helper `interpolate_embeddings` (used to fine-tune at another size) is
+bicubic with align_corners=True, which no resampler here reproduces (transformers' is
+align_corners=False): a torchvision file at another size is close to, not equal to, that helper.
 """
 
 from __future__ import annotations
@@ -121,16 +126,19 @@ def constructor_args(config: ViTConfig) -> tuple[str | None, dict]:
     return builder, kwargs
 
 
-def preprocess_for(input_size: tuple[int, int]) -> dict:
+def preprocess_for(input_size: tuple[int, int], patch_size: tuple[int, int]) -> dict:
     """`vit.Preprocess` fields for torchvision's ViT weights at this input size.
 
-    Its 224x224 weights (IMAGENET1K_V1) resize the shorter side to 256 (bilinear) and crop 224;
-    its larger SWAG weights (384, 518) resize bicubic straight to the input size."""
-    standard = tuple(input_size) == (224, 224)
+    Its 224x224 V1 weights (IMAGENET1K_V1 of vit_b_16/b_32/l_16/l_32) resize the shorter side to
+    256 (bilinear) and crop 224; its SWAG weights resize bicubic straight to the input size
+    (384, 512, 518, and 224 for IMAGENET1K_SWAG_LINEAR_V1). vit_h_14 (the patch-14 model) has
+    SWAG weights only, so it always gets SWAG's; a 224-px b_16/l_16 file is taken as V1 (the
+    tensors do not say which of the two it is)."""
+    v1 = tuple(input_size) == (224, 224) and tuple(patch_size) != (14, 14)
     return dict(
         input_size=tuple(input_size),
         mean=(0.485, 0.456, 0.406),
         std=(0.229, 0.224, 0.225),
-        interpolation="bilinear" if standard else "bicubic",
-        crop_pct=224 / 256 if standard else 1.0,
+        interpolation="bilinear" if v1 else "bicubic",
+        crop_pct=224 / 256 if v1 else 1.0,
     )
