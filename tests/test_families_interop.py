@@ -21,8 +21,10 @@ from conftest import RTOL, relative_error
 from safetensors.torch import load_file
 
 import vit
+from vit.interop.layouts.hf_common import preprocess_from_hf
 from vit.interop.weights import read_checkpoint
 from vit.models.pos_embed import resample_pos_embed
+from vit.models.registry import Preprocess
 
 transformers = pytest.importorskip("transformers")
 
@@ -138,6 +140,27 @@ def test_transformers_folder_and_state_dict_give_transformers_outputs(tmp_path, 
     vit.load_weights(in_memory, theirs)
     with torch.no_grad():
         assert relative_error(in_memory.eval()(x), reference) <= RTOL
+
+
+@pytest.mark.parametrize(
+    ("family", "processor", "size"),
+    [
+        ("CLIPVisionModel", "CLIPImageProcessor", {"shortest_edge": 32}),
+        ("SiglipVisionModel", "SiglipImageProcessor", {"height": 32, "width": 32}),
+    ],
+)
+def test_folder_without_a_processor_file_gets_its_familys_processor_defaults(
+    tmp_path, one_thread, family, processor, size
+):
+    """`save_pretrained` alone writes no preprocessor_config.json: the family's processor class
+    with its defaults at config.json's image_size (CLIP: OpenAI's statistics, bicubic, shorter
+    side and centre crop; SigLIP: bicubic, both sides), not ViTImageProcessor's."""
+    theirs, image_size = build(family)
+    theirs.save_pretrained(tmp_path / "hf")
+    assert not (tmp_path / "hf" / "preprocessor_config.json").exists()
+    defaults = getattr(transformers, processor)(size=size, crop_size=image_size).to_dict()
+    expected = Preprocess(**preprocess_from_hf(defaults, (image_size, image_size)))
+    assert vit.load_model(tmp_path / "hf").preprocess == expected
 
 
 def test_two_tower_clip_and_siglip_folders_load_their_image_tower(tmp_path, one_thread, caplog):

@@ -7,6 +7,7 @@ libraries run other attention kernels, so the last bits differ).
 
 import json
 import logging
+import re
 
 import pytest
 import torch
@@ -73,6 +74,52 @@ def test_transformers_folder_loads_with_config_and_class_names(tmp_path, one_thr
     assert ours.preprocess.mean == (0.5, 0.5, 0.5)  # ViTImageProcessor's defaults
     x = images(config.image_size)
     assert relative_error(our_logits(ours, x), hf_logits(theirs, x)) <= RTOL
+
+
+def edit_config(folder, **changes) -> None:
+    """Change config.json's entries (a value None removes the entry)."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    path.write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+
+
+def test_transformers_classifier_is_sized_by_its_weights_not_config_metadata(tmp_path, one_thread):
+    """Without `architectures` transformers still loads ViTForImageClassification's head: so do
+    we (its size is the classifier's rows, not a count of config.json's entries)."""
+    theirs = hf_classifier()
+    theirs.save_pretrained(tmp_path / "hf")
+    edit_config(tmp_path / "hf", architectures=None)
+    ours = vit.load_model(tmp_path / "hf")
+    assert ours.num_classes == 3 and ours.class_names == NAMES
+    x = images()
+    assert relative_error(our_logits(ours, x), hf_logits(theirs, x)) <= RTOL
+
+
+@pytest.mark.parametrize(
+    ("id2label", "refusal"),
+    [
+        ({"0": "cat", "2": "ship"}, r"no name for \[1\]"),  # would build a 2-class head
+        ({"0": "cat", "1": "dog", "3": "ship"}, r"ids \[3\] outside them; no name for \[2\]"),
+    ],
+    ids=["gap", "id-beyond-the-head"],
+)
+def test_transformers_id2label_that_does_not_name_each_output_is_refused(
+    tmp_path, one_thread, id2label, refusal
+):
+    """Counting id2label's entries built a head of another size and dropped the trained one
+    with a warning (transformers refuses such a folder): now refused, naming the ids."""
+    hf_classifier().save_pretrained(tmp_path / "hf")
+    edit_config(tmp_path / "hf", id2label=id2label, label2id=None)
+    folder = re.escape(str(tmp_path / "hf"))
+    with pytest.raises(ValueError, match=f"{folder}: .*3 outputs 0..2 .*{refusal}"):
+        vit.load_model(tmp_path / "hf")
+
+
+def test_transformers_id2label_is_read_by_id(tmp_path, one_thread):
+    hf_classifier().save_pretrained(tmp_path / "hf")
+    edit_config(tmp_path / "hf", id2label={"2": "ship", "0": "cat", "1": "dog"})
+    assert vit.load_model(tmp_path / "hf").class_names == NAMES
 
 
 def test_eps_matters_and_the_folder_carries_it(tmp_path, one_thread, caplog):

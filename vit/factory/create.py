@@ -188,14 +188,24 @@ def _load_transformers_folder(
         )
     hf_config = hf_common.read_json(folder / "config.json")
     config, class_names = layouts.config_from_transformers(hf_config, source=str(folder))
-    dinov2 = hf_config.get("model_type") in hf_dinov2.MODEL_TYPES
+    model_type = hf_config.get("model_type")
+    dinov2 = model_type in hf_dinov2.MODEL_TYPES
     processor = folder / "preprocessor_config.json"
     settings = hf_common.read_json(processor) if processor.is_file() else {}
-    settings = settings or (hf_dinov2.PREPROCESSOR if dinov2 else {})
+    # saved without preprocessor_config.json: the family's processor's defaults (DINOv2, CLIP,
+    # SigLIP), not ViTImageProcessor's (preprocess_from_hf's own: ViT, DeiT, MAE)
+    default = getattr(layouts.CONFIGS[model_type], "default_processor", None)
+    settings = settings or (default(config["img_size"]) if default else {})
     preprocess = hf_common.preprocess_from_hf(settings, config["img_size"])
+    checkpoint = read_checkpoint(folder)
+    if model_type in ("vit", "deit"):  # the families with a classifier (id2label)
+        # sized by its weight's rows, as transformers loads it: config.json's architectures may
+        # be absent and id2label may have gaps (a count would build another head and drop it)
+        config["num_classes"], class_names = hf_common.classifier_of(
+            hf_config, checkpoint.state_dict, str(folder)
+        )
     if num_classes is not None:
         config["num_classes"] = num_classes
-    checkpoint = read_checkpoint(folder)
     # An img_size asks for a model of that size: fixed, resampled once (resampling the
     # resampled grid again per call would be ~2% off transformers at other sizes).
     dynamic = dinov2 and not img_size if dynamic_img_size is None else dynamic_img_size

@@ -48,6 +48,21 @@ DEFAULTS = {**hf.DEFAULTS, "patch_size": 32, "hidden_act": "quick_gelu", "layer_
 ARCHITECTURES = ("CLIPVisionModel", "CLIPVisionModelWithProjection", "CLIPModel")
 
 
+def default_processor(img_size: tuple[int, int]) -> dict:
+    """The preprocessing of a folder saved without preprocessor_config.json, not
+    ViTImageProcessor's (mean 0.5, bilinear): CLIPImageProcessor's defaults (the shorter side
+    resized, bicubic, a centre crop, OpenAI's statistics) at config.json's image_size, as the
+    published processors are (224 and 336 px: shortest_edge = crop_size = image_size)."""
+    return {
+        "size": {"shortest_edge": min(img_size)},
+        "crop_size": {"height": img_size[0], "width": img_size[1]},
+        "do_center_crop": True,
+        "resample": 3,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    }
+
+
 def matches(keys: Collection[str]) -> bool:
     return any(key.endswith("embeddings.class_embedding") for key in keys)
 

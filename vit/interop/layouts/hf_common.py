@@ -128,9 +128,39 @@ def backbone_config(hf: dict, source: str, defaults: dict = DEFAULTS) -> dict:
     )
 
 
-def class_names_of(hf: dict) -> list[str] | None:
-    labels = hf.get("id2label") or {}
-    return [labels[k] for k in sorted(labels, key=int)] if labels else None
+def class_names_of(hf: dict, num_classes: int, source: str) -> list[str] | None:
+    """`id2label` -> the name of each of the `num_classes` outputs, by id (None without a head
+    or an id2label). Ids outside 0..num_classes-1, or outputs without a name, are refused:
+    counting the names would shift every one after a gap onto another output (transformers
+    refuses a folder whose id2label count differs from its classifier's rows)."""
+    labels = {int(k): name for k, name in (hf.get("id2label") or {}).items()}
+    if not num_classes or not labels:
+        return None
+    outside = sorted(set(labels) - set(range(num_classes)))
+    missing = sorted(set(range(num_classes)) - set(labels))
+    problems = []
+    if outside:
+        problems.append(f"ids {outside} outside them")
+    if missing:
+        problems.append(f"no name for {missing}")
+    if problems:
+        raise ValueError(
+            f"{source}: config.json's id2label does not name the classifier's {num_classes} "
+            f"outputs 0..{num_classes - 1} ({'; '.join(problems)})"
+        )
+    return [labels[i] for i in range(num_classes)]
+
+
+def classifier_of(
+    hf: dict, state: Mapping[str, torch.Tensor], source: str
+) -> tuple[int, list[str] | None]:
+    """(num_classes, class names) of a ViT or DeiT folder whose tensors, under timm's names,
+    are `state`: the classifier's rows, as transformers builds it from the weights, not
+    config.json's `architectures` (may be absent) or the count of `id2label` (may have gaps);
+    0 without a classifier tensor (ViTModel)."""
+    head = state.get("head.weight")
+    num_classes = 0 if head is None else head.shape[0]
+    return num_classes, class_names_of(hf, num_classes, source)
 
 
 def backbone_to_hf(config: ViTConfig) -> dict:

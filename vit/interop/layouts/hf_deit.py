@@ -18,7 +18,6 @@ from .hf_common import (
     backbone_config,
     backbone_to_hf,
     check_switches,
-    class_names_of,
     convert,
     from_timm,
     labels_to_hf,
@@ -61,7 +60,8 @@ def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[
 
 
 def config_from_hf(hf_config: dict, source: str) -> tuple[dict, list[str] | None]:
-    """A transformers DeiT `config.json` -> (our `ViTConfig` arguments, class names)."""
+    """A transformers DeiT `config.json` -> (our `ViTConfig` arguments without heads, None);
+    the heads and class names are the weights' and id2label's (`hf_common.classifier_of`)."""
     architectures = hf_config.get("architectures") or []
     if architectures != [ARCHITECTURE]:
         listed = ", ".join(architectures) or "no architectures listed"
@@ -69,15 +69,13 @@ def config_from_hf(hf_config: dict, source: str) -> tuple[dict, list[str] | None
             f"{source} holds a transformers DeiT ({listed}); only {ARCHITECTURE} (both heads) is "
             f"supported; supported: {SUPPORTED}"
         )
-    class_names = class_names_of(hf_config)
-    num_classes = len(class_names) if class_names else int(hf_config.get("num_labels", 2))
     config = dict(
         backbone_config(hf_config, source),
-        num_classes=num_classes,
+        num_classes=0,  # a folder's heads are sized by its weights: hf_common.classifier_of
         qkv_bias=bool(hf_config.get("qkv_bias", True)),
         distilled=True,
     )
-    return config, class_names
+    return config, None
 
 
 def write_state(state: Mapping[str, torch.Tensor], hf_class: str) -> dict[str, torch.Tensor]:

@@ -164,3 +164,8 @@ PREPROCESSOR = {
     "image_mean": [0.485, 0.456, 0.406],
     "image_std": [0.229, 0.224, 0.225],
 }
+
+
+def default_processor(img_size: tuple[int, int]) -> dict:
+    """PREPROCESSOR, whatever the stored grid's size."""
+    return PREPROCESSOR

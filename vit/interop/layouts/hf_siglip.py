@@ -39,6 +39,19 @@ DEFAULTS = {**hf.DEFAULTS, "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 
 ARCHITECTURES = ("SiglipVisionModel", "SiglipModel")
 
 
+def default_processor(img_size: tuple[int, int]) -> dict:
+    """The preprocessing of a folder saved without preprocessor_config.json:
+    SiglipImageProcessor's defaults (both sides resized, bicubic, mean and std 0.5) at
+    config.json's image_size, as the published processors are; not ViTImageProcessor's
+    bilinear resize."""
+    return {
+        "size": {"height": img_size[0], "width": img_size[1]},
+        "resample": 3,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+
+
 def matches(keys: Collection[str]) -> bool:
     return any(key.endswith(hf_clip.PATCH_KEY) for key in keys) and not hf_clip.matches(keys)
 

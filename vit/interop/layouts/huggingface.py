@@ -29,7 +29,6 @@ from .hf_common import (
     backbone_config,
     backbone_to_hf,
     check_switches,
-    class_names_of,
     convert,
     from_timm,
     labels_to_hf,
@@ -120,8 +119,9 @@ def write_state(state: Mapping[str, torch.Tensor], hf_class: str) -> dict[str, t
 
 
 def config_from_hf(hf: dict, source: str) -> tuple[dict, list[str] | None]:
-    """A transformers ViT or ViT-MAE `config.json` (as a dict) -> (our `ViTConfig` arguments,
-    class names or None). Other ViT classes are refused, naming what they are."""
+    """A transformers ViT or ViT-MAE `config.json` (as a dict) -> (our `ViTConfig` arguments
+    without a head, None). The classifier and its class names are the weights' and id2label's
+    (`hf_common.classifier_of`). Other ViT classes are refused, naming what they are."""
     model_type = hf.get("model_type")
     architectures = hf.get("architectures") or []
     accepted = ARCHITECTURES.get(model_type)
@@ -133,15 +133,12 @@ def config_from_hf(hf: dict, source: str) -> tuple[dict, list[str] | None]:
     other = [a for a in architectures if a not in accepted]
     if other:
         raise ValueError(f"{source} holds a {other[0]}; supported: {SUPPORTED}")
-    classifier = "ViTForImageClassification" in architectures
-    class_names = class_names_of(hf) if classifier else None
-    num_classes = len(class_names) if class_names else int(hf.get("num_labels", 0) or 0)
     config = dict(
         backbone_config(hf, source),
-        num_classes=num_classes if classifier else 0,
+        num_classes=0,  # a folder's classifier is sized by its weights: hf_common.classifier_of
         qkv_bias=bool(hf.get("qkv_bias", True)),
     )
-    return config, class_names
+    return config, None
 
 
 def write_config(config: ViTConfig, hf_class: str, class_names: list[str] | None) -> dict:
