@@ -76,25 +76,7 @@ def convert_jax_checkpoint(arrays: Mapping[str, np.ndarray], source: str = "npz"
         sd["head.weight"], sd["head.bias"] = dense("head")
 
     if has("MAPHead_0/probe"):  # big_vision's attention-pool readout -> timm's attn_pool
-        head, mha = "MAPHead_0/", "MAPHead_0/MultiHeadDotProductAttention_0/"
-        sd["attn_pool.latent"] = get(head + "probe")  # (1, 1, D)
-        sd["attn_pool.q.weight"] = get(f"{mha}query/kernel").flatten(1).T
-        sd["attn_pool.q.bias"] = get(f"{mha}query/bias").flatten()
-        sd["attn_pool.kv.weight"] = torch.cat(
-            [get(f"{mha}{n}/kernel").flatten(1).T for n in ("key", "value")]
-        )
-        sd["attn_pool.kv.bias"] = torch.cat(
-            [get(f"{mha}{n}/bias").flatten() for n in ("key", "value")]
-        )
-        sd["attn_pool.proj.weight"] = get(f"{mha}out/kernel").flatten(0, 1).T
-        sd["attn_pool.proj.bias"] = get(f"{mha}out/bias")
-        sd["attn_pool.norm.weight"], sd["attn_pool.norm.bias"] = norm(head + "LayerNorm_0")
-        sd["attn_pool.mlp.fc1.weight"], sd["attn_pool.mlp.fc1.bias"] = dense(
-            head + "MlpBlock_0/Dense_0"
-        )
-        sd["attn_pool.mlp.fc2.weight"], sd["attn_pool.mlp.fc2.bias"] = dense(
-            head + "MlpBlock_0/Dense_1"
-        )
+        sd.update(attention_pool(get, dense, norm))
 
     # count encoder blocks by name: a MAP head (MAPHead_0/) has LayerNorms and an MlpBlock too
     block = re.compile(re.escape(prefix) + r"Transformer/encoderblock_(\d+)/")
@@ -114,4 +96,23 @@ def convert_jax_checkpoint(arrays: Mapping[str, np.ndarray], source: str = "npz"
         mlp = f"{src}MlpBlock_{mlp_i}/"
         sd[dst + "mlp.fc1.weight"], sd[dst + "mlp.fc1.bias"] = dense(mlp + "Dense_0")
         sd[dst + "mlp.fc2.weight"], sd[dst + "mlp.fc2.bias"] = dense(mlp + "Dense_1")
+    return sd
+
+
+def attention_pool(get, dense, norm) -> dict[str, torch.Tensor]:
+    """big_vision's MAPHead_0 (through `convert_jax_checkpoint`'s readers) -> timm's attn_pool:
+    the probe is the latent query, key and value stack into one kv Linear."""
+    head, mha = "MAPHead_0/", "MAPHead_0/MultiHeadDotProductAttention_0/"
+    sd = {"attn_pool.latent": get(head + "probe")}  # (1, 1, D)
+    sd["attn_pool.q.weight"] = get(f"{mha}query/kernel").flatten(1).T  # (D, nh, hs) -> (D, D)
+    sd["attn_pool.q.bias"] = get(f"{mha}query/bias").flatten()
+    key_value = ("key", "value")
+    sd["attn_pool.kv.weight"] = torch.cat([get(f"{mha}{n}/kernel").flatten(1).T for n in key_value])
+    sd["attn_pool.kv.bias"] = torch.cat([get(f"{mha}{n}/bias").flatten() for n in key_value])
+    sd["attn_pool.proj.weight"] = get(f"{mha}out/kernel").flatten(0, 1).T  # (nh, hs, D)
+    sd["attn_pool.proj.bias"] = get(f"{mha}out/bias")
+    sd["attn_pool.norm.weight"], sd["attn_pool.norm.bias"] = norm(head + "LayerNorm_0")
+    for i, fc in enumerate(("fc1", "fc2")):
+        weight, bias = dense(f"{head}MlpBlock_0/Dense_{i}")
+        sd[f"attn_pool.mlp.{fc}.weight"], sd[f"attn_pool.mlp.{fc}.bias"] = weight, bias
     return sd
