@@ -147,6 +147,12 @@ def test_transformers_folder_and_state_dict_give_transformers_outputs(tmp_path, 
     [
         ("CLIPVisionModel", "CLIPImageProcessor", {"shortest_edge": 32}),
         ("SiglipVisionModel", "SiglipImageProcessor", {"height": 32, "width": 32}),
+        # 256 / 224 of the input, as DeiT's 256 for 224
+        (
+            "DeiTForImageClassificationWithTeacher",
+            "DeiTImageProcessor",
+            {"height": 36, "width": 36},
+        ),
     ],
 )
 def test_folder_without_a_processor_file_gets_its_familys_processor_defaults(

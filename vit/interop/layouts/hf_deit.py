@@ -43,6 +43,20 @@ IGNORED = {
 ARCHITECTURE = "DeiTForImageClassificationWithTeacher"
 
 
+def default_processor(img_size: tuple[int, int]) -> dict:
+    """The preprocessing of a folder saved without preprocessor_config.json, not
+    ViTImageProcessor's: DeiTImageProcessor's defaults (both sides resized to 256 / 224 of the
+    input, bicubic, the centre crop, statistics 0.5) at config.json's image_size."""
+    return {
+        "size": {"height": img_size[0] * 256 // 224, "width": img_size[1] * 256 // 224},
+        "crop_size": {"height": img_size[0], "width": img_size[1]},
+        "do_center_crop": True,
+        "resample": 3,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+
+
 def matches(keys: Collection[str]) -> bool:
     return any(key.endswith("embeddings.distillation_token") for key in keys)
 
