@@ -29,10 +29,11 @@ CHUNKED = re.compile(r"^blocks\.\d+\.(\d+\.)")
 
 
 def matches(keys: Collection[str]) -> bool:
-    # a mask token and LayerScale: MAE's pre-training checkpoints have a mask_token and
-    # timm-named blocks too, but no LayerScale (every DINOv2 has ls1)
+    # a mask token and LayerScale (or ViT-g's SwiGLU MLP, which to_timm refuses by name): MAE's
+    # pre-training checkpoints have a mask_token and timm-named blocks too, but neither
     return "mask_token" in keys and any(
-        key.startswith("blocks.") and key.endswith(".ls1.gamma") for key in keys
+        key.startswith("blocks.") and (key.endswith(".ls1.gamma") or ".mlp.w12." in key)
+        for key in keys
     )
 
 
