@@ -423,7 +423,9 @@ def test_in_memory_batches_keep_non_square_images_and_resize_them_in_proportion(
         assert tuple(x.shape) == (4, 3, *shape)
 
 
-def test_files_written_together_are_put_in_place_together_through_a_ctrl_c(tmp_path, monkeypatch):
+def test_files_written_together_are_put_in_place_together_through_a_ctrl_c(
+    tmp_path, monkeypatch, request
+):
     """A Ctrl-C between the renames of a report and its matrix left the new report beside the
     old matrix: it now waits until both are in place."""
     import signal
@@ -440,6 +442,9 @@ def test_files_written_together_are_put_in_place_together_through_a_ctrl_c(tmp_p
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(files.os, "replace", interrupted_between)
+    # Python's Ctrl-C, also where the suite runs in a background job (SIGINT ignored there)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
 
     def write(folder):
         (folder / "r.json").write_text("new"), (folder / "r.png").write_text("new")
