@@ -427,7 +427,7 @@ def test_files_written_together_are_put_in_place_together_through_a_ctrl_c(
     tmp_path, monkeypatch, request
 ):
     """A Ctrl-C between the renames of a report and its matrix left the new report beside the
-    old matrix: it now waits until both are in place."""
+    old matrix: it now takes effect once both are in place."""
     import signal
 
     import vit.utils.files as files
@@ -439,10 +439,10 @@ def test_files_written_together_are_put_in_place_together_through_a_ctrl_c(
     def interrupted_between(source, target):
         replace(source, target)
         if Path(target) == matrix:  # the first of the two renames
-            os.kill(os.getpid(), signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
 
     monkeypatch.setattr(files.os, "replace", interrupted_between)
-    # Python's Ctrl-C, also where the suite runs in a background job (SIGINT ignored there)
+    # Python's Ctrl-C, also where the suite runs as a background job (SIGINT ignored there)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
 
@@ -452,4 +452,5 @@ def test_files_written_together_are_put_in_place_together_through_a_ctrl_c(
     with pytest.raises(KeyboardInterrupt):
         files.atomic_write_files([report, matrix], write)
     assert (report.read_text(), matrix.read_text()) == ("new", "new")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,8 +111,9 @@ def atomic_write_files(paths: list[Path], write: Callable[[Path], object]) -> No
     """Files that belong together (an ONNX file and the weights file it names): `write(folder)`
     writes each of `paths`' names into a fresh folder beside them, then they are renamed into
     place, the first last (the one a reader opens), Ctrl-C and SIGTERM held back until all are
-    (one between two renames would leave a new file beside an old one). A failure before the
-    renames leaves every previous file as it was; all of `paths` must be in one folder."""
+    (`signals_held`: one between two renames would leave a new file beside an old one). A
+    failure before the renames leaves every previous file as it was; all of `paths` must be in
+    one folder."""
     paths = [Path(p) for p in paths]
     folder = paths[0].parent
     if any(p.parent != folder for p in paths):
@@ -136,16 +138,29 @@ def atomic_write_files(paths: list[Path], write: Callable[[Path], object]) -> No
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """Within the block, SIGINT and SIGTERM wait (POSIX): they arrive, with their
-    KeyboardInterrupt or ending, right after it."""
-    if not hasattr(signal, "pthread_sigmask"):  # Windows: no way to hold them
+    """Within the block, SIGINT and SIGTERM are noted, not acted on: each takes effect right
+    after it, through the handler that was there. Python runs signal handlers in the main
+    thread, whichever thread the signal reached (blocking it in this thread alone would not
+    hold it), so only the main thread can hold them; elsewhere nothing is held."""
+    signals = (signal.SIGINT, signal.SIGTERM)
+    # (a handler set outside Python, None here, could not be put back)
+    unheld = any(signal.getsignal(signum) is None for signum in signals)
+    if unheld or threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    noted: list[int] = []
+
+    def note(signum: int, frame) -> None:
+        noted.append(signum)
+
+    previous = {signum: signal.signal(signum, note) for signum in signals}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in noted:
+            signal.raise_signal(signum)  # now, as it would have been
 
 
 def check_marked(folder: Path, mark: str) -> None:
