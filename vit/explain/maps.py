@@ -153,6 +153,30 @@ def attention_rollout(
     return patch_map(matrix, prep.grid_size, prep.num_prefix_tokens, _readout(prep, pool_row))
 
 
+def _explained(
+    model: nn.Module,
+    images: torch.Tensor,
+    *,
+    target: Target,
+    direction: torch.Tensor | None,
+    similarity: Similarity,
+    pre_logits: bool,
+    include_registers: bool,
+) -> _Prepared:
+    """The attention and its gradients of the class or the direction the gradient methods
+    explain, prepared for a map (`_prepare`)."""
+    record = record_attention(
+        model,
+        images,
+        True,
+        target,
+        direction=direction,
+        similarity=similarity,
+        pre_logits=pre_logits,
+    )
+    return _prepare(model, images, record, include_registers)
+
+
 def gradient_rollout(
     model: nn.Module,
     images: torch.Tensor,
@@ -172,20 +196,18 @@ def gradient_rollout(
     direction: instead of a class, an embedding ((D,) or (B, D)) whose `similarity` ("cosine"
     or "dot") to each image's pooled embedding is explained (headless backbones); with
     `pre_logits=False`, to the head's output (a CLIP text embedding and the image projection,
-    see `vit.explain.capture.embed`). Other
-    arguments as in `attention_rollout`; the attention pool's row is grad * attention fused,
-    clamped at zero and normalised like a rollout row.
+    see `vit.explain.capture.embed`). Other arguments as in `attention_rollout`; the attention
+    pool's row is grad * attention fused, clamped at zero and normalised like a rollout row.
     """
-    record = record_attention(
+    prep = _explained(
         model,
         images,
-        True,
-        target,
+        target=target,
         direction=direction,
         similarity=similarity,
         pre_logits=pre_logits,
+        include_registers=include_registers,
     )
-    prep = _prepare(model, images, record, include_registers)
     matrix = gradient_rollout_matrix(
         prep.attentions, prep.gradients, head_fusion, discard_ratio, prep.num_prefix_tokens
     )
@@ -212,16 +234,15 @@ def relevance(
     attention pool its mean_h((grad * A)^+) row reads the relevance matrix (the pool's latent
     query is not a token, so it has no identity term).
     """
-    record = record_attention(
+    prep = _explained(
         model,
         images,
-        True,
-        target,
+        target=target,
         direction=direction,
         similarity=similarity,
         pre_logits=pre_logits,
+        include_registers=include_registers,
     )
-    prep = _prepare(model, images, record, include_registers)
     matrix = relevance_matrix(prep.attentions, prep.gradients)
     pool_row = None
     if prep.pool_attention is not None:
