@@ -157,7 +157,7 @@ def test_onnx_of_every_family_matches_in_onnxruntime(family, tmp_path, one_threa
     assert relative_error(out, logits(dynamic, x)) <= RTOL
 
 
-@pytest.mark.parametrize("method", ["transformers", "dinov2"])
+@pytest.mark.parametrize("method", ["transformers", "dinov2", "torchvision"])
 def test_onnx_resamples_position_embeddings_as_the_weights_library(method, tmp_path, one_thread):
     torch.manual_seed(0)
     model = vit.VisionTransformer(**TINY, pos_embed_resample=method, dynamic_img_size=True)

@@ -253,6 +253,31 @@ def test_torchvision_vision_transformer_matches(tmp_path, one_thread):
         assert relative_error(our_logits(ours, x), theirs(x)) <= RTOL
 
 
+def test_torchvision_file_at_another_size_equals_torchvision_own_resampling(tmp_path, one_thread):
+    """A 32-px file loaded at 48 px: the logits of torchvision's model built at 48 px from its
+    `interpolate_embeddings` (bicubic, align_corners=True), not timm's resampling."""
+    torch.manual_seed(0)
+    small = dict(patch_size=8, num_layers=2, num_heads=4, hidden_dim=64, mlp_dim=128)
+    theirs_32 = torchvision.models.VisionTransformer(image_size=32, num_classes=3, **small)
+    torch.nn.init.normal_(theirs_32.heads.head.weight, std=0.02)
+    torch.save(theirs_32.state_dict(), tmp_path / "tv.pth")
+    theirs = torchvision.models.VisionTransformer(image_size=48, num_classes=3, **small).eval()
+    state = torchvision.models.vision_transformer.interpolate_embeddings(
+        image_size=48, patch_size=8, model_state=theirs_32.state_dict()
+    )
+    theirs.load_state_dict(state)
+    ours = vit.VisionTransformer(
+        img_size=48, patch_size=8, embed_dim=64, depth=2, num_heads=4, mlp_ratio=2.0,
+        num_classes=3,
+    )  # fmt: skip
+    report = vit.load_weights(ours, tmp_path / "tv.pth")
+    assert report.resampled_pos_embed == ((4, 4), (6, 6))
+    torch.testing.assert_close(ours.pos_embed, state["encoder.pos_embedding"], rtol=0, atol=0)
+    x = images(48)
+    with torch.no_grad():
+        assert relative_error(our_logits(ours, x), theirs(x)) <= RTOL
+
+
 def test_torchvision_vit_b_32_through_create_model(tmp_path, one_thread):
     torch.manual_seed(0)
     theirs = torchvision.models.vit_b_32(weights=None).eval()

@@ -91,6 +91,8 @@ RESAMPLERS = {
     "transformers": "bicubic, not antialiased, to the new size: transformers'",
     # facebookresearch/dinov2's interpolate_offset: every sample point moves a little
     "dinov2": "bicubic, not antialiased, by a scale factor (new + 0.1) / old: original DINOv2's",
+    # torchvision's interpolate_embeddings: the grid's corner points stay where they were
+    "torchvision": "bicubic, not antialiased, corners aligned, to the new size: torchvision's",
 }
 
 
@@ -110,8 +112,8 @@ def resample_pos_embed(
     if unchanged_grid(posemb, new_size, old_size, num_prefix_tokens, method):
         return posemb
     old_size = old_size or (math.isqrt(posemb.shape[1] - num_prefix_tokens),) * 2
-    if method == "transformers":
-        interpolate = dict(size=tuple(new_size), align_corners=False)
+    if method in ("transformers", "torchvision"):
+        interpolate = dict(size=tuple(new_size), align_corners=method == "torchvision")
     else:  # the original DINOv2: the offset moves every sample point a little
         scale = tuple((new + 0.1) / old for new, old in zip(new_size, old_size, strict=True))
         interpolate = dict(scale_factor=scale)

@@ -105,7 +105,7 @@ class ViTConfig:
     # how pos_embed is resampled to another grid (dynamic_img_size, set_input_size): the way the
     # weights' source library does it, so other sizes give its numbers
     # (vit.models.pos_embed.RESAMPLERS)
-    pos_embed_resample: Literal["timm", "transformers", "dinov2"] = "timm"
+    pos_embed_resample: Literal["timm", "transformers", "dinov2", "torchvision"] = "timm"
 
     def to_dict(self) -> dict:
         return asdict(self)

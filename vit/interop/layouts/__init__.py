@@ -150,6 +150,7 @@ LAYOUTS: tuple[Layout, ...] = (
         "encoder.layers.encoder_layer_0.self_attention.in_proj_weight",
         torchvision.matches,
         torchvision.to_timm,
+        pos_embed="torchvision",
         preprocess=torchvision.preprocess_for,
     ),
     Layout("google_jax", "embedding/kernel", google_jax.matches, google_jax.to_timm),

@@ -5,10 +5,10 @@ keeps q, k and v stacked in one `in_proj_weight` in timm's order, so the map is 
 What torchvision can build and we cannot: a tanh "pre-logits" representation layer and a
 convolutional stem; both are refused by name.
 
-Position embeddings are resampled timm's way (bicubic, antialiased). torchvision's model never
-resamples by itself; its helper `interpolate_embeddings` (used to fine-tune at another size) is
-bicubic with align_corners=True, which no resampler here reproduces (transformers' is
-align_corners=False): a torchvision file at another size is close to, not equal to, that helper.
+torchvision's model never resamples by itself; its helper `interpolate_embeddings` (used to
+fine-tune at another size) is bicubic with align_corners=True, and a torchvision file loaded at
+another size is resampled that way (`vit.models.pos_embed`, method "torchvision"): the same
+numbers as that helper's state dict in torchvision's model at the new size.
 """
 
 from __future__ import annotations
