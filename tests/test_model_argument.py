@@ -340,3 +340,23 @@ def test_python_api_spells_the_keywords_and_allows_random_weights_when_asked():
     model = resolve_model("vit_cifar_patch4_32", random_init=True)
     assert not model.training and model.num_classes == 10
     assert class_names_for(model) == [f"class {i}" for i in range(10)]
+
+
+def test_evaluate_refuses_a_model_that_pools_nothing_in_one_line(
+    image_folder, evaluate_script, tmp_path, capsys, one_thread
+):
+    """global_pool='': its head classifies every token, (B, N, K), which reached the loss as a
+    traceback; its pooled features are every token, refused for --knn before the data is read."""
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, global_pool="")
+    cases = (
+        (3, [], "its head classifying every token"),
+        (0, ["--knn"], "--embedding pooled: the model does not pool"),
+    )
+    for classes, flags, said in cases:
+        model = vit.VisionTransformer(num_classes=classes, **kwargs)
+        path = vit.save_weights(model, tmp_path / f"m{classes}.safetensors")
+        argv = ["--checkpoint", str(path), "--data", str(image_folder), "--workers", "0"]
+        assert evaluate_script.main([*argv, "--output-dir", str(tmp_path / "eval"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and "global_pool=''" in err, err
+    assert not (tmp_path / "eval").exists()

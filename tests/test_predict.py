@@ -550,6 +550,40 @@ def test_a_headless_model_embeds_and_explains_but_does_not_classify(
     assert "must end in .npz, .csv or .json" in capsys.readouterr().err
 
 
+def test_a_model_that_pools_nothing_embeds_its_class_token_and_nothing_else(
+    images, tmp_path, one_thread, capsys
+):
+    """global_pool='': a row per token, (B, N, D) features and (B, N, K) logits. It was
+    classified into a traceback and embedded as N values an image, D of every N*D dropped."""
+    torch.manual_seed(0)
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, global_pool="")
+    backbone = vit.VisionTransformer(num_classes=0, **kwargs)
+    backbone_path = vit.save_weights(backbone, tmp_path / "backbone.safetensors")
+    classifier_path = vit.save_weights(
+        vit.VisionTransformer(num_classes=3, **kwargs), tmp_path / "classifier.safetensors"
+    )
+    image, out = str(images[0]), tmp_path / "features.npz"
+    refused = {
+        (classifier_path,): "its head classifying every token",
+        (classifier_path, "--features", str(out), "--embedding", "clstoken"): "every token",
+        (backbone_path, "--features", str(out)): "--embedding pooled: the model does not pool",
+        (backbone_path, "--features", str(out), "--embedding", "output"): "--embedding output",
+        (backbone_path, "--explain", str(tmp_path / "maps")): "no one readout",
+    }
+    for (path, *flags), said in refused.items():
+        assert main([image, "--checkpoint", str(path), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and "global_pool=''" in err, err
+    assert not out.exists() and not (tmp_path / "maps").exists()
+    assert main([image, "--checkpoint", str(backbone_path), "--features", str(out), "--embedding",
+                 "clstoken"]) == 0  # fmt: skip
+    model = vit.load_model(backbone_path).eval()
+    x = vit.create_transform(model.preprocess)(open_image(images[0]))[None]
+    with np.load(out) as saved, torch.no_grad():
+        expected = model.forward_features(x)[:, 0]  # (1, D): the normed class token
+        torch.testing.assert_close(torch.from_numpy(saved["features"]), expected)
+
+
 def test_features_are_not_written_when_no_image_was_read(headless_checkpoint, tmp_path, capsys):
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"not an image")

@@ -462,6 +462,7 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
     `out_dir`); returns the report."""
     from vit.cli.flags import use_threads
     from vit.cli.model_argument import model_from_flags
+    from vit.inference.embed import POOL_HINT, POOLS_NOTHING, pools_nothing
     from vit.inference.precision import cast_for_inference
     from vit.interop.onnx_runtime import onnx_device, refuse_flags
     from vit.utils.files import atomic_write
@@ -495,6 +496,11 @@ def run(args: argparse.Namespace, out_dir: Path, json_path: Path) -> dict:
             f"{flag} {model_argument(args)}: the model has no classifier head (num_classes=0, a "
             f"feature extractor): nothing to evaluate; score its features with --knn and/or "
             f"--linear-probe, or embed images with python -m vit.predict --features FILE"
+        )
+    if model.num_classes > 0 and pools_nothing(model):
+        raise ValueError(
+            f"{flag} {model_argument(args)}: {POOLS_NOTHING}, its head classifying every "
+            f"token; {POOL_HINT}"
         )
     if model.num_classes == 0 and args.tta != "none":  # else --tta would be silently ignored
         raise ValueError(

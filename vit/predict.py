@@ -163,7 +163,15 @@ from .cli.flags import (
 )
 from .cli.model_argument import model_from_flags
 from .data.images import expand_image_paths
-from .inference.embed import FeaturesError, FeaturesResult, check_embedding, describe
+from .inference.embed import (
+    POOL_HINT,
+    POOLS_NOTHING,
+    FeaturesError,
+    FeaturesResult,
+    check_embedding,
+    describe,
+    pools_nothing,
+)
 from .inference.precision import cast_for_inference
 from .inference.predict_job import (
     PredictJob,
@@ -263,6 +271,18 @@ def check_explain_targets(args: argparse.Namespace, paths: list[Path]) -> None:
             f"{', ...' if len(existing) > 1 else ''}); add --overwrite to replace them, or "
             f"choose another folder"
         )
+
+
+def check_pooled(args: argparse.Namespace, model: VisionTransformer) -> None:
+    """A model that pools nothing (global_pool='') gives a row per token: without a head it
+    embeds (the class token's choices of --embedding), but it classifies and explains nothing."""
+    if not pools_nothing(model):
+        return
+    if model.num_classes > 0:
+        given = f"--checkpoint {args.checkpoint}" if args.checkpoint else f"--model {args.model}"
+        raise InputError(f"{given}: {POOLS_NOTHING}, its head classifying every token; {POOL_HINT}")
+    if args.explain is not None:
+        raise InputError(f"--explain {args.explain}: {POOLS_NOTHING}, no one readout; {POOL_HINT}")
 
 
 def check_headless(args: argparse.Namespace, model: VisionTransformer) -> None:
@@ -416,6 +436,7 @@ def predict(parser: argparse.ArgumentParser, args: argparse.Namespace, info: Dis
         warning = cast_for_inference(model, args.model_dtype, device)
         if warning and info.is_main:
             print(f"warning: {warning}", file=sys.stderr)
+        check_pooled(args, model)
         check_headless(args, model)
         if args.features is not None:
             args.embedding = check_embedding(model, args.embedding)

@@ -98,6 +98,19 @@ class FeaturesResult:
 
 
 # -- the feature choices -----------------------------------------------------------------------
+POOLS_NOTHING = "the model does not pool its tokens (global_pool=''): it gives one output per token"
+POOL_HINT = (
+    "in Python, model.reset_classifier(model.num_classes, global_pool='avg') (or 'token') "
+    "and vit.save_weights give a model that does"
+)
+
+
+def pools_nothing(model: torch.nn.Module) -> bool:
+    """Whether the model reads out every token (timm's global_pool=''): (B, N, D) features and
+    (B, N, K) logits, where every command that classifies or embeds images wants a row each."""
+    return getattr(model, "global_pool", "token") == ""
+
+
 def check_embedding(model: torch.nn.Module, embedding: str) -> str:
     """The embedding's canonical name, or FeaturesError (one line) if the model cannot give it."""
     last_n = _LAST_N.fullmatch(embedding)
@@ -105,6 +118,12 @@ def check_embedding(model: torch.nn.Module, embedding: str) -> str:
         raise FeaturesError(
             f"--embedding {embedding}: not a feature choice; accepted: pooled, clstoken, "
             "clstoken_avgpool, last4_clstoken (any lastN_clstoken), image_embeds, output"
+        )
+    if embedding in ("pooled", "output") and pools_nothing(model):
+        raise FeaturesError(
+            f"--embedding {embedding}: {POOLS_NOTHING}, not one per image; use --embedding "
+            "clstoken, clstoken_avgpool or last4_clstoken"
+            + ("" if getattr(model, "cls_token", None) is not None else f"; {POOL_HINT}")
         )
     needs_class_token = embedding.startswith(("clstoken", "last"))
     if needs_class_token and getattr(model, "cls_token", None) is None:
