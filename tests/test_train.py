@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -360,6 +361,28 @@ def test_ctrl_c_stops_the_run_even_where_its_exception_was_swallowed(
     assert train_script.main(tiny_args(image_folder, run, 4, *RECIPE)) == 130
     assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 2
     assert "stopped after epoch 2 of 4" in capsys.readouterr().err
+
+
+def test_ctrl_c_swallowed_after_the_last_write_still_ends_with_its_status(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
+):
+    """The same swallowed Ctrl-C at the last epoch's save, after which no step checks for it:
+    the run once ended with status 0 as if no Ctrl-C had come. It is complete, and says so."""
+    original = checkpoint.save_training_state
+
+    def save_then_swallowed_ctrl_c(state: dict, path: Path) -> None:
+        original(state, path)
+        if state["epoch"] == 2:
+            with contextlib.suppress(KeyboardInterrupt):  # as in a __del__
+                signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(checkpoint, "save_training_state", save_then_swallowed_ctrl_c)
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 2, *RECIPE)) == 130
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("train.py: interrupted after the last epoch, the run complete; wrote")
+    assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 2
+    assert (run / "model.safetensors").exists()
 
 
 def test_checkpoint_interval_writes_every_nth_epoch_and_resumes_from_the_last_written(

@@ -566,9 +566,19 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
     # basicConfig does nothing where logging is set up already (a notebook, pytest), and the
     # run's train.log is rank 0's INFO lines either way
     logging.getLogger("vit").setLevel(level)
+    finished = False
     try:
         with process_group.stop_on_interrupt(info):
             train(cfg, info, overwrite=overwrite)
+            finished = True
+    except KeyboardInterrupt:
+        if not finished:
+            raise
+        # Ctrl-C after the run's last write (stop_on_interrupt raises it on the way out where
+        # Python swallowed it): the run is complete, and the shell still hears of the signal
+        stopped_by = process_group.stopped_by()
+        how = f"{signal_words(stopped_by)} after the last epoch, the run complete"
+        return said(info.is_main, f"{PROG}: {how}; {wrote(cfg)}", status=128 + stopped_by)
     except NonFiniteLossError as e:
         return said(info.is_main, f"{PROG}: stopped: {e}", status=1)
     except TrainingError as e:  # this process's own: it says so
@@ -592,12 +602,15 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
             exit_without_teardown(128 + stopped_by)
         message = interrupted_message(e, info.world_size, signal_words(stopped_by))
         return said(info.is_main, message, status=128 + stopped_by)  # the shell's 130 and 143
-    return said(
-        info.is_main,
-        f"{PROG}: wrote {cfg.output_dir}/: model.safetensors (the final weights), "
+    return said(info.is_main, f"{PROG}: {wrote(cfg)}", status=0)
+
+
+def wrote(cfg: TrainConfig) -> str:
+    """What a finished run wrote."""
+    return (
+        f"wrote {cfg.output_dir}/: model.safetensors (the final weights), "
         f"best.safetensors, metrics.csv, train.log, curves.png, tensorboard/, config.yaml, "
-        f"training_state.pt{', teacher.safetensors' if cfg.distillation_type != 'none' else ''}",
-        status=0,
+        f"training_state.pt{', teacher.safetensors' if cfg.distillation_type != 'none' else ''}"
     )
 
 

@@ -225,6 +225,9 @@ def stop_on_interrupt(info: DistInfo) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    # a Ctrl-C after the block's last check, whose exception Python swallowed where it landed
+    # (see stop_if_interrupted), stops the process all the same
+    stop_if_interrupted(info)
 
 
 def stopped_by() -> signal.Signals:
