@@ -153,6 +153,45 @@ def test_a_second_evaluate_on_one_report_is_refused(
     assert (out / "report.json").is_file() and not (out / locks.LOCK_NAME).exists()
 
 
+def test_a_second_export_of_one_file_is_refused_and_writes_nothing(checkpoint, tmp_path):
+    """vit.export held no lock: two exports of one file each wrote it, the last rename won."""
+    out = tmp_path / "model.pth"
+    command = ["-m", "vit.export", str(checkpoint), "--torchvision", str(out)]
+    first = start(*command)
+    paused_once_it_holds(first, locks.lock_file(out, folder=False))
+    try:
+        second = start(*command, "--hf", str(tmp_path / "hf"), "--overwrite")
+        _, err = second.communicate(timeout=600)
+        assert second.returncode == 2 and err.count("\n") == 1
+        assert refusal(err, out, first.pid) and err.startswith(f"error: --torchvision {out}")
+        assert not (tmp_path / "hf").exists()
+    finally:
+        code, err = resumed(first)
+    assert code == 0, err
+    assert out.is_file() and not locks.lock_file(out, folder=False).exists()
+
+
+def test_the_lock_holder_removes_what_a_killed_writer_left_beside_its_output(tmp_path):
+    """A SIGKILLed writer leaves its temporary file or folder (`.NAME.XXXXXXXX.tmp`, `.old`):
+    nobody removed them, as another writer might have owned them. The lock's holder is the
+    only writer of NAME: it removes them, and nothing else beside NAME."""
+    out = tmp_path / "model.onnx"
+    dead = [tmp_path / ".model.onnx.k2_9abcd.tmp", tmp_path / ".model.onnx.q8zz0_1x.old"]
+    dead[0].write_bytes(b"half an export")
+    (dead[1] / "model.onnx").mkdir(parents=True)
+    kept = [
+        tmp_path / ".model.onnx.parts",  # predict's resumable shards
+        tmp_path / ".model.onnx.data.k2_9abcd.tmp",  # another file's
+        tmp_path / ".model.onnx.short.tmp",
+        tmp_path / "model.onnx.k2_9abcd.tmp",
+    ]
+    for path in kept:
+        path.write_bytes(b"")
+    with locks.hold(out, folder=False):
+        assert not any(path.exists() for path in dead)
+    assert all(path.exists() for path in kept)
+
+
 def test_a_refused_or_failed_start_leaves_no_folder(tmp_path):
     folder = tmp_path / "new"
     with pytest.raises(ValueError, match="boom"), locks.hold(folder, folder=True):

@@ -104,6 +104,7 @@ if runs_as_command(__name__, "vit.export"):
     build_parser().parse_args()
 
 # ruff: noqa: E402  (the imports below come after the early answer above, on purpose)
+import contextlib
 import functools
 
 from .cli.flags import (
@@ -125,6 +126,7 @@ from .interop.torchvision_export import export_torchvision
 from .interop.transformers_export import export_transformers
 from .models.class_names import class_names_for
 from .models.vision_transformer import VisionTransformer
+from .utils import locks
 
 # -- command line --------------------------------------------------------------------------------
 SUFFIXES = {"onnx": (".onnx",), "torchvision": (".pth", ".pt")}  # how the commands read them
@@ -215,6 +217,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("nothing to do: pass --onnx FILE, --hf DIR and/or --torchvision FILE")
     for problem in location_problems(args, targets):
         parser.error(problem)
+    with contextlib.ExitStack() as held:
+        for flag, path in targets:  # one writer per output: another export of it is refused
+            try:
+                held.enter_context(locks.hold(path, folder=False))
+            except locks.InUseError as e:
+                print(f"error: --{flag} {e}; nothing was written", file=sys.stderr)
+                return 2
+        return export_targets(parser, args, targets)
+
+
+def export_targets(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, targets: list[tuple[str, Path]]
+) -> int:
+    """Load the model, check every target's format, then write each one: the exit status."""
     try:
         model = model_from_flags(args, source="CHECKPOINT")
     except (ValueError, KeyError, FileNotFoundError) as e:

@@ -8,7 +8,9 @@ crash or Ctrl-C, sees either the old file or the new one, never a mixture.
 from __future__ import annotations
 
 import errno
+import glob
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -65,6 +67,26 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         if full is not None:
             raise full from e
         raise
+
+
+def remove_temporaries(path: Path) -> list[Path]:
+    """Remove what the writers above left beside `path` when killed (SIGKILL, a power cut):
+    `.NAME.XXXXXXXX.tmp` files or folders and `.NAME.XXXXXXXX.old` folders, XXXXXXXX being
+    tempfile's eight characters. A live writer's look the same, so only the holder of `path`'s
+    lock (`vit.utils.locks.hold`, which calls this) may: no other writer of `path` is alive.
+    Returns what was removed."""
+    path = Path(path)
+    pattern = re.compile(rf"\.{re.escape(path.name)}\.[a-z0-9_]{{8}}\.(tmp|old)")
+    removed = []
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*"):
+        if not pattern.fullmatch(leftover.name):
+            continue
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            leftover.unlink(missing_ok=True)
+        removed.append(leftover)
+    return removed
 
 
 def atomic_write_text(path: Path, text: str) -> None:

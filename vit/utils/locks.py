@@ -3,9 +3,11 @@
 The lock is the operating system's (`flock`) on a small lock file: a folder's is `FOLDER/.lock`,
 a file's is `.NAME.lock` beside it. The OS drops it when its process ends, however it ends, so a
 killed run leaves no stale lock: the next command takes it at once. The file says which process
-holds it (its PID and command), so a refused command can name it. Locks are advisory: they stop
-this package's commands from writing one place at once, nothing else; and they hold on the
-machine whose filesystem the path is on (a network filesystem may not honour them: docs/errors.md).
+holds it (its PID and command), so a refused command can name it. Its holder, the one writer,
+removes the temporaries a killed writer left beside the path (`files.remove_temporaries`).
+Locks are advisory: they stop this package's commands from writing one place at once, nothing
+else; and they hold on the machine whose filesystem the path is on (a network filesystem may
+not honour them: docs/errors.md).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from .files import remove_temporaries
 
 try:
     import fcntl
@@ -80,6 +84,8 @@ def hold(path: Path, folder: bool) -> Iterator[None]:
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n{' '.join(sys.argv)}\n".encode())
+        # the lock makes this the path's only writer: temporaries beside it are a killed one's
+        remove_temporaries(path)
         yield
     finally:
         # Removed while still held: a process that opened it meanwhile finds it gone (see
