@@ -22,6 +22,7 @@ from typing import NoReturn
 from ..factory.timm_weights import TIMM_WEIGHTS
 from ..inference.options import MODEL_DTYPES
 from ..utils.ranges import AT_LEAST_1, Range
+from ..utils.signals import handled
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -56,11 +57,8 @@ def sigterm_as_ctrl_c() -> Iterator[None]:
     def stop(signum: int, frame) -> None:
         raise Terminated
 
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
+    with handled((signal.SIGTERM,), stop):
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def disk_full(error: OSError) -> str | None:

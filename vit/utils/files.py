@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .signals import handled
+
 
 def _normal_permissions(path: str | Path, directory: bool = False) -> None:
     """mkstemp/mkdtemp create owner-only files (0600/0700); give the permissions of a normal
@@ -175,12 +177,10 @@ def signals_held() -> Iterator[None]:
     def note(signum: int, frame) -> None:
         noted.append(signum)
 
-    previous = {signum: signal.signal(signum, note) for signum in signals}
     try:
-        yield
+        with handled(signals, note):
+            yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         for signum in noted:
             signal.raise_signal(signum)  # now, as it would have been
 

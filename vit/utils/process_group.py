@@ -24,6 +24,8 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from .signals import handled
+
 T = TypeVar("T")
 
 
@@ -219,12 +221,8 @@ def stop_on_interrupt(info: DistInfo) -> Iterator[None]:
             raise KeyboardInterrupt
 
     signals = (signal.SIGINT,) if info.enabled else (signal.SIGINT, signal.SIGTERM)
-    previous = {signum: signal.signal(signum, note) for signum in signals}
-    try:
+    with handled(signals, note):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
     # a Ctrl-C after the block's last check, whose exception Python swallowed where it landed
     # (see stop_if_interrupted), stops the process all the same
     stop_if_interrupted(info)
