@@ -1,6 +1,7 @@
 """One writer per run folder and per output file (vit.utils.locks): a second train.py on a
 folder another process trains into (plain, --resume, --overwrite), a second evaluate.py on the
-same report, a second `vit.predict --features` on the same file, are each refused in one line
+same report, a second `vit.predict --features` on the same file (or --explain folder), a second
+`vit.export` of the same file, are each refused in one line
 naming the folder or file and the process holding it, and the first finishes with its own files;
 a killed run leaves no lock that stops its --resume.
 
@@ -272,3 +273,26 @@ def test_a_killed_features_job_continues_its_classes_too(
     assert predict(job) == 0
     assert sum(images_seen) == 3 * 22 - 16  # the first shard's images are not seen again
     assert (tmp_path / "p.csv").read_text() == plain.read_text()
+
+
+def test_a_second_predict_on_one_explain_folder_is_refused(image_folder, checkpoint, tmp_path):
+    """--explain DIR held no lock: two jobs each wrote maps there, the folder a mixture."""
+    from vit.predict import main as predict_main
+
+    maps = tmp_path / "maps"
+    image = next((image_folder / "test" / CLASSES[0]).iterdir())
+    argv = [str(image), "--checkpoint", str(checkpoint), "--explain", str(maps), "--overwrite"]
+    with locks.hold(maps, folder=True):  # another job's hold, as a paused process would have it
+        result = subprocess.run(
+            [sys.executable, "-m", "vit.predict", *argv],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(f"error: --explain {maps}: in use by process {os.getpid()}")
+        assert [p.name for p in maps.iterdir()] == [locks.LOCK_NAME]
+    assert predict_main(argv) == 0 and not (maps / locks.LOCK_NAME).exists()
+    assert [p.suffix for p in maps.iterdir()] == [".png"]

@@ -329,11 +329,11 @@ def writable_location(flag: str, path: Path, folder: bool) -> None:
 
 
 @contextlib.contextmanager
-def hold_output(flag: str, path: Path):
-    """--output/--features FILE for this job alone while it writes: another job writing the
-    same file is refused in one line naming the process that holds it."""
+def hold_output(flag: str, path: Path, folder: bool = False):
+    """--output/--features FILE (or the --explain folder) for this job alone while it writes:
+    another job writing there is refused in one line naming the process that holds it."""
     try:
-        with locks.hold(path, folder=False):
+        with locks.hold(path, folder=folder):
             yield
     except locks.InUseError as e:
         raise InputError(f"--{flag} {e}") from None
@@ -423,9 +423,10 @@ def predict(parser: argparse.ArgumentParser, args: argparse.Namespace, info: Dis
         setup(info, device)  # torchrun: join the others (gloo on CPU); nothing otherwise
         with process_group.failing_together(info, (InputError,)):  # hold_output's refusal
             if info.is_main:  # one writer per output file: another job's is refused
-                for flag in ("output", "features"):
+                for flag in ("output", "features", "explain"):
                     if getattr(args, flag) is not None:
-                        outputs.enter_context(hold_output(flag, getattr(args, flag)))
+                        folder = flag == "explain"  # a folder of maps
+                        outputs.enter_context(hold_output(flag, getattr(args, flag), folder))
         model = model_from_flags(args, onnx=args.runtime).to(device)
         given = {
             "--explain": args.explain is not None,
