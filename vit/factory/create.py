@@ -10,7 +10,13 @@ from pathlib import Path
 
 from ..interop import layouts
 from ..interop.layouts import hf_common, hf_dinov2
-from ..interop.weights import head_classes, load_weights, read_checkpoint, read_metadata
+from ..interop.weights import (
+    Checkpoint,
+    head_classes,
+    load_weights,
+    read_checkpoint,
+    read_metadata,
+)
 from ..models.feature_maps import FeatureMaps
 from ..models.registry import Preprocess, get_spec, split_tag
 from ..models.vision_transformer import VisionTransformer, ViTConfig, model_class, to_pair
@@ -81,13 +87,9 @@ def create_model(
         checkpoint = read_checkpoint(timm_pretrained(split_tag(name)[0], spec.pretrained_tag))
     elif pretrained:
         checkpoint = read_checkpoint(pretrained)
-    if checkpoint is not None and pretrained is not True and num_classes is None:
-        # timm refuses a head of another size; dropping it would classify at random
-        kwargs["num_classes"] = head_classes(checkpoint.state_dict)
-    if checkpoint is not None and checkpoint.norm_eps is not None and "norm_eps" not in overrides:
-        kwargs["norm_eps"] = checkpoint.norm_eps
-    if checkpoint is not None and "pos_embed_resample" not in overrides:
-        kwargs["pos_embed_resample"] = checkpoint.pos_embed  # the weights' source library's way
+    if checkpoint is not None:
+        kwargs |= settings_of(checkpoint, own_head=pretrained is not True and num_classes is None)
+        kwargs |= overrides  # what the caller asked for wins over what the weights say
     model = model_class(kwargs)(**kwargs)
     layout = layouts.BY_NAME[checkpoint.layout] if checkpoint is not None else None
     if layout is not None and layout.preprocess is not None:  # the weights' own (torchvision's)
@@ -98,6 +100,18 @@ def create_model(
     if checkpoint is not None:
         model.load_report = load_weights(model, checkpoint)
     return FeatureMaps(model, out_indices) if features_only else model
+
+
+def settings_of(checkpoint: Checkpoint, own_head: bool) -> dict:
+    """The ViTConfig fields a weights file sets: its head's size (own_head: timm refuses a head
+    of another size, and dropping it would classify at random), its LayerNorm eps (known for
+    transformers' files: their logits need it) and how its source resamples pos_embed."""
+    settings = {"pos_embed_resample": checkpoint.pos_embed}
+    if own_head:
+        settings["num_classes"] = head_classes(checkpoint.state_dict)
+    if checkpoint.norm_eps is not None:
+        settings["norm_eps"] = checkpoint.norm_eps
+    return settings
 
 
 def load_model(
