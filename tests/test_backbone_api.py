@@ -90,6 +90,25 @@ def test_transformers_dinov2_folder_runs_any_size_as_transformers(tmp_path, one_
             assert relative_error(ours(x), reference.pooler_output) <= RTOL
 
 
+def test_set_input_size_keeps_a_dinov2_folders_stored_grid(tmp_path, one_thread):
+    """set_input_size(112) on the dynamic folder resampled its 37x37 grid once to 8x8, which
+    every other size then resampled again: 0.095 off Dinov2Model at 168 px on the real
+    DINOv2-S. The stored grid stays, the preprocessing takes the size: transformers' numbers
+    at every size still."""
+    theirs = tiny_dinov2(tmp_path / "hf")
+    ours = vit.load_model(tmp_path / "hf")
+    ours.set_input_size(img_size=112)
+    assert ours.grid_size == (37, 37) and ours.preprocess.input_size == (112, 112)
+    for height, width in ((112, 112), (168, 168), (112, 168)):
+        x = images(height, width)
+        with torch.no_grad():
+            reference = theirs(pixel_values=x).last_hidden_state
+            assert relative_error(ours.forward_features(x), reference) <= RTOL
+    with pytest.raises(ValueError, match="not a multiple of patch_size"):
+        ours.set_input_size(img_size=100)
+    assert ours.preprocess.input_size == (112, 112)
+
+
 def test_dinov2_folder_given_img_size_is_fixed_at_that_size(tmp_path, one_thread):
     """load_model(folder, img_size=N) builds a model of that size, as for every other source:
     transformers' numbers at N, and another size refused, not given features whose grid was
@@ -293,6 +312,25 @@ def test_get_intermediate_layers_refuses_a_class_token_the_model_lacks():
         model.get_intermediate_layers(images(16, 16), return_class_token=True)
 
 
+def test_get_intermediate_layers_gives_timms_numbers_with_timms_keywords(one_thread):
+    """DINOv2's default norm=True stays; with norm and timm's return_prefix_tokens (a
+    TypeError before) the method gives timm's pairs of patch and prefix tokens."""
+    theirs, ours = timm_and_ours("vit_small_patch14_reg4_dinov2", img_size=56, **TIMM_TINY)
+    x = images(56, 56)
+    with torch.no_grad():
+        for norm in (False, True):
+            mine = ours.get_intermediate_layers(x, 2, norm=norm, return_prefix_tokens=True)
+            reference = theirs.get_intermediate_layers(x, 2, norm=norm, return_prefix_tokens=True)
+            for (patches, prefix), (their_patches, their_prefix) in zip(
+                mine, reference, strict=True
+            ):
+                assert prefix.shape == (2, 5, 32)  # the class token and 4 registers
+                assert relative_error(patches, their_patches) <= RTOL
+                assert relative_error(prefix, their_prefix) <= RTOL
+    with pytest.raises(ValueError, match="give one"):
+        ours.get_intermediate_layers(x, return_class_token=True, return_prefix_tokens=True)
+
+
 # -- timm: features_only, pretrained_cfg, set_input_size, resolve_model_data_config ---------------
 @pytest.mark.parametrize(
     ("name", "out_indices"),
@@ -312,13 +350,29 @@ def test_features_only_returns_timms_feature_maps(one_thread, name, out_indices)
     assert ours.feature_info.channels() == theirs.feature_info.channels()
     assert ours.feature_info.reduction() == theirs.feature_info.reduction()
     assert ours.feature_info.module_name() == theirs.feature_info.module_name()
+    assert ours.feature_info.get_dicts() == theirs.feature_info.get_dicts(["module", "num_chs",
+        "reduction"])  # fmt: skip
+    assert ours.feature_info.channels(idx=[0, 1]) == theirs.feature_info.channels(idx=[0, 1])
+    assert len(ours.feature_info) == len(theirs.feature_info)
+    # the model's preprocessing (0.5 means here), which timm's helpers once read as ImageNet's
+    config = timm.data.resolve_model_data_config(ours)
+    assert config == timm.data.resolve_model_data_config(theirs)
+    assert vit.resolve_model_data_config(ours) == config
     x = images(*ours.model.patch_embed.img_size)
     with torch.no_grad():
         mine, reference = ours(x), theirs(x)
-    assert len(mine) == len(reference) == len(ours.feature_info)
+    assert len(mine) == len(reference) == len(ours.out_indices)
     for a, b in zip(mine, reference, strict=True):
         assert a.shape == b.shape and a.ndim == 4  # (B, D, gh, gw)
         assert relative_error(a, b) <= RTOL
+
+
+def test_feature_info_of_non_square_patches_is_timms_int():
+    """timm reports a (16, 8) patch's reduction as 16 (its feat_ratio); (16, 8) broke code that
+    reads reduction() as an output stride."""
+    kwargs = dict(img_size=32, patch_size=(16, 8), embed_dim=16, depth=1, num_heads=2)
+    theirs = timm.models.VisionTransformer(**kwargs)
+    assert vit.VisionTransformer(**kwargs).feature_info == theirs.feature_info
 
 
 def test_pretrained_cfg_says_what_timms_says_for_a_name():

@@ -387,6 +387,18 @@ def test_one_image_without_its_batch_dimension_is_named():
             call(image)
 
 
+def test_raw_pixels_are_refused_not_classified():
+    """uint8 images (torchvision.io.read_image's) were cast to float and classified as 0-255
+    values: logits of nothing, where timm's conv refuses the dtype. Float64 is cast, as before."""
+    model = tiny_model().eval()
+    pixels = torch.randint(0, 256, (1, 3, *model.patch_embed.img_size), dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"expected float images.*got torch.uint8.*create_trans"):
+        model(pixels)
+    with torch.no_grad():
+        x = images_for(model, batch=1)
+        torch.testing.assert_close(model(x.double()), model(x))
+
+
 def test_bad_arguments_are_named():
     attentions = random_attention(1, 1, 5, 1)
     with pytest.raises(ValueError, match="head_fusion"):

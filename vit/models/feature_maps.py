@@ -18,20 +18,43 @@ from .vision_transformer import VisionTransformer
 
 class FeatureInfo:
     """What each returned map is, as timm's `FeatureInfo`: channels, reduction (the patch
-    size: input pixels per map cell), and the module that produced it."""
+    size: input pixels per map cell), and the module that produced it. As timm's, it holds
+    an entry for every block of the model before pruning: an accessor without `idx` answers
+    for `out_indices`, with an int or a list for those blocks (`info[i]` and `len(info)` count
+    every block)."""
 
-    def __init__(self, model: VisionTransformer, indices: list[int]) -> None:
+    def __init__(self, info: list[dict], indices: list[int]) -> None:
         self.out_indices = tuple(indices)
-        self.info = [model.feature_info[i] for i in indices]
+        self.info = info  # one dict per block
 
-    def channels(self) -> list[int]:
-        return [info["num_chs"] for info in self.info]
+    def get(self, key: str, idx: int | Sequence[int] | None = None):
+        """`key` of each returned map (idx None), of block idx (an int), or of blocks idx."""
+        if idx is None:
+            return [self.info[i][key] for i in self.out_indices]
+        if isinstance(idx, (tuple, list)):
+            return [self.info[i][key] for i in idx]
+        return self.info[idx][key]
 
-    def reduction(self) -> list:
-        return [info["reduction"] for info in self.info]
+    def get_dicts(self, keys: Sequence[str] | None = None, idx=None):
+        """The entries (only `keys` of each, where given), chosen by `idx` as in `get`."""
 
-    def module_name(self) -> list[str]:
-        return [info["module"] for info in self.info]
+        def entry(i: int) -> dict:
+            return self.info[i] if keys is None else {key: self.info[i][key] for key in keys}
+
+        if idx is None:
+            return [entry(i) for i in self.out_indices]
+        if isinstance(idx, (tuple, list)):
+            return [entry(i) for i in idx]
+        return entry(idx)
+
+    def channels(self, idx=None):
+        return self.get("num_chs", idx)
+
+    def reduction(self, idx=None):
+        return self.get("reduction", idx)
+
+    def module_name(self, idx=None):
+        return self.get("module", idx)
 
     def __getitem__(self, index: int) -> dict:
         return self.info[index]
@@ -49,10 +72,35 @@ class FeatureMaps(nn.Module):
         self, model: VisionTransformer, out_indices: int | Sequence[int] = 3, norm: bool = False
     ) -> None:
         super().__init__()
+        every_block = model.feature_info  # before pruning, as timm's
         self.out_indices = model.prune_intermediate_layers(out_indices, prune_norm=not norm)
-        self.feature_info = FeatureInfo(model, self.out_indices)
+        self.feature_info = FeatureInfo(every_block, self.out_indices)
         self.model = model
         self.norm = norm
+
+    # timm's FeatureGetterNet carries its model's pretrained_cfg, which its data helpers read
+    # (without it they fall back to ImageNet's statistics at 224 px, silently)
+    @property
+    def pretrained_cfg(self) -> dict:
+        return self.model.pretrained_cfg
+
+    @property
+    def default_cfg(self) -> dict:
+        return self.model.pretrained_cfg
+
+    @property
+    def preprocess(self):
+        """The wrapped model's `vit.Preprocess`: how images are prepared for it."""
+        return self.model.preprocess
+
+    @preprocess.setter
+    def preprocess(self, value) -> None:
+        self.model.preprocess = value
+
+    @property
+    def config(self):
+        """The wrapped model's `ViTConfig` (its blocks after the last map pruned)."""
+        return self.model.config
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         """Images (B, C, H, W) -> one map (B, D, gh, gw) per selected block."""

@@ -86,7 +86,8 @@ class Preprocess:
 def model_preprocess(model) -> Preprocess:
     """A model's stored `preprocess`; for a bare `VisionTransformer` (none stored), the default
     preprocessing at its input size, as `vit.load_model` assumes for files that name none."""
-    return model.preprocess or Preprocess(input_size=model.patch_embed.img_size)
+    size = model.config.img_size  # an int where square, as timm's img_size
+    return model.preprocess or Preprocess(input_size=(size,) * 2 if isinstance(size, int) else size)
 
 
 def pretrained_cfg_of(model) -> dict:

@@ -139,6 +139,13 @@ class PatchEmbed(nn.Module):
     def set_input_size(self, img_size) -> None:
         """The fixed input size (H, W) and its patch grid (gh, gw); a multiple of the patch.
         A size refused leaves the module as it was."""
+        self.grid_size = self.grid_of(img_size)
+        self.img_size = to_pair(img_size, "img_size")
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+
+    def grid_of(self, img_size) -> tuple[int, int]:
+        """The patch grid (gh, gw) of an input size (H, W), or ConfigValueError where the
+        patches do not tile it."""
         size = to_pair(img_size, "img_size")
         for side, image, patch in zip(("height", "width"), size, self.patch_size, strict=True):
             if image % patch:
@@ -147,18 +154,18 @@ class PatchEmbed(nn.Module):
                     "img_size",
                     "patch_size",
                 )
-        self.img_size = size
-        self.grid_size = (
-            self.img_size[0] // self.patch_size[0],
-            self.img_size[1] // self.patch_size[1],
-        )
-        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        return size[0] // self.patch_size[0], size[1] // self.patch_size[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4:  # one image (C, H, W) would fail below as "not enough values to unpack"
             raise ValueError(
                 f"expected a batch of images (B, C, H, W), got a tensor of shape "
                 f"{tuple(x.shape)}; one image (C, H, W) becomes a batch with x.unsqueeze(0)"
+            )
+        if not x.is_floating_point():  # raw pixels (0-255) would give logits of nothing
+            raise ValueError(
+                f"expected float images, normalised as the model's preprocessing says, got "
+                f"{x.dtype}; vit.create_transform(model) prepares PIL images so"
             )
         B, C, H, W = x.shape
         if self.dynamic_img_size:
@@ -527,8 +534,9 @@ class VisionTransformer(nn.Module):
 
     @property
     def feature_info(self) -> list[dict]:
-        """timm's: each block's output, its width and its reduction (input pixels a token)."""
-        reduction = self.patch_size
+        """timm's: each block's output, its width and its reduction (input pixels a token: the
+        longer side of a patch, an int as timm's `feat_ratio`)."""
+        reduction = max(self.patch_embed.patch_size)
         return [
             dict(module=f"blocks.{i}", num_chs=self.embed_dim, reduction=reduction)
             for i in range(len(self.blocks))
@@ -547,7 +555,13 @@ class VisionTransformer(nn.Module):
 
     def set_input_size(self, img_size=None, patch_size=None) -> None:
         """timm's: rebuild for another fixed input size, the position embeddings resampled
-        once (`config.pos_embed_resample`'s way); `preprocess` follows the new size."""
+        once (`config.pos_embed_resample`'s way); `preprocess` follows the new size.
+
+        A dynamic model whose weights come from a library that resamples its stored grid in
+        every forward and has no set_input_size (transformers, the original DINOv2, torchvision:
+        `pos_embed_resample` other than timm's) keeps that grid, and only its preprocessing
+        takes the new size: resampled here once, every other size would be a resample of a
+        resample, no longer that library's numbers. At the new size both give the same."""
         if (
             patch_size is not None
             and to_pair(patch_size, "patch_size") != self.patch_embed.patch_size
@@ -557,6 +571,12 @@ class VisionTransformer(nn.Module):
                 f"needs a resampled patch projection, FlexiViT's); give img_size only"
             )
         if img_size is None:
+            return
+        if self.dynamic_img_size and self.config.pos_embed_resample != "timm":
+            size = to_pair(img_size, "img_size")
+            self.patch_embed.grid_of(size)  # a size the patches tile, or ValueError
+            if self.preprocess is not None:
+                self.preprocess = replace(self.preprocess, input_size=size)
             return
         old_grid = self.grid_size
         self.patch_embed.set_input_size(img_size)
@@ -664,17 +684,27 @@ class VisionTransformer(nn.Module):
         reshape: bool = False,
         return_class_token: bool = False,
         norm: bool = True,
+        *,
+        return_prefix_tokens: bool = False,
     ) -> tuple:
         """DINOv2's: the outputs of the last n blocks (n an int) or of blocks n (a sequence),
         in block order, as patch tokens (B, gh*gw, D) without the prefix tokens, after the
         final norm if `norm`; (B, D, gh, gw) maps if `reshape`; each a pair (patch tokens,
-        class token (B, D)) if `return_class_token`. A tuple, one item per block."""
+        class token (B, D)) if `return_class_token`. A tuple, one item per block.
+        timm's method of this name differs in its default, norm=False (give `norm` to get its
+        numbers), and in `return_prefix_tokens`: each a pair (patch tokens, every prefix
+        token (B, P, D): class, registers), taken here too."""
+        if return_class_token and return_prefix_tokens:
+            raise ValueError(
+                "return_class_token (DINOv2's: the class token) and return_prefix_tokens (timm's:"
+                " every prefix token) each ask for the tokens beside the patches; give one"
+            )
         if return_class_token and self.cls_token is None:
             raise ValueError("return_class_token=True needs a model with a class token")
         outputs = self.forward_intermediates(
             x,
             indices=n,
-            return_prefix_tokens=return_class_token,
+            return_prefix_tokens=return_class_token or return_prefix_tokens,
             norm=norm,
             stop_early=True,
             output_fmt="NCHW" if reshape else "NLC",
