@@ -687,10 +687,11 @@ run_finetune() {  # issue 40 on a GPU: the backbone on all of CIFAR-10, its prob
         return 0
     fi
     cores="$(nproc)"
+    # --overwrite: OUTDIR/finetune is this script's own folder, run again by a later call
     # shellcheck disable=SC2086  # VIT_GPU_FINETUNE_ARGS: flags, split on spaces
     "$PYTHON" benchmarks/finetune_table.py --backbone "$backbone" \
         --model "${VIT_GPU_BACKBONE_MODEL:-vit_small_patch14_dinov2}" --data "$DATA" \
-        --out "$OUTDIR/finetune" --device "$DEVICE" \
+        --out "$OUTDIR/finetune" --overwrite --device "$DEVICE" \
         --workers "${VIT_GPU_WORKERS:-$(( cores > 14 ? 12 : (cores > 2 ? cores - 2 : 0) ))}" \
         --img-size 224 --train-images 50000 --test-images 10000 --epochs 3 --batch-size 128 \
         --rows "probe, then full with layer decay 0.65" "head only (--trainable-blocks 0)" \

@@ -58,13 +58,40 @@ def test_finetune_rows_write_where_the_user_pointed_from_any_folder(monkeypatch,
     args = argparse.Namespace(
         out=Path("ft"), data="data", model="vit_tiny_patch16_224", img_size=32, train_images=10,
         test_images=10, epochs=1, batch_size=2, warmup_epochs=0, workers=0, device="cpu",
-        seed=0, threads=1, model_kwargs=[], backbone="bb",
+        seed=0, threads=1, model_kwargs=[], backbone="bb", overwrite=False,
     )  # fmt: skip
     args.out.mkdir()
     row = table.run_row("full fine-tuning", table.ROWS["full fine-tuning"], args)
     assert row["ema_top1"] == 0.5
     assert (tmp_path / "ft" / "full-fine-tuning" / "metrics.csv").is_file()
     assert not (ROOT / "ft").exists()
+
+
+def test_finetune_table_keeps_an_earlier_run_unless_overwrite(monkeypatch, tmp_path, capsys):
+    """A row's folder under --out that holds a run (the user's, an earlier table's) is refused
+    before any row; with --overwrite, train.py is told to replace it."""
+    table = script(monkeypatch, "benchmarks", "finetune_table")
+    run, calls = fake_train(tmp_path)
+    monkeypatch.setattr(table.subprocess, "run", run)
+    kept = tmp_path / "ft" / "full-fine-tuning"
+    kept.mkdir(parents=True)
+    (kept / "config.yaml").write_text("seed: 7\n")
+    argv = ["finetune_table.py", "--backbone", "bb", "--model", "vit_tiny_patch16_224"]
+    argv += ["--data", "data", "--out", str(tmp_path / "ft"), "--rows", "full fine-tuning"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        table.main()
+    assert stopped.value.code == 2 and calls == []
+    assert str(kept) in one_line(capsys.readouterr().err)
+    assert (kept / "config.yaml").read_text() == "seed: 7\n"
+    monkeypatch.setattr(sys, "argv", [*argv, "--overwrite"])
+    table.main()
+    assert "--overwrite" in calls[0][0]
+
+
+def test_gpu_check_finetune_passes_overwrite_for_its_own_folder():
+    text = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    assert '--out "$OUTDIR/finetune" --overwrite' in text
 
 
 def test_speedrun_proxy_runs_where_the_user_is_and_fails_when_a_run_fails(
