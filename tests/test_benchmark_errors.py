@@ -5,6 +5,7 @@ header names the machine that measured the figures."""
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -24,6 +25,10 @@ BAD_INPUTS = [
     ("faithfulness", ["--data", "/nope"], "--data /nope: no .jpg images"),
     ("faithfulness", ["--weights", "/nope.safetensors"], "--weights /nope.safetensors: no such"),
     ("training_pipeline", ["--data", DATA, "--device", "cuda"], "--device cuda: CUDA is not"),
+    ("compile_time", ["--device", "cuda"], "--device cuda: CUDA is not"),
+    ("compile_time", ["--steps", "0"], "argument --steps: 0 is outside the accepted range"),
+    ("inference_throughput", ["--batch-size", "0"], "argument --batch-size: 0 is outside"),
+    ("inference_throughput", ["--rounds", "0"], "argument --rounds: 0 is outside"),
     ("inference_throughput", ["--models", "vit_bogus"], "--models vit_bogus: not a model name"),
     ("timm_equivalence", ["--models", "vit_small_patch16_22"], "--models vit_small_patch16_22:"),
     ("onnx_families", ["--names", "vit_bogus"], "--names vit_bogus: not a model name"),
@@ -32,7 +37,16 @@ BAD_INPUTS = [
     ("training_memory", ["--steps", "0"], "argument --steps: 0 is outside the accepted range"),
     ("tta_views", ["--checkpoint", "/nope", "--data", DATA], "--checkpoint /nope: no such"),
     ("onnx_profile", ["/nope.onnx"], "CHECKPOINT /nope.onnx: no such file"),
-]
+    # --json where no file can go: refused before the work whose figures it would keep
+    ("inference_throughput", ["--models", "vit_cifar_patch4_32", "--rounds", "1", "--iters",
+        "1", "--batch-size", "1", "--device", "cpu", "--json", DATA], "--json DATA: is a folder"),
+    ("training_pipeline", ["--data", DATA, "--device", "cpu", "--json", DATA], "--json DATA:"),
+    ("teacher_screen", ["--data", DATA, "--device", "cpu", "--json", DATA], "--json DATA:"),
+    ("teacher_targets", ["/nope", "--json", DATA], "--json DATA: is a folder"),
+    ("compile_time", ["--json", DATA], "--json DATA: is a folder"),
+    ("finetune_table", ["--backbone", "bb", "--model", "m", "--data", DATA, "--out", "/nope",
+        "--json", DATA], "--json DATA: is a folder"),
+]  # fmt: skip
 
 
 @pytest.fixture
@@ -56,7 +70,44 @@ def test_a_benchmark_refuses_a_bad_input_in_one_line(
         pytest.skip("CUDA is available here")
     with pytest.raises(SystemExit) as exit_info:
         command(name, *(str(image_folder) if arg == DATA else arg for arg in argv))
-    assert one_line_error(capsys, exit_info).startswith(start)
+    assert one_line_error(capsys, exit_info).startswith(start.replace(DATA, str(image_folder)))
+
+
+def test_a_json_in_a_new_folder_is_written_after_the_work(command, tmp_path):
+    json_file = tmp_path / "new" / "bench.json"
+    flags = ["--models", "vit_cifar_patch4_32", "--batch-size", "1", "--rounds", "1", "--iters"]
+    command("inference_throughput", *flags, "1", "--device", "cpu", "--json", str(json_file))
+    assert json.loads(json_file.read_text())["rows"][0]["model"] == "vit_cifar_patch4_32"
+
+
+def test_the_pipeline_json_stays_whole_when_stopped_while_rewritten(
+    command, image_folder, tmp_path, monkeypatch
+):
+    """gpu_check.sh stops training_pipeline.py with SIGINT at its deadline: one landing while the
+    rows' file is rewritten after a row leaves the earlier rows' file whole, not half of one."""
+    import types
+
+    pipeline = importlib.import_module("training_pipeline")
+    monkeypatch.setattr(pipeline, "row_config", lambda *a: types.SimpleNamespace(batch_size=1))
+    monkeypatch.setattr(pipeline, "measure", lambda *a: {"images_per_s": 1.0})
+    json_file = tmp_path / "pipeline.json"
+    written = []
+    real_write_text = Path.write_text
+
+    def stopped_on_the_second(path, text, *args, **kwargs):
+        written.append(path)
+        if len(written) == 2:  # half the text, then SIGINT
+            real_write_text(path, text[: len(text) // 2])
+            raise KeyboardInterrupt
+        return real_write_text(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", stopped_on_the_second)
+    configs = ["--configs", "a.yaml", "b.yaml", "--shapes", "config"]
+    with pytest.raises(KeyboardInterrupt):
+        command("training_pipeline", "--data", str(image_folder), "--device", "cpu", *configs,
+                "--json", str(json_file))  # fmt: skip
+    assert [row["config"] for row in json.loads(json_file.read_text())["rows"]] == ["a.yaml"]
+    assert [p.name for p in tmp_path.iterdir()] == ["pipeline.json"]
 
 
 # --config files train.py refuses: (the file's text, None for no file, the line's words)
