@@ -341,7 +341,9 @@ EOF
 
 unpack_data() {  # the CIFAR-10 JPEGs into $DATA, from the carried pack (or an earlier call's)
     if [ -f "$PACKED" ]; then
-        "$PYTHON" scripts/pack_cifar10.py --unpack "$PACKED" "$DATA"
+        # --overwrite: images a warm machine unpacked from an earlier pack are replaced (those of
+        # this pack are kept as they are; a folder the packer did not write is still refused)
+        "$PYTHON" scripts/pack_cifar10.py --unpack "$PACKED" "$DATA" --overwrite
     elif [ ! -f "$DATA/.unpacked" ]; then  # (a warm machine keeps an earlier call's images)
         say "no $PACKED: run 'bash scripts/gpu_check.sh --pack' where the data is, carry $BUILD"
         return 1

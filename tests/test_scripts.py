@@ -210,6 +210,42 @@ def test_unpack_keeps_a_temporary_folder_it_did_not_make(monkeypatch, tiny_folde
     assert (tmp_path / "out" / "train" / "cat" / "1.jpg").read_bytes() == b"jpeg 1"
 
 
+def test_unpack_replaces_images_of_another_pack_of_as_many_only_with_overwrite(
+    monkeypatch, tiny_folder, tmp_path, capsys
+):
+    """A folder unpacked from other images is told by their digest, not their count: kept
+    whole without --overwrite (one line), replaced with it; the same images are kept as they are."""
+    pack = script(monkeypatch, "scripts", "pack_cifar10")
+    first, second, out = tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "out"
+    assert pack.main(["--source", str(tiny_folder), "--output", str(first)]) == 0
+    (tiny_folder / "train" / "cat" / "1.jpg").write_bytes(b"another cat")  # as many images
+    assert pack.main(["--source", str(tiny_folder), "--output", str(second)]) == 0
+    assert pack.main(["--unpack", str(first), str(out)]) == 0
+    assert pack.main(["--unpack", str(second), str(out)]) == 2
+    assert "--overwrite" in one_line(capsys.readouterr().err)
+    assert (out / "train" / "cat" / "1.jpg").read_bytes() == b"jpeg 1"
+    assert pack.main(["--unpack", str(second), str(out), "--overwrite"]) == 0
+    assert (out / "train" / "cat" / "1.jpg").read_bytes() == b"another cat"
+    (out / "mine.txt").write_text("kept")  # the same images again: the folder is not rewritten
+    assert pack.main(["--unpack", str(second), str(out), "--overwrite"]) == 0
+    assert (out / "mine.txt").read_text() == "kept"
+
+
+def test_pack_runs_where_vit_is_not_installed(tiny_folder, tmp_path):
+    """As on the GPU machine, whose image has numpy but no vit: `python3 scripts/pack_cifar10.py`
+    from another folder, with no site (-S: no installed vit) and numpy on PYTHONPATH alone."""
+    site_packages = Path(np.__file__).resolve().parents[1]
+    packed = tmp_path / "c.npz"
+    done = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "scripts" / "pack_cifar10.py"), "--source",
+            str(tiny_folder), "--output", str(packed)],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site_packages)},
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert packed.is_file()
+
+
 # -- benchmarks/plot_cpu_recipe.py ----------------------------------------------------------------
 @pytest.fixture
 def recipe_run(tmp_path) -> tuple[Path, Path]:
