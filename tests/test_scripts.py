@@ -131,6 +131,34 @@ def test_speedrun_proxy_refuses_a_data_folder_before_any_run(monkeypatch, tmp_pa
     assert "--data" in one_line(capsys.readouterr().err)
 
 
+def test_cpu_ablation_paths_mean_what_they_meant_as_typed_and_a_failed_row_is_one_line(
+    monkeypatch, tmp_path, image_folder
+):
+    """Relative --data and --out are the current folder's, not the repository's (where train.py
+    runs); a row whose train.py fails ends the benchmark with one line naming the row and its
+    log, not a CalledProcessError."""
+    ablation = script(monkeypatch, "benchmarks", "cpu_ablation")
+    monkeypatch.setattr(ablation, "load_split", lambda *args, **kwargs: None)  # no cache here
+    calls = []
+
+    def failing(cmd, *args, cwd=None, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(ablation.subprocess, "run", failing)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").symlink_to(image_folder)
+    with pytest.raises(SystemExit) as stopped:
+        ablation.main(["--data", "data", "--rows", "recipe", "--out", "abl"])
+    log = tmp_path / "abl" / "recipe-seed0.log"
+    assert one_line(str(stopped.value.code)).endswith(f"row recipe seed 0: train.py failed "
+                                                      f"(exit status 1); see {log}")  # fmt: skip
+    cmd = calls[0]
+    assert cmd[cmd.index("--data") + 1] == str(tmp_path / "data")
+    assert cmd[cmd.index("--output-dir") + 1] == str(tmp_path / "abl" / "recipe-seed0")
+    assert log.is_file() and not (ROOT / "abl").exists()
+
+
 # -- scripts/pack_cifar10.py ----------------------------------------------------------------------
 @pytest.fixture
 def tiny_folder(tmp_path) -> Path:
