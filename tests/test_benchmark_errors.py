@@ -37,6 +37,21 @@ BAD_INPUTS = [
     ("training_memory", ["--steps", "0"], "argument --steps: 0 is outside the accepted range"),
     ("tta_views", ["--checkpoint", "/nope", "--data", DATA], "--checkpoint /nope: no such"),
     ("onnx_profile", ["/nope.onnx"], "CHECKPOINT /nope.onnx: no such file"),
+    # counts and sizes out of range: argparse's one line, not a traceback after the work began
+    ("decode_throughput", ["--data", DATA, "--workers", "0"], "argument --workers: 0 is outside"),
+    ("decode_throughput", ["--data", DATA, "--rounds", "0"], "argument --rounds: 0 is outside"),
+    ("loader_throughput", ["--workers", "-1"], "argument --workers: -1 is outside"),
+    ("loader_throughput", ["--rounds", "0"], "argument --rounds: 0 is outside"),
+    ("speedrun_proxy", ["--data", DATA, "--parallel", "0"], "argument --parallel: 0 is outside"),
+    ("timm_equivalence", ["--batch-size", "0"], "argument --batch-size: 0 is outside"),
+    ("timm_equivalence", ["--max-depth", "0"], "argument --max-depth: 0 is outside"),
+    ("int8_sensitivity", ["--images", "5"], "argument --images: 5 is outside"),
+    ("int8_sensitivity", ["--images", "15"], "--images 15: accepted: a multiple of 10"),
+    ("muon_step", ["--steps", "0"], "argument --steps: 0 is outside"),
+    ("onnx_throughput", ["--rounds", "0"], "argument --rounds: 0 is outside"),
+    ("step_profile", ["--steps", "0"], "argument --steps: 0 is outside"),
+    ("finetune_table", ["--backbone", "bb", "--model", "m", "--data", DATA, "--out", "/nope",
+        "--epochs", "0"], "argument --epochs: 0 is outside"),
     # --json where no file can go: refused before the work whose figures it would keep
     ("inference_throughput", ["--models", "vit_cifar_patch4_32", "--rounds", "1", "--iters",
         "1", "--batch-size", "1", "--device", "cpu", "--json", DATA], "--json DATA: is a folder"),
@@ -71,6 +86,25 @@ def test_a_benchmark_refuses_a_bad_input_in_one_line(
     with pytest.raises(SystemExit) as exit_info:
         command(name, *(str(image_folder) if arg == DATA else arg for arg in argv))
     assert one_line_error(capsys, exit_info).startswith(start.replace(DATA, str(image_folder)))
+
+
+def test_the_loader_benchmark_measures_loading_in_this_process(command, capsys):
+    """--workers 0 (the DataLoader's own process) is a row, not an empty data set."""
+    command("loader_throughput", "--workers", "0", "--opencv-threads", "1", "--batches", "1",
+            "--rounds", "1")  # fmt: skip
+    assert capsys.readouterr().out.splitlines()[-1].startswith("| 0 | 1 |")
+
+
+def test_int8_sensitivity_without_the_test_images_is_one_line(
+    command, tmp_path, monkeypatch, capsys
+):
+    """A checkout without ../shared/data: the folder named, before any export."""
+    int8 = importlib.import_module("int8_sensitivity")
+    monkeypatch.setattr(int8, "DATA", tmp_path / "data")
+    with pytest.raises(SystemExit) as exit_info:
+        command("int8_sensitivity", "--models", "cifar")
+    folder = tmp_path / "data" / "cifar10-jpg" / "test"
+    assert one_line_error(capsys, exit_info).startswith(f"no CIFAR-10 test images at {folder}")
 
 
 def test_a_json_in_a_new_folder_is_written_after_the_work(command, tmp_path):
