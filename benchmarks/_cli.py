@@ -54,21 +54,21 @@ def run(main: Callable[[], object]) -> None:
         sys.exit(130)
 
 
-def check_data(parser: ArgumentParser, data: str, names: bool = True) -> None:
-    """Refuse --data in one line unless it is a folder with train/ and test/ (or val/) class
-    folders or (`names`) one of the data sets load_split downloads."""
+def check_data(parser: ArgumentParser, data: str, names: bool = True, flag: str = "--data") -> None:
+    """Refuse --data (or `flag`) in one line unless it is a folder with train/ and test/ (or
+    val/) class folders or (`names`) one of the data sets load_split downloads."""
     accepted = "a folder with train/ and test/ (or val/) class folders"
     if names:
         if data.lower() in TORCHVISION_DATASETS:
             return
         accepted = f"{', '.join(TORCHVISION_DATASETS)} or {accepted}"
     if not Path(data).is_dir():
-        parser.error(f"--data {data}: no such folder; accepted: {accepted}")
+        parser.error(f"{flag} {data}: no such folder; accepted: {accepted}")
     for split in ("train", "test"):
         try:
             find_split_dir(Path(data), split)
         except FileNotFoundError as e:
-            parser.error(f"--data {e}")
+            parser.error(f"{flag} {e}")
 
 
 def check_json(parser: ArgumentParser, path: Path | None) -> None:

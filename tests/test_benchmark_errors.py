@@ -37,6 +37,7 @@ BAD_INPUTS = [
     ("training_memory", ["--steps", "0"], "argument --steps: 0 is outside the accepted range"),
     ("tta_views", ["--checkpoint", "/nope", "--data", DATA], "--checkpoint /nope: no such"),
     ("onnx_profile", ["/nope.onnx"], "CHECKPOINT /nope.onnx: no such file"),
+    ("onnx_profile", ["/nope.onnx", "--calibration", "/nope"], "--calibration /nope: no such"),
     # counts and sizes out of range: argparse's one line, not a traceback after the work began
     ("decode_throughput", ["--data", DATA, "--workers", "0"], "argument --workers: 0 is outside"),
     ("decode_throughput", ["--data", DATA, "--rounds", "0"], "argument --rounds: 0 is outside"),
