@@ -342,6 +342,39 @@ def test_the_recipe_plot_refuses_a_missing_run_and_a_non_image_name(
     assert not (tmp_path / "x.txt").exists()
 
 
+def test_the_recipe_plot_keeps_an_existing_image_unless_overwrite(
+    monkeypatch, recipe_run, tmp_path, capsys
+):
+    plot = script(monkeypatch, "benchmarks", "plot_cpu_recipe")
+    run, log = recipe_run
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"my own figure")
+    argv = ["p", "--run", str(run), "--log", str(log), "--out", str(mine)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        plot.main()
+    assert stopped.value.code == 2 and "--overwrite" in one_line(capsys.readouterr().err)
+    assert mine.read_bytes() == b"my own figure"
+    monkeypatch.setattr(sys, "argv", [*argv, "--overwrite"])
+    plot.main()
+    assert mine.read_bytes().startswith(b"\x89PNG")  # whole, through a temporary file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.png", "pets", "run", "train.log"]
+
+
+def test_the_recipe_plot_names_the_epochs_its_log_lacks(monkeypatch, recipe_run, tmp_path, capsys):
+    """Another run's log, or a resumed run's restarted one: one line, not a KeyError."""
+    plot = script(monkeypatch, "benchmarks", "plot_cpu_recipe")
+    run, log = recipe_run
+    with open(run / "metrics.csv", "a") as f:
+        f.write("3,1.2,0.5,0.55\n")
+    argv = ["p", "--run", str(run), "--log", str(log), "--out", str(tmp_path / "c.png")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        plot.main()
+    assert stopped.value.code == 2 and "epoch(s) 3 of --run" in one_line(capsys.readouterr().err)
+    assert not (tmp_path / "c.png").exists()
+
+
 # -- scripts/choose_speedrun_flags.py -------------------------------------------------------------
 ROW = {
     "config": "configs/cifar10_gpu_speedrun.yaml:graph_step=true", "shape": "config",
