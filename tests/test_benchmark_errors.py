@@ -24,6 +24,7 @@ BAD_INPUTS = [
     ("teacher_screen", ["--data", "/nope"], "--data /nope: no such folder"),
     ("faithfulness", ["--data", "/nope"], "--data /nope: no .jpg images"),
     ("faithfulness", ["--weights", "/nope.safetensors"], "--weights /nope.safetensors: no such"),
+    ("faithfulness", ["--num-images", "0"], "argument --num-images: 0 is outside"),
     ("training_pipeline", ["--data", DATA, "--device", "cuda"], "--device cuda: CUDA is not"),
     ("compile_time", ["--device", "cuda"], "--device cuda: CUDA is not"),
     ("compile_time", ["--steps", "0"], "argument --steps: 0 is outside the accepted range"),
@@ -106,6 +107,27 @@ def test_int8_sensitivity_without_the_test_images_is_one_line(
         command("int8_sensitivity", "--models", "cifar")
     folder = tmp_path / "data" / "cifar10-jpg" / "test"
     assert one_line_error(capsys, exit_info).startswith(f"no CIFAR-10 test images at {folder}")
+
+
+def test_faithfulness_takes_as_many_images_of_each_class_as_the_smallest_has(
+    command, image_folder, tmp_path
+):
+    """A class folder with one image fewer: every class gives as many as it has (balanced), not
+    a reshape error."""
+    import shutil
+    import types
+
+    import vit
+
+    folder = tmp_path / "test"
+    shutil.copytree(image_folder / "test", folder)
+    names = sorted(p.name for p in folder.iterdir())
+    min(folder.joinpath(names[1]).glob("*.jpg")).unlink()  # 6, 5, 6 images
+    model = vit.create_model("vit_cifar_patch4_32", num_classes=len(names))
+    stub = types.SimpleNamespace(class_names=names, preprocess=model.preprocess)
+    faithfulness = importlib.import_module("faithfulness")
+    images, labels = faithfulness.load_test_images(folder, 30, stub)
+    assert images.shape[0] == 15 and labels.tolist() == [0, 1, 2] * 5
 
 
 def test_a_json_in_a_new_folder_is_written_after_the_work(command, tmp_path):

@@ -430,6 +430,38 @@ def test_the_speedrun_chooser_says_when_there_are_no_rows(monkeypatch, tmp_path,
             "pipeline row 0 has no 'images_per_s'",
         ),
         ({"speedrun_choice": {"row": "x"}}, "speedrun_choice has no 'flags'"),
+        # a field a table formats as a number, given as something else
+        (
+            {
+                "pipeline": {
+                    "rows": [
+                        {
+                            "config": "a",
+                            "shape": "b",
+                            "images_per_s": None,
+                            "ms_per_step": 1,
+                            "data_wait_share": 0,
+                        }
+                    ]
+                }
+            },
+            "pipeline row 0: 'images_per_s' is null, not a number",
+        ),
+        (
+            {
+                "speedrun": [
+                    {
+                        "seed": 0,
+                        "status": 0,
+                        "wall_seconds": 1,
+                        "epochs": [],
+                        "top1": "x",
+                        "tta_top1": None,
+                    }
+                ]
+            },
+            "speedrun[0]: 'top1' is \"x\", not a number or null",
+        ),
     ],
 )
 def test_gpu_report_names_the_file_and_the_missing_field(
