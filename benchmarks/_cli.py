@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from vit.cli.flags import ArgumentParser
+from vit.cli.flags import ArgumentParser, unwritable
 from vit.cli.model_argument import ModelArgumentError, command_arguments, resolve_model
 from vit.data.datasets import TORCHVISION_DATASETS, find_split_dir
 from vit.inference.cpu_paths import cpu_flags, cpu_name
@@ -54,21 +54,29 @@ def run(main: Callable[[], object]) -> None:
         sys.exit(130)
 
 
-def check_data(parser: ArgumentParser, data: str, names: bool = True) -> None:
-    """Refuse --data in one line unless it is a folder with train/ and test/ (or val/) class
-    folders or (`names`) one of the data sets load_split downloads."""
+def check_data(parser: ArgumentParser, data: str, names: bool = True, flag: str = "--data") -> None:
+    """Refuse --data (or `flag`) in one line unless it is a folder with train/ and test/ (or
+    val/) class folders or (`names`) one of the data sets load_split downloads."""
     accepted = "a folder with train/ and test/ (or val/) class folders"
     if names:
         if data.lower() in TORCHVISION_DATASETS:
             return
         accepted = f"{', '.join(TORCHVISION_DATASETS)} or {accepted}"
     if not Path(data).is_dir():
-        parser.error(f"--data {data}: no such folder; accepted: {accepted}")
+        parser.error(f"{flag} {data}: no such folder; accepted: {accepted}")
     for split in ("train", "test"):
         try:
             find_split_dir(Path(data), split)
         except FileNotFoundError as e:
-            parser.error(f"--data {e}")
+            parser.error(f"{flag} {e}")
+
+
+def check_json(parser: ArgumentParser, path: Path | None) -> None:
+    """Refuse --json in one line where it could not be written (a folder, a place without write
+    permission): checked before the work, whose figures would be lost after it. A missing
+    folder is made when the file is written (atomic_write)."""
+    if path is not None and (problem := unwritable("--json", path, folder=False)):
+        parser.error(problem)
 
 
 def check_names(parser: ArgumentParser, flag: str, names: list[str], known: Collection[str]):

@@ -28,10 +28,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import _cli
 import torch
 import torch.nn.functional as F
 import yaml
 from training_pipeline import synchronize
+
+from vit.cli.flags import number_in
+from vit.utils.files import atomic_write_text
+from vit.utils.ranges import AT_LEAST_1, DROP_RATE
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "cifar10_gpu_speedrun.yaml"
@@ -89,19 +94,23 @@ def run_row(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _cli.parser(__doc__)
+    count = number_in(AT_LEAST_1)  # 0 images, steps or threads: a failed row, not a figure
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--mode", default="default", help="torch.compile's mode")
     parser.add_argument(
-        "--batch-size", type=int, help="default: the recipe's on a GPU, 64 on a CPU"
+        "--batch-size", type=count, help="default: the recipe's on a GPU, 64 on a CPU"
     )
-    parser.add_argument("--steps", type=int, default=5, help="steps timed after the first")
-    parser.add_argument("--drop-paths", type=float, nargs="+", default=[0.0, 0.1])
+    parser.add_argument("--steps", type=count, default=5, help="steps timed after the first")
+    parser.add_argument("--drop-paths", type=number_in(DROP_RATE), nargs="+", default=[0.0, 0.1])
     parser.add_argument("--scopes", nargs="+", choices=SCOPES, default=list(SCOPES))
-    parser.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's)")
+    parser.add_argument("--threads", type=count, help="torch's CPU threads (default: torch's)")
     parser.add_argument("--row", nargs=2, metavar=("SCOPE", "DROP_PATH"), help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
+    if not args.row:  # before the first row's process: one line, not a child's traceback
+        _cli.checked_device(parser, args.device)
+        _cli.check_json(parser, args.json)
     if args.batch_size is None:
         recipe_batch = yaml.safe_load(RECIPE.read_text())["batch_size"]
         args.batch_size = recipe_batch if args.device.startswith("cuda") else 64
@@ -131,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
             f"| {row['later_step_ms']:.1f} | {row['graphs']} |"
         )
     if args.json:
-        args.json.write_text(json.dumps({"device": name, "rows": rows}, indent=1))
+        atomic_write_text(args.json, json.dumps({"device": name, "rows": rows}, indent=1))
 
 
 def child_row(args: argparse.Namespace, scope: str, drop_path: float) -> dict:
@@ -168,4 +177,4 @@ def child_row(args: argparse.Namespace, scope: str, drop_path: float) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -10,7 +10,8 @@ change, scored by `evaluate.py` on all 10,000 test images, plain and with shift 
 augmentation. The wall time is the whole training command's (start-up, data,
 training, evaluations, saving); the decoded-image cache is warmed once before the first row.
 Rows run one after another; accuracy does not depend on the machine's load (the runs are
-deterministic for a seed), wall time does: time rows on an idle machine only.
+deterministic for a seed), wall time does: time rows on an idle machine only. --data and --out
+are relative to the current folder; each row's train.py output is in OUT/ROW-seedN.log.
 """
 
 from __future__ import annotations
@@ -332,8 +333,11 @@ def evaluate(run: Path, data: str) -> dict:
     report = run / "eval-report.json"
     cmd = [sys.executable, "evaluate.py", "--checkpoint", str(run), "--data", data]
     cmd += ["--tta", "shift", "--json", str(report), "--overwrite"]  # the run's own report
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-    return json.loads((ROOT / report).read_text())
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines()
+        raise RuntimeError(f"evaluate.py failed: {lines[-1] if lines else done.returncode}")
+    return json.loads(report.read_text())
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -341,9 +345,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", required=True, help="CIFAR-10 image folder (train/, test/)")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--out", type=Path, default=Path("runs/ablation"))
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/ablation"),
+        help="the rows' runs and logs (relative to the current folder)",
+    )
     args = parser.parse_args(argv)
     _cli.check_data(parser, args.data)
+    # train.py and evaluate.py run in the repository (configs/ is found there): the paths they
+    # are given mean what they meant as typed, here
+    if Path(args.data).is_dir():  # not cifar10 or cifar100, which are names
+        args.data = str(Path(args.data).absolute())
+    args.out = args.out.absolute()
 
     for split in ("train", "test"):  # decode once into the cache every row reads
         load_split(args.data, split, cache_dir=Path(TrainConfig.cache_dir).expanduser())
@@ -355,11 +369,18 @@ def main(argv: list[str] | None = None) -> None:
             cmd = command(flags, args.data, seed, out)
             print("$", " ".join(cmd), flush=True)
             started = time.perf_counter()
-            (ROOT / args.out).mkdir(parents=True, exist_ok=True)
-            with open(ROOT / args.out / f"{name}-seed{seed}.log", "w") as log:
-                subprocess.run(cmd, cwd=ROOT, check=True, stdout=log, stderr=subprocess.STDOUT)
+            args.out.mkdir(parents=True, exist_ok=True)
+            log_path = args.out / f"{name}-seed{seed}.log"
+            with open(log_path, "w") as log:
+                done = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            if done.returncode != 0:  # its own words are in the log, not a traceback of ours
+                sys.exit(f"{parser.prog}: row {name} seed {seed}: train.py failed (exit status "
+                         f"{done.returncode}); see {log_path}")  # fmt: skip
             minutes = (time.perf_counter() - started) / 60
-            report = evaluate(out, args.data)
+            try:
+                report = evaluate(out, args.data)
+            except RuntimeError as e:
+                sys.exit(f"{parser.prog}: row {name} seed {seed}: {e}")
             results.append((name, seed, change, report, minutes))
             print(
                 f"{name} seed {seed}: top-1 {100 * report['top1']:.2f}% "

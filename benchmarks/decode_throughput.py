@@ -18,9 +18,11 @@ from pathlib import Path
 
 import _cli
 
+from vit.cli.flags import number_in
 from vit.data.datasets import find_split_dir, scan_folder
 from vit.data.images import load_images, load_images_in_threads
 from vit.data.workers import usable_cores
+from vit.utils.ranges import AT_LEAST_1
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,8 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--data", required=True, help="a folder with train/ and test/ class folders"
     )
-    parser.add_argument("--workers", type=int, default=min(32, usable_cores()))
-    parser.add_argument("--rounds", type=int, default=2)
+    count = number_in(AT_LEAST_1)  # no worker or round: nothing decoded, no median
+    parser.add_argument("--workers", type=count, default=min(32, usable_cores()))
+    parser.add_argument("--rounds", type=count, default=2)
     args = parser.parse_args(argv)
     _cli.check_data(parser, args.data, names=False)
     paths = []

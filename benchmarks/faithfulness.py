@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 import vit
+from vit.cli.flags import number_in
 from vit.explain import (
     attention_rollout,
     faithfulness,
@@ -30,6 +31,7 @@ from vit.explain import (
     random_map,
     relevance,
 )
+from vit.utils.ranges import AT_LEAST_1
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSES = "airplane automobile bird cat deer dog frog horse ship truck".split()
@@ -39,16 +41,18 @@ def load_test_images(
     folder: Path, num_images: int, model: vit.VisionTransformer
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The first num_images / 10 test images of each class (sorted file names), as the model's
-    preprocessing prepares them: images (B, C, H, W) and labels (B,)."""
+    preprocessing prepares them: images (B, C, H, W) and labels (B,). Every class gives as many
+    as the one with fewest has, at most: fewer images than asked, but balanced."""
     names = getattr(model, "class_names", None) or CLASSES
     transform = vit.create_transform(model.preprocess)
-    per_class = -(-num_images // len(names))  # ceiling division
-    images, labels = [], []
-    for label, name in enumerate(names):
-        files = sorted((folder / name).glob("*.jpg"))[:per_class]
+    found = [sorted((folder / name).glob("*.jpg")) for name in names]
+    for name, files in zip(names, found, strict=True):
         if not files:
             raise FileNotFoundError(f"no .jpg images in {folder / name}")
-        for file in files:
+    per_class = min(-(-num_images // len(names)), *map(len, found))  # ceiling division
+    images, labels = [], []
+    for label, files in enumerate(found):
+        for file in files[:per_class]:
             with Image.open(file) as image:
                 images.append(transform(image.convert("RGB")))
             labels.append(label)
@@ -72,11 +76,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = _cli.parser(__doc__)
     parser.add_argument("--weights", default=ROOT / "weights/cifar10_vit_cpu.safetensors")
     parser.add_argument("--data", default=ROOT.parent / "shared/data/cifar10-jpg/test")
-    parser.add_argument("--num-images", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=250)
+    count = number_in(AT_LEAST_1)  # no image, batch or thread: nothing measured
+    parser.add_argument("--num-images", type=count, default=1000)
+    parser.add_argument("--batch-size", type=count, default=250)
     # One thread: these small models gain little from intra-op threads, and on CPU cores shared
     # with other jobs two threads ran this script 2.5x slower than one.
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    parser.add_argument("--threads", type=count, default=1, help="torch CPU threads (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()

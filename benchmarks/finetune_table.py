@@ -22,6 +22,12 @@ import sys
 import time
 from pathlib import Path
 
+import _cli
+
+from vit.cli.flags import kept_output, number_in
+from vit.utils.files import atomic_write_text
+from vit.utils.ranges import AT_LEAST_0, AT_LEAST_1, NON_NEGATIVE
+
 ROOT = Path(__file__).resolve().parents[1]
 # train.py by its path in this repository, run in the user's folder: --data, --backbone and
 # --out mean in its commands what they meant as typed
@@ -45,6 +51,11 @@ ROWS = {
 PROBE_LINE = re.compile(r"epoch 0/\d+ \(--head-init probe.*?top-1 ([\d.]+)%")
 
 
+def row_folder(args: argparse.Namespace, name: str) -> Path:
+    """The folder of a row's run under --out, named after the row."""
+    return args.out / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
 def shared_flags(args: argparse.Namespace, out: Path) -> list[str]:
     return [
         "--data", args.data, "--model", args.model, "--img-size", str(args.img_size),
@@ -53,14 +64,16 @@ def shared_flags(args: argparse.Namespace, out: Path) -> list[str]:
         "--warmup-epochs", str(args.warmup_epochs), "--opt", "adamw", "--weight-decay", "0.05",
         "--crop", "rrc", "--rrc-scale", "0.35", "--label-smoothing", "0.1",
         "--workers", str(args.workers), "--device", args.device,
-        "--output-dir", str(out), "--overwrite", "--seed", str(args.seed),
+        "--output-dir", str(out), "--seed", str(args.seed),
+        # train.py replaces a run only where the table's own --overwrite said so (main checks)
+        *(["--overwrite"] if args.overwrite else []),
         *(["--threads", str(args.threads)] if args.device == "cpu" else ["--amp"]),
         *(["--model-kwargs", *args.model_kwargs] if args.model_kwargs else []),
     ]  # fmt: skip
 
 
 def run_row(name: str, flags: list[str], args: argparse.Namespace) -> dict:
-    out = args.out / re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    out = row_folder(args, name)
     pretrained = [] if "--no-pretrained" in flags else ["--pretrained", args.backbone]
     flags = [f for f in flags if f != "--no-pretrained"]
     command = [sys.executable, str(TRAIN), *shared_flags(args, out), *pretrained, *flags]
@@ -68,7 +81,7 @@ def run_row(name: str, flags: list[str], args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    (args.out / f"{out.name}.log").write_text(done.stdout + done.stderr)
+    atomic_write_text(args.out / f"{out.name}.log", done.stdout + done.stderr)
     if done.returncode != 0:
         raise SystemExit(f"{name}: train.py failed ({done.returncode}):\n{done.stderr[-2000:]}")
     rows = list(csv.DictReader(open(out / "metrics.csv")))
@@ -84,30 +97,45 @@ def run_row(name: str, flags: list[str], args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _cli.parser(__doc__)
+    count = number_in(AT_LEAST_1)  # 0 images, epochs or threads: a failed train.py, not a row
     parser.add_argument("--backbone", required=True, help="the pretrained weights (--pretrained)")
     parser.add_argument("--model", required=True, help="its architecture's name")
     parser.add_argument("--data", required=True)
-    parser.add_argument("--out", type=Path, required=True, help="a folder for the rows' runs")
-    parser.add_argument("--img-size", type=int, default=112)
-    parser.add_argument("--train-images", type=int, default=1000)
-    parser.add_argument("--test-images", type=int, default=2000)
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--warmup-epochs", type=float, default=0.5)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        help="a folder for the rows' runs, one folder each, named after the row",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace the runs of earlier rows under --out"
+    )
+    parser.add_argument("--img-size", type=count, default=112)
+    parser.add_argument("--train-images", type=count, default=1000)
+    parser.add_argument("--test-images", type=count, default=2000)
+    parser.add_argument("--epochs", type=count, default=3)
+    parser.add_argument("--warmup-epochs", type=number_in(NON_NEGATIVE), default=0.5)
+    parser.add_argument("--batch-size", type=count, default=32)
+    parser.add_argument("--threads", type=count, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (then with --amp)")
-    parser.add_argument("--workers", type=int, default=0, help="loader processes")
+    parser.add_argument("--workers", type=number_in(AT_LEAST_0), default=0, help="loader processes")
     parser.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     args = parser.parse_args()
+    _cli.check_json(parser, args.json)
+    for name in args.rows:  # before any row: a run the user kept there is not replaced unasked
+        if problem := kept_output("--out", row_folder(args, name), args.overwrite):
+            parser.error(problem)
     args.out.mkdir(parents=True, exist_ok=True)
     results = [run_row(name, ROWS[name], args) for name in args.rows]
     if args.json:
-        settings = {k: str(v) for k, v in vars(args).items() if k not in ("json", "rows")}
-        args.json.write_text(json.dumps({"settings": settings, "rows": results}, indent=1))
+        settings = {
+            k: str(v) for k, v in vars(args).items() if k not in ("json", "rows", "overwrite")
+        }
+        atomic_write_text(args.json, json.dumps({"settings": settings, "rows": results}, indent=1))
     print(
         f"\n{args.model} from {args.backbone} at {args.img_size} px: {args.train_images} training "
         f"images, {args.test_images} test images (both stratified, seed {args.seed}), "
@@ -126,4 +154,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

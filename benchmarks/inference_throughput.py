@@ -26,7 +26,10 @@ import torch
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit
+from vit.cli.flags import number_in
 from vit.models.registry import MODELS
+from vit.utils.files import atomic_write_text
+from vit.utils.ranges import AT_LEAST_1
 
 DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
@@ -105,9 +108,10 @@ def main(argv: list[str] | None = None) -> None:
         nargs="+",
         default=["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"],
     )
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--iters", type=int, default=3, help="forward passes per timed round")
+    count = number_in(AT_LEAST_1)  # 0 images, rounds or passes: no figure to give
+    parser.add_argument("--batch-size", type=count, default=16)
+    parser.add_argument("--rounds", type=count, default=7)
+    parser.add_argument("--iters", type=count, default=3, help="forward passes per timed round")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--explicit", action="store_true", help="time our explicit-softmax path")
     parser.add_argument(
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     _cli.check_names(parser, "--models", args.models, MODELS)
     _cli.checked_device(parser, args.device)
+    _cli.check_json(parser, args.json)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
 
     path = "explicit softmax" if args.explicit else "fused SDPA"
@@ -153,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json is not None:
         settings = dict(device=args.device, device_name=device_name, attention=path)
         settings.update(torch=torch.__version__, timm=timm.__version__, rounds=args.rounds)
-        args.json.write_text(json.dumps({**settings, "iters": args.iters, "rows": rows}, indent=1))
+        record = {**settings, "iters": args.iters, "rows": rows}
+        atomic_write_text(args.json, json.dumps(record, indent=1))
 
 
 if __name__ == "__main__":

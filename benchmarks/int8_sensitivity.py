@@ -12,7 +12,6 @@ preprocessing. A group whose float copy recovers most of the loss is the one to 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import sys
 import tempfile
@@ -26,9 +25,13 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _cli  # noqa: E402
+
 import vit  # noqa: E402
+from vit.cli.flags import number_in  # noqa: E402
 from vit.inference.cpu_paths import cpu_flags  # noqa: E402
 from vit.interop.onnx_export import export_onnx  # noqa: E402
+from vit.utils.ranges import Range  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -37,6 +40,7 @@ SOURCES = {
     "dinov2": DATA / "dinov2-small",
 }
 GROUPS = ("qkv", "proj", "fc1", "fc2", "head")
+CLASSES = 10  # CIFAR-10's: --images are taken equally many of each
 
 
 def layer_groups(path: Path) -> dict[str, list[str]]:
@@ -58,15 +62,21 @@ def test_images(model, count: int | None) -> tuple[np.ndarray, np.ndarray]:
     """CIFAR-10 test images (N, 3, H, W) in the model's preprocessing, and labels (N,): every
     image, or `count` of them, equally many per class."""
     transform = vit.create_transform(model)
-    root = DATA / "cifar10-jpg" / "test"
+    root = test_folder()
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     images, labels = [], []
     for label, name in enumerate(classes):
         paths = sorted((root / name).glob("*.jpg"))
-        for path in paths[: count // len(classes)] if count else paths:
+        for path in paths if count is None else paths[: count // len(classes)]:
             images.append(transform(Image.open(path).convert("RGB")))
             labels.append(label)
     return torch.stack(images).numpy(), np.array(labels)
+
+
+def test_folder() -> Path:
+    """The CIFAR-10 test images' folder (read from DATA when called: a test points it
+    elsewhere)."""
+    return DATA / "cifar10-jpg" / "test"
 
 
 def outputs(path: Path, images: np.ndarray) -> np.ndarray:
@@ -83,11 +93,24 @@ def score(name: str, out: np.ndarray, reference: np.ndarray, labels: np.ndarray)
     return f"cosine to float min {cosine.min():.4f} mean {cosine.mean():.5f}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = _cli.parser(__doc__)
     parser.add_argument("--models", nargs="+", default=list(SOURCES), choices=list(SOURCES))
-    parser.add_argument("--images", type=int, default=500, help="dinov2's test images")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--images",
+        type=number_in(Range(CLASSES, integer=True)),  # fewer: none of some class
+        default=500,
+        help=f"dinov2's test images, a multiple of {CLASSES} (equally many of each class)",
+    )
+    args = parser.parse_args(argv)
+    if args.images % CLASSES:  # rounded down, the table would count other images than asked
+        parser.error(f"--images {args.images}: accepted: a multiple of {CLASSES}")
+    # checked before any export: both models are scored on these images
+    if not test_folder().is_dir():
+        parser.error(f"no CIFAR-10 test images at {test_folder()}; this benchmark reads them")
+    for name in args.models:
+        if not Path(SOURCES[name]).exists():
+            parser.error(f"--models {name}: no weights at {SOURCES[name]}")
     print(f"CPU: {cpu_flags()}; torch {torch.__version__}, onnxruntime {onnxruntime.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
@@ -116,4 +139,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

@@ -29,11 +29,13 @@ import yaml
 from torch.utils.data import DataLoader
 
 import vit
+from vit.cli.flags import number_in
 from vit.data.datasets import ImageDataset
 from vit.data.loaders import init_worker
 from vit.data.transforms import train_transform
 from vit.data.workers import usable_cores
 from vit.training.settings import TrainConfig
+from vit.utils.ranges import AT_LEAST_0, AT_LEAST_1, Range
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,19 +72,27 @@ def images_per_second(dataset: ImageDataset, workers: int, threads: int, batches
 
 def main(argv: list[str] | None = None) -> None:
     parser = _cli.parser(__doc__)
-    parser.add_argument("--workers", type=int, nargs="+", default=[2])
+    count = number_in(AT_LEAST_1)  # no batch or round: no rate to give
     parser.add_argument(
-        "--opencv-threads", type=int, nargs="+", default=[1, -1], help="per worker; -1: default"
+        "--workers", type=number_in(AT_LEAST_0), nargs="+", default=[2], help="0: in this process"
     )
-    parser.add_argument("--batches", type=int, default=40, help="timed batches of 128 a round")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--opencv-threads",
+        type=number_in(Range(-1, integer=True)),
+        nargs="+",
+        default=[1, -1],
+        help="per worker; -1: default",
+    )
+    parser.add_argument("--batches", type=count, default=40, help="timed batches of 128 a round")
+    parser.add_argument("--rounds", type=count, default=3)
     args = parser.parse_args(argv)
 
     recipe = yaml.safe_load((ROOT / "configs" / "cifar10.yaml").read_text())
     augment = ("crop", "hflip", "aa", "aa_n", "reprob")
     cfg = TrainConfig(**{key: value for key, value in recipe.items() if key in augment})
     model = vit.create_model("vit_cifar_patch4_32", num_classes=10)
-    count = 128 * (args.batches + 1) * max(args.workers)
+    # a round's batches for each worker (one for none: --workers 0 loads in this process)
+    count = 128 * (args.batches + 1) * max(1, *args.workers)
     rng = np.random.default_rng(0)
     dataset = ImageDataset(
         labels=rng.integers(0, 10, count).tolist(),

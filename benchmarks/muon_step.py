@@ -27,7 +27,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import vit
+from vit.cli.flags import number_in
 from vit.training.optimizers import Muon, muon_param_groups
+from vit.utils.ranges import AT_LEAST_1
 
 
 def recipe_model() -> vit.VisionTransformer:
@@ -120,11 +122,12 @@ def _process(rank: int, args: argparse.Namespace, init_file: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = _cli.parser(__doc__)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--processes", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=64)
+    count = number_in(AT_LEAST_1)  # 0 of any: no step timed
+    parser.add_argument("--threads", type=count, default=torch.get_num_threads())
+    parser.add_argument("--processes", type=count, default=1)
+    parser.add_argument("--rounds", type=count, default=7)
+    parser.add_argument("--steps", type=count, default=10)
+    parser.add_argument("--batch-size", type=count, default=64)
     args = parser.parse_args(argv)
     if args.processes == 1:
         measure(args)

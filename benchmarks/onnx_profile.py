@@ -21,8 +21,10 @@ import _cli
 import onnxruntime
 import torch
 
+from vit.cli.flags import number_in
 from vit.data.transforms import evaluation_images
 from vit.interop.onnx_export import OnnxOptions, export_onnx, quantized_copy
+from vit.utils.ranges import AT_LEAST_1
 
 
 def operator_times(path: Path, batch, threads: int, runs: int) -> dict[str, float]:
@@ -53,11 +55,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "checkpoint", metavar="CHECKPOINT", help="any model argument vit.export takes"
     )
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--calibration", metavar="DATA")
+    count = number_in(AT_LEAST_1)  # 0 images, threads or runs: no time to give
+    parser.add_argument("--batch-size", type=count, default=32)
+    parser.add_argument("--threads", type=count, default=2)
+    parser.add_argument("--runs", type=count, default=5)
+    parser.add_argument(
+        "--calibration",
+        metavar="DATA",
+        help="an image folder (or cifar10, cifar100 under ./data) whose train split calibrates "
+        "static int8",
+    )
     args = parser.parse_args(argv)
+    if args.calibration:  # before the model is loaded: one line, not load_split's traceback
+        _cli.check_data(parser, args.calibration, flag="--calibration")
     torch.set_num_threads(args.threads)
     model = _cli.checked_model(parser, "CHECKPOINT", args.checkpoint)
     print(f"{_cli.machine()}; onnxruntime {onnxruntime.__version__}")
@@ -66,7 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     batch = torch.randn(args.batch_size, channels, height, width, generator=generator)
     kinds = {"int8": OnnxOptions(int8=True)}
     if args.calibration:
-        images = evaluation_images(args.calibration, "train", 256, model.preprocess)
+        try:
+            images = evaluation_images(args.calibration, "train", 256, model.preprocess)
+        except FileNotFoundError as e:  # cifar10 or cifar100 not under ./data: its one line
+            parser.error(f"--calibration {e}")
         kinds["static int8"] = OnnxOptions(int8=True, calibration=images)
     with tempfile.TemporaryDirectory() as tmp:
         files = {"float32": Path(tmp) / "float32.onnx"}

@@ -40,11 +40,13 @@ import _cli  # noqa: E402
 from inference_throughput import timm_model  # noqa: E402
 
 import vit  # noqa: E402
+from vit.cli.flags import number_in  # noqa: E402
 from vit.data.transforms import evaluation_images  # noqa: E402
 from vit.inference.cpu_paths import time_paths  # noqa: E402
 from vit.inference.precision import cast_for_inference, fast_bfloat16  # noqa: E402
 from vit.interop.onnx_export import OnnxOptions, export_onnx, quantized_copy  # noqa: E402
 from vit.models.registry import MODELS  # noqa: E402
+from vit.utils.ranges import AT_LEAST_1, POSITIVE  # noqa: E402
 
 try:  # an optional comparison: OpenVINO is not a dependency of the package
     import openvino
@@ -227,10 +229,11 @@ def main(argv: list[str] | None = None) -> None:
         default=["vit_small_patch16_224", "cifar"],
         help="names, cifar, dinov2",
     )
-    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[32, 1])
-    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--round-seconds", type=float, default=0.5)
+    count = number_in(AT_LEAST_1)  # 0 images, threads or rounds: no rate to give
+    parser.add_argument("--batch-sizes", nargs="+", type=count, default=[32, 1])
+    parser.add_argument("--threads", nargs="+", type=count, default=[1, 2])
+    parser.add_argument("--rounds", type=count, default=3)
+    parser.add_argument("--round-seconds", type=number_in(POSITIVE), default=0.5)
     parser.add_argument("--compile", action="store_true", help="time torch.compile too")
     parser.add_argument("--accuracy", action="store_true", help="CIFAR-10 test top-1 per path")
     args = parser.parse_args(argv)

@@ -1,7 +1,10 @@
 """Test top-1 of a training run against wall-clock minutes and against epochs (a PNG).
 
     python benchmarks/plot_cpu_recipe.py --run runs/cifar10-cpu --log weights/cifar10_vit_cpu.log \
-        --out weights/cifar10_vit_cpu_curve.png
+        --out weights/cifar10_vit_cpu_curve.png --overwrite
+
+An existing --out (the shipped figure above, say) is replaced only with --overwrite, and whole:
+the image is written to a temporary file beside it, then renamed over it.
 
 The minutes come from the timestamps train.py logs after each epoch, counted from the log's
 `launched` line (written by the command that started the run) or else its first line. The
@@ -20,12 +23,14 @@ import re
 from datetime import datetime
 from pathlib import Path
 
+import _cli
 import yaml
 from matplotlib.backend_bases import FigureCanvasBase
 from matplotlib.figure import Figure
 
-from vit.cli.flags import ArgumentParser
+from vit.cli.flags import ArgumentParser, kept_output, unwritable
 from vit.data.datasets import find_split_dir, scan_folder
+from vit.utils.files import atomic_write
 
 # the data sets train.py downloads by name: (title, test images)
 NAMED_DATA = {"cifar10": ("CIFAR-10", 10_000), "cifar100": ("CIFAR-100", 10_000)}
@@ -78,13 +83,19 @@ def main() -> None:
     parser.add_argument("--run", type=Path, required=True, help="run folder with metrics.csv")
     parser.add_argument("--log", type=Path, required=True, help="train.py's output")
     parser.add_argument("--out", type=Path, required=True, help="the image (.png, .pdf, .svg ...)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     args = parser.parse_args()
     formats = FigureCanvasBase.get_supported_filetypes()
-    if args.out.suffix.lower().lstrip(".") not in formats:
+    suffix = args.out.suffix.lower().lstrip(".")
+    if suffix not in formats:
         parser.error(
             f"--out {args.out}: not an image file name matplotlib writes; accepted suffixes: "
-            f"{', '.join('.' + suffix for suffix in sorted(formats))}"
+            f"{', '.join('.' + name for name in sorted(formats))}"
         )
+    if problem := unwritable("--out", args.out, folder=False) or kept_output(
+        "--out", args.out, args.overwrite
+    ):
+        parser.error(problem)
     if not (args.run / "metrics.csv").is_file():
         parser.error(f"--run {args.run}: no metrics.csv there; give a train.py run folder")
     if not args.log.is_file():
@@ -97,6 +108,11 @@ def main() -> None:
     config_file = args.run / "config.yaml"
     config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else {}
     minutes = epoch_minutes(args.log)
+    if missing := [int(r["epoch"]) for r in rows if int(r["epoch"]) not in minutes]:
+        parser.error(
+            f"--log {args.log}: no 'INFO epoch N/E:' line for epoch(s) "
+            f"{', '.join(map(str, missing))} of --run {args.run}; give that run's own log"
+        )
     key = "ema_top1" if rows[-1]["ema_top1"] else "test_top1"
     epochs = [int(r["epoch"]) for r in rows]
     top1 = [100 * float(r[key]) for r in rows]
@@ -120,10 +136,10 @@ def main() -> None:
         ax.axhline(80, color="grey", linestyle=":", linewidth=1)
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(args.out, dpi=110)
+    # the format by --out's name: the temporary file's .tmp names none
+    atomic_write(args.out, lambda tmp: fig.savefig(tmp, dpi=110, format=suffix))
     print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

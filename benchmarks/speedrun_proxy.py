@@ -43,7 +43,9 @@ from pathlib import Path
 import _cli
 import yaml
 
+from vit.cli.flags import number_in
 from vit.training.checkpoint import CONFIG_FILE, STATE_FILE
+from vit.utils.ranges import AT_LEAST_1
 
 ROOT = Path(__file__).resolve().parents[1]
 # train.py and the recipe by their paths in this repository, so that a row's command runs in the
@@ -526,9 +528,10 @@ def main() -> None:
     parser.add_argument("--data", help="CIFAR-10 image folder (cifar10-jpg)")
     parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--parallel", type=int, default=2, help="rows at once")
+    count = number_in(AT_LEAST_1)  # no row at once or no thread: nothing would run
+    parser.add_argument("--parallel", type=count, default=2, help="rows at once")
     parser.add_argument(
-        "--threads", type=int, default=1, help="threads a row (one each by default)"
+        "--threads", type=count, default=1, help="threads a row (one each by default)"
     )
     parser.add_argument(
         "--train-args",
@@ -632,4 +635,4 @@ def print_table(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

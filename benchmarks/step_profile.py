@@ -19,7 +19,6 @@ they are. Where the second is low, faster products alone cannot lift the step fa
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import sys
@@ -29,9 +28,12 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from vit.cli.flags import number_in
 from vit.inference.cpu_paths import cpu_flags
+from vit.utils.ranges import AT_LEAST_1
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _cli  # noqa: E402
 from training_throughput import (  # noqa: E402
     make_step,
     matmul_peak_gflops,
@@ -81,17 +83,18 @@ def breakdown(step, optimizer_step, steps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _cli.parser(__doc__)
+    count = number_in(AT_LEAST_1)  # 0 images, threads or steps: no profile to give
     parser.add_argument(
         "--shapes", nargs="+", type=parse_shape, default=[parse_shape("128d-4L-4h-r2")]
     )
-    parser.add_argument("--batch-size", nargs="+", type=int, default=[64])
+    parser.add_argument("--batch-size", nargs="+", type=count, default=[64])
     parser.add_argument("--dtype", nargs="+", default=["bfloat16"], choices=["float32", "bfloat16"])
     parser.add_argument(
         "--muon-ns-dtype", nargs="+", default=["float32"], choices=["float32", "bfloat16"]
     )
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--steps", type=int, default=10, help="profiled steps per row")
+    parser.add_argument("--threads", type=count, default=torch.get_num_threads())
+    parser.add_argument("--steps", type=count, default=10, help="profiled steps per row")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     peaks = {name: matmul_peak_gflops(dtype=getattr(torch, name)) for name in args.dtype}
@@ -135,4 +138,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    _cli.run(main)

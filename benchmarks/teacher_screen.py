@@ -33,6 +33,7 @@ from vit.inference.evaluation import evaluate
 from vit.training.build import build_training_model, load_data, make_loaders, make_teacher
 from vit.training.settings import TrainConfig
 from vit.training.teacher_recipe import RECIPES
+from vit.utils.files import atomic_write_text
 from vit.utils.process_group import DistInfo
 
 # name -> (train.py's teacher settings, changes to its --teacher-recipe, what the row is); each
@@ -95,6 +96,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     _cli.check_data(parser, args.data)
     args.device = _cli.checked_device(parser, args.device)  # a torch.device from here on
     args.config = _cli.checked_config(parser, args.config)  # a TrainConfig from here on
+    _cli.check_json(parser, args.json)
     return args
 
 
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(measure(args, name, args.device))
         print(json.dumps(rows[-1]), flush=True)
         if args.json:  # after every row: a stopped screen keeps what it measured
-            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+            atomic_write_text(args.json, json.dumps(rows, indent=2) + "\n")
     print(
         "\n| row | params | GFLOP | epochs x images | seconds | images/s | top-1 | flip TTA "
         "| flip-shift TTA |"

@@ -31,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+import _cli
 import torch
 import torch.nn.functional as F
 import yaml
@@ -42,11 +43,12 @@ from vit.training.build import build_mixup, build_training_model, load_data, mak
 from vit.training.checkpoint import TEACHER_FILE
 from vit.training.distillation import load_teacher, teacher_logits
 from vit.training.settings import TrainConfig, mixup_on_for_epoch
+from vit.utils.files import atomic_write_text
 from vit.utils.process_group import DistInfo
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = _cli.parser(__doc__)
     parser.add_argument("runs", nargs="+", type=Path, help="run folders of train.py with a teacher")
     parser.add_argument(
         "--epochs", type=int, nargs="+", default=[0], help="the epochs' batches (0: the first)"
@@ -61,7 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=None, help="PyTorch's threads")
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    _cli.check_json(parser, args.json)
+    return args
 
 
 def run_config(run: Path, changes: dict | None = None) -> TrainConfig:
@@ -162,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"teacher_targets.py: {e}")
         print(json.dumps(rows[-1]), flush=True)
         if args.json:  # after every run: a stopped measurement keeps what it measured
-            args.json.write_text(json.dumps(rows, indent=2) + "\n")
+            atomic_write_text(args.json, json.dumps(rows, indent=2) + "\n")
     print("\n| run | teacher | images | top-1 | cross-entropy | top probability |")
     print("|---|---|---|---:|---:|---:|")
     for row in rows:
@@ -182,4 +186,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.run(main)

@@ -20,7 +20,9 @@ import timm
 import torch
 
 import vit
+from vit.cli.flags import number_in
 from vit.models.registry import MODELS
+from vit.utils.ranges import AT_LEAST_1
 
 FAMILIES = ("dinov2", "clip", "siglip", "deit", "deit3")
 
@@ -48,7 +50,7 @@ def relative_errors(name: str, batch_size: int, max_depth: int | None) -> list[f
     """[fused, explicit] at the native size, then at a resampled one for family models."""
     family = MODELS[name].family in FAMILIES
     kwargs = dict(dynamic_img_size=True) if family else dict(num_classes=10)
-    if max_depth and MODELS[name].arch["depth"] > max_depth:
+    if max_depth is not None and MODELS[name].arch["depth"] > max_depth:
         kwargs["depth"] = max_depth
     torch.manual_seed(0)
     theirs = timm.create_model(name, **kwargs).eval()
@@ -70,8 +72,9 @@ def main(argv: list[str] | None = None) -> None:
         "--models", nargs="+", help="names of vit.list_models() that timm has (default: all)"
     )
     parser.add_argument("--families", action="store_true", help="only the family models")
-    parser.add_argument("--batch-size", type=int, default=2)
-    parser.add_argument("--max-depth", type=int, default=None, help="cap blocks (cost only)")
+    count = number_in(AT_LEAST_1)  # no image or no block: nothing to compare
+    parser.add_argument("--batch-size", type=count, default=2)
+    parser.add_argument("--max-depth", type=count, default=None, help="cap blocks (cost only)")
     args = parser.parse_args(argv)
     _cli.check_names(parser, "--models", args.models or [], standard)
     if args.models is None:
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         args.models = in_family if args.families else standard
     print(
         f"torch={torch.__version__} timm={timm.__version__} float32 batch={args.batch_size}"
-        + (f" max_depth={args.max_depth}" if args.max_depth else "")
+        + (f" max_depth={args.max_depth}" if args.max_depth is not None else "")
     )
     print("| model | fused SDPA | explicit softmax | resampled, fused | resampled, explicit |")
     print("|---|---:|---:|---:|---:|")

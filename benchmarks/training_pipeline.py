@@ -41,14 +41,16 @@ import yaml
 from torch.autograd import DeviceType
 from training_throughput import parse_shape
 
-from vit.cli.flags import train_setting
+from vit.cli.flags import number_in, train_setting
 from vit.data.workers import usable_cores
 from vit.training.build import start
 from vit.training.checkpoint import CheckpointSaver
 from vit.training.engine import start_epoch, train_one_epoch
 from vit.training.settings import TrainConfig
+from vit.utils.files import atomic_write_text
 from vit.utils.messages import one_line
 from vit.utils.process_group import DistInfo
+from vit.utils.ranges import AT_LEAST_0, AT_LEAST_1
 
 ROOT = Path(__file__).resolve().parents[1]
 # A row's pipeline: a YAML recipe, with settings of its own after a colon. The speedrun with
@@ -252,11 +254,12 @@ def main(argv: list[str] | None = None) -> None:
         help="'config' (the YAML's model) or e.g. '192d-9L-12h-r2' (width, depth, heads, MLP "
         "ratio; '-p2' after it for patches of 2 pixels); rows with each",
     )
-    parser.add_argument("--images", type=int, default=20480, help="training images per epoch")
-    parser.add_argument("--epochs", type=int, default=2, help="timed epochs per row")
+    count = number_in(AT_LEAST_1)
+    parser.add_argument("--images", type=count, default=20480, help="training images per epoch")
+    parser.add_argument("--epochs", type=count, default=2, help="timed epochs per row")
     parser.add_argument(
         "--workers",
-        type=int,
+        type=number_in(AT_LEAST_0),
         default=max(0, min(12, usable_cores() - 2)),
         help="loader processes of a per-image pipeline (default: cores - 2, at most 12, as "
         "scripts/gpu_check.sh's train stage)",
@@ -277,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     _cli.check_data(parser, args.data)
     device = _cli.checked_device(parser, args.device)
+    _cli.check_json(parser, args.json)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     environment = {"device": name, "torch": torch.__version__, "images": args.images}
     rows = []
@@ -293,7 +297,9 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append({"config": path, "shape": shape, "error": described(error)})
             if args.json:
                 record = {"environment": environment, "rows": rows}
-                args.json.write_text(json.dumps(record, indent=1))
+                # atomically: gpu_check.sh stops this benchmark with SIGINT at its deadline,
+                # which must find the last rows' file whole, never half rewritten
+                atomic_write_text(args.json, json.dumps(record, indent=1))
     print(
         f"{_cli.machine(device)}; torch {torch.__version__}; {args.images} images an epoch, "
         f"median of {args.epochs} epochs after one warm-up; bfloat16 autocast on a GPU"

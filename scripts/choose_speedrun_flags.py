@@ -41,6 +41,7 @@ import yaml
 
 from vit.cli.flags import ArgumentParser, key_value, number_in, unwritable
 from vit.training.settings import flag_name
+from vit.utils.files import atomic_write_text
 from vit.utils.ranges import POSITIVE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         recipe["time_budget"] = min(recipe["time_budget"], args.time_budget)
     choice = choose(pipeline, recipe)
     if args.json:
-        args.json.write_text(json.dumps(choice, indent=1))
+        atomic_write_text(args.json, json.dumps(choice, indent=1))
     for row in choice["refused"]:
         print(f"  not chosen: {row['config']} ({row['shape']}): {row['why']}", file=sys.stderr)
     if choice["row"] is None:

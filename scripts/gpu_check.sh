@@ -68,7 +68,8 @@
 # flags, time box, wall seconds, every epoch with its time since the command started, when it
 # first reached 90, 93 and 94%, top-1 single view and with TTA, how many runs shared the GPU),
 # "pipeline" and "speedrun_choice".
-# Last, any stage: the records as tables (scripts/gpu_report.py).
+# Last, any stage: the environment and the speedrun's records (speedrun, pipeline,
+# speedrun_choice) as tables (scripts/gpu_report.py); the other records are in the JSON only.
 # The finetune stage (issue 40; docs/training.md): benchmarks/finetune_table.py on all of
 # CIFAR-10 at 224 px, 3 epochs, --amp: probe then fine-tune with layer decay (the probe's
 # accuracy its epoch 0), the head alone, full with layer decay, from VIT_GPU_BACKBONE (default
@@ -162,14 +163,21 @@ pack_backbone() {  # here: a transformers folder's weights in bfloat16 (half the
     to="$BACKBONE/$(basename "$from")"
     mkdir -p "$to"
     "$PYTHON" - "$from" "$to" <<'PY'
-import shutil, sys
+import os, shutil, sys
 from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 source, target = Path(sys.argv[1]), Path(sys.argv[2])
 tensors = load_file(source / "model.safetensors")
 halved = {k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}
-save_file(halved, target / "model.safetensors", metadata={"format": "pt"})
+# written beside, then renamed: a stopped pack leaves the earlier file or none, never half of
+# one for the next call to carry
+tmp = target / "model.safetensors.tmp"
+try:
+    save_file(halved, tmp, metadata={"format": "pt"})
+    os.replace(tmp, target / "model.safetensors")
+finally:
+    tmp.unlink(missing_ok=True)
 for name in ("config.json", "preprocessor_config.json"):
     if (source / name).is_file():
         shutil.copy(source / name, target / name)
@@ -341,7 +349,9 @@ EOF
 
 unpack_data() {  # the CIFAR-10 JPEGs into $DATA, from the carried pack (or an earlier call's)
     if [ -f "$PACKED" ]; then
-        "$PYTHON" scripts/pack_cifar10.py --unpack "$PACKED" "$DATA"
+        # --overwrite: images a warm machine unpacked from an earlier pack are replaced (those of
+        # this pack are kept as they are; a folder the packer did not write is still refused)
+        "$PYTHON" scripts/pack_cifar10.py --unpack "$PACKED" "$DATA" --overwrite
     elif [ ! -f "$DATA/.unpacked" ]; then  # (a warm machine keeps an earlier call's images)
         say "no $PACKED: run 'bash scripts/gpu_check.sh --pack' where the data is, carry $BUILD"
         return 1
@@ -687,10 +697,11 @@ run_finetune() {  # issue 40 on a GPU: the backbone on all of CIFAR-10, its prob
         return 0
     fi
     cores="$(nproc)"
+    # --overwrite: OUTDIR/finetune is this script's own folder, run again by a later call
     # shellcheck disable=SC2086  # VIT_GPU_FINETUNE_ARGS: flags, split on spaces
     "$PYTHON" benchmarks/finetune_table.py --backbone "$backbone" \
         --model "${VIT_GPU_BACKBONE_MODEL:-vit_small_patch14_dinov2}" --data "$DATA" \
-        --out "$OUTDIR/finetune" --device "$DEVICE" \
+        --out "$OUTDIR/finetune" --overwrite --device "$DEVICE" \
         --workers "${VIT_GPU_WORKERS:-$(( cores > 14 ? 12 : (cores > 2 ? cores - 2 : 0) ))}" \
         --img-size 224 --train-images 50000 --test-images 10000 --epochs 3 --batch-size 128 \
         --rows "probe, then full with layer decay 0.65" "head only (--trainable-blocks 0)" \
@@ -705,7 +716,8 @@ for STAGE in "${STAGES[@]}"; do
     "run_$STAGE"
 done
 
-# last, since the device tool's reply carries the end of the output: the records as tables
+# last, since the device tool's reply carries the end of the output: the speedrun's records
+# as tables
 if [ -f "$JSON" ]; then "$PYTHON" scripts/gpu_report.py "$JSON" || true; fi
 echo "== done ($(date -u +%T)); ${FAILED[*]:-no} failed stage(s); $JSON"
 [ ${#FAILED[@]} -eq 0 ]

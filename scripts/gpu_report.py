@@ -29,6 +29,13 @@ ATTEMPT_FIELDS = ("seed", "status", "wall_seconds", "epochs", "top1", "tta_top1"
 ROW_FIELDS = ("config", "shape", "images_per_s", "ms_per_step", "data_wait_share")
 FAILED_ROW_FIELDS = ("config", "shape", "error")
 CHOICE_FIELDS = ("row", "flags", "expected_epochs", "together")
+# the fields the tables format as numbers: (field, whether null is accepted: an empty cell)
+ATTEMPT_NUMBERS = (("wall_seconds", False), ("top1", True), ("tta_top1", True))
+ROW_NUMBERS = (
+    ("images_per_s", False), ("ms_per_step", False), ("data_wait_share", False),
+    ("gpu_busy_share", True), ("warm_up_seconds", True), ("train_loss", True),
+)  # fmt: skip
+CHOICE_NUMBERS = (("gpu_busy_share", True),)
 
 
 def percent(value: float | None) -> str:
@@ -134,8 +141,23 @@ def choice_line(choice: dict) -> str:
     )
 
 
+def not_a_number(record: dict, fields: tuple[tuple[str, bool], ...]) -> str | None:
+    """The first of `fields` in `record` that is not a number (nor null where that is
+    accepted), said as: 'top1' is "x", not a number or null; None if all are."""
+    for field, nullable in fields:
+        value = record.get(field)
+        if field not in record or (value is None and nullable):
+            continue
+        # bool is an int to Python, not a figure to a table
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            accepted = "a number or null" if nullable else "a number"
+            return f"'{field}' is {json.dumps(value)}, not {accepted}"
+    return None
+
+
 def missing_field(records: object) -> str | None:
-    """What the tables need that `records` lacks ("speedrun[0] has no 'status'"), or None."""
+    """What the tables need that `records` lacks ("speedrun[0] has no 'status'", or a field
+    that is not the number a table formats), or None."""
     if not isinstance(records, dict) or not any(records.get(key) for key in SECTIONS):
         return f"holds none of {', '.join(SECTIONS)} (not a gpu_check.json)"
     speedrun, pipeline = records.get("speedrun") or [], records.get("pipeline") or {}
@@ -145,19 +167,31 @@ def missing_field(records: object) -> str | None:
         return "'speedrun' is not a list of attempts"
     if not isinstance(pipeline, dict) or not isinstance(pipeline.get("rows", []), list):
         return "'pipeline' is not an object with a list of 'rows'"
-    checks = [(f"speedrun[{i}]", run, ATTEMPT_FIELDS) for i, run in enumerate(speedrun)]
+    # (where, the record, the fields it must have, those of them formatted as numbers)
+    checks = [
+        (f"speedrun[{i}]", run, ATTEMPT_FIELDS, ATTEMPT_NUMBERS) for i, run in enumerate(speedrun)
+    ]
     for i, row in enumerate(pipeline.get("rows", [])):
         failed = isinstance(row, dict) and "error" in row
-        checks.append((f"pipeline row {i}", row, FAILED_ROW_FIELDS if failed else ROW_FIELDS))
+        fields, numbers = (FAILED_ROW_FIELDS, ()) if failed else (ROW_FIELDS, ROW_NUMBERS)
+        checks.append((f"pipeline row {i}", row, fields, numbers))
     if choice := records.get("speedrun_choice"):
         chosen = isinstance(choice, dict) and choice.get("row") is not None
-        checks.append(("speedrun_choice", choice, CHOICE_FIELDS if chosen else ()))
-    for where, record, fields in checks:
+        checks.append(("speedrun_choice", choice, CHOICE_FIELDS if chosen else (), CHOICE_NUMBERS))
+    for where, record, fields, numbers in checks:
         if not isinstance(record, dict):
             return f"{where} is not an object"
         for field in fields:
             if field not in record:
                 return f"{where} has no '{field}'"
+        if problem := not_a_number(record, numbers):
+            return f"{where}: {problem}"
+    for i, run in enumerate(speedrun):
+        reached = run.get("first_reached_s") or {}
+        if not isinstance(reached, dict):
+            return f"speedrun[{i}]: 'first_reached_s' is not an object"
+        if problem := not_a_number(reached, tuple((key, True) for key in reached)):
+            return f"speedrun[{i}]: 'first_reached_s': {problem}"
     for i, run in enumerate(speedrun):
         epochs = run["epochs"]
         if epochs and not (isinstance(epochs, list) and "epoch" in (epochs[-1] or {})):

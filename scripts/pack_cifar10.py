@@ -12,7 +12,10 @@ without the per-file overhead of a tar (a 512-byte header and padding each). The
 `offsets` (N + 1,) int64 and `data` the JPEG bytes one after another; `--unpack` writes the
 same image folder again, byte for byte, which train.py reads as it reads the original
 (`--data FOLDER`): the package needs no new data format. build/ is ignored by git: the file is
-never committed. scripts/gpu_check.sh unpacks it on the GPU machine.
+never committed. scripts/gpu_check.sh unpacks it on the GPU machine. A folder unpacked before
+from the same images (its `.unpacked` file holds their digest) is kept as it is; one unpacked
+from other images is replaced only with --overwrite. The script runs from any checkout as
+`python3 scripts/pack_cifar10.py`, with the package not installed (as on the GPU machine).
 
 A mistake (no such folder, an output that exists: a file without --overwrite, or a folder) is
 one line and status 2; Ctrl-C is one line and status 130. Nothing half-written is left (both
@@ -22,19 +25,25 @@ directions write a temporary file or folder, then rename, and remove it if stopp
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from vit.utils.files import marked_write_dir
-
 ROOT = Path(__file__).resolve().parents[1]
+# `python3 scripts/pack_cifar10.py` puts scripts/, not the repository, on sys.path, and the GPU
+# machine's image has no vit installed: the package is this checkout's
+sys.path.insert(0, str(ROOT))
+
+from vit.utils.files import marked_write_dir  # noqa: E402  (after the path above)
+
 DEFAULT_SOURCE = ROOT.parent / "shared" / "data" / "cifar10-jpg"
 DEFAULT_OUTPUT = ROOT / "build" / "gpu" / "cifar10-jpg.npz"
 SPLITS = ("train", "test")
-DONE = ".unpacked"  # written last into an unpacked folder: its image count
+DONE = ".unpacked"  # written last into an unpacked folder: its image count and their digest
 UNPACKING = ".unpacking"  # written first into the temporary folder: it is this script's own
 KEYS = ("paths", "offsets", "data")
 
@@ -87,25 +96,45 @@ def read_packed(packed: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ) from None
 
 
-def unpack(packed: Path, destination: Path) -> int:
+def digest(names: np.ndarray, offsets: np.ndarray, data: np.ndarray) -> str:
+    """The SHA-256 of a pack's paths, offsets and bytes: the same images give the same digest
+    however the file was compressed (a zip records when it was written)."""
+    sha = hashlib.sha256()
+    for array in (names, offsets, data):
+        sha.update(np.ascontiguousarray(array).tobytes())
+    return sha.hexdigest()
+
+
+def unpack(packed: Path, destination: Path, overwrite: bool = False) -> int:
     """Write the image folder held in `packed` to `destination`; its image count. A folder
-    already unpacked from a file of the same count is kept as it is."""
+    already unpacked from the same images is kept as it is; one this script unpacked from
+    others is replaced where `overwrite`."""
     names, offsets, data = read_packed(packed)
+    done = f"{len(names)} {digest(names, offsets, data)}"
     marker = destination / DONE
-    if marker.is_file() and marker.read_text().strip() == str(len(names)):
+    ours = marker.is_file()
+    # the digest, not the count: another pack of as many images must not keep the old ones
+    if ours and marker.read_text().strip() == done:
         return len(names)
-    if destination.exists():
+    if ours and not overwrite:
+        raise ValueError(
+            f"{destination}: unpacked from other images than {packed}'s; add --overwrite to "
+            f"replace it, or unpack elsewhere"
+        )
+    if destination.exists() and not ours:
         raise ValueError(
             f"{destination} exists and is not a folder unpacked from {packed}; remove it or "
             f"unpack elsewhere"
         )
+    if ours:  # stopped after this, the folder is absent, never a mixture: unpacked next time
+        shutil.rmtree(destination)
 
     def write(folder: Path) -> None:
         for i, name in enumerate(names):
             path = folder / name.decode()
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data[offsets[i] : offsets[i + 1]].tobytes())
-        (folder / DONE).write_text(f"{len(names)}\n")
+        (folder / DONE).write_text(f"{done}\n")
 
     # a killed unpack's .FOLDER.tmp is removed, one this script did not make refused
     tmp = destination.with_name(f".{destination.name}.tmp")
@@ -125,14 +154,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--unpack", nargs=2, type=Path, metavar=("FILE", "FOLDER"), help="write FILE's images"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output, or a FOLDER --unpack wrote from other images",
+    )
     args = parser.parse_args(argv)
     try:
         if args.unpack:
             packed, destination = args.unpack
             if not packed.is_file():
                 raise ValueError(f"--unpack {packed}: no such file; make it with this script")
-            count = unpack(packed, destination)
+            count = unpack(packed, destination, args.overwrite)
             print(f"{destination}: {count} images")
         else:
             if args.per_class is not None and args.per_class < 1:

@@ -120,3 +120,13 @@ def test_dinov2_section_falls_back_to_random_weights_and_says_so(tmp_path, monke
     assert model.preprocess.input_size == (224, 224)
     heads = last_block_attention(model, torch.zeros(1, 3, 224, 224))
     assert heads.shape == (1, 6, 16, 16)
+
+
+def test_attention_notebook_without_the_test_images_names_their_folder(tmp_path):
+    """A checkout without ../shared/data: the images' cell stops on a line naming the folder,
+    not on a tensor error further down."""
+    notebook = nbformat.read(NOTEBOOKS / "attention_maps.ipynb", as_version=4)
+    (cell,) = [c for c in notebook.cells if c.cell_type == "code" and "candidates" in c.source]
+    missing = tmp_path / "shared" / "data" / "cifar10-jpg" / "test"
+    with pytest.raises(AssertionError, match=f"no CIFAR-10 test images at {missing}"):
+        exec(cell.source, {"TEST_DIR": missing})

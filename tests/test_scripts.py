@@ -58,13 +58,40 @@ def test_finetune_rows_write_where_the_user_pointed_from_any_folder(monkeypatch,
     args = argparse.Namespace(
         out=Path("ft"), data="data", model="vit_tiny_patch16_224", img_size=32, train_images=10,
         test_images=10, epochs=1, batch_size=2, warmup_epochs=0, workers=0, device="cpu",
-        seed=0, threads=1, model_kwargs=[], backbone="bb",
+        seed=0, threads=1, model_kwargs=[], backbone="bb", overwrite=False,
     )  # fmt: skip
     args.out.mkdir()
     row = table.run_row("full fine-tuning", table.ROWS["full fine-tuning"], args)
     assert row["ema_top1"] == 0.5
     assert (tmp_path / "ft" / "full-fine-tuning" / "metrics.csv").is_file()
     assert not (ROOT / "ft").exists()
+
+
+def test_finetune_table_keeps_an_earlier_run_unless_overwrite(monkeypatch, tmp_path, capsys):
+    """A row's folder under --out that holds a run (the user's, an earlier table's) is refused
+    before any row; with --overwrite, train.py is told to replace it."""
+    table = script(monkeypatch, "benchmarks", "finetune_table")
+    run, calls = fake_train(tmp_path)
+    monkeypatch.setattr(table.subprocess, "run", run)
+    kept = tmp_path / "ft" / "full-fine-tuning"
+    kept.mkdir(parents=True)
+    (kept / "config.yaml").write_text("seed: 7\n")
+    argv = ["finetune_table.py", "--backbone", "bb", "--model", "vit_tiny_patch16_224"]
+    argv += ["--data", "data", "--out", str(tmp_path / "ft"), "--rows", "full fine-tuning"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        table.main()
+    assert stopped.value.code == 2 and calls == []
+    assert str(kept) in one_line(capsys.readouterr().err)
+    assert (kept / "config.yaml").read_text() == "seed: 7\n"
+    monkeypatch.setattr(sys, "argv", [*argv, "--overwrite"])
+    table.main()
+    assert "--overwrite" in calls[0][0]
+
+
+def test_gpu_check_finetune_passes_overwrite_for_its_own_folder():
+    text = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    assert '--out "$OUTDIR/finetune" --overwrite' in text
 
 
 def test_speedrun_proxy_runs_where_the_user_is_and_fails_when_a_run_fails(
@@ -102,6 +129,34 @@ def test_speedrun_proxy_refuses_a_data_folder_before_any_run(monkeypatch, tmp_pa
         proxy.main()
     assert stopped.value.code == 2 and calls == [] and not output.exists()
     assert "--data" in one_line(capsys.readouterr().err)
+
+
+def test_cpu_ablation_paths_mean_what_they_meant_as_typed_and_a_failed_row_is_one_line(
+    monkeypatch, tmp_path, image_folder
+):
+    """Relative --data and --out are the current folder's, not the repository's (where train.py
+    runs); a row whose train.py fails ends the benchmark with one line naming the row and its
+    log, not a CalledProcessError."""
+    ablation = script(monkeypatch, "benchmarks", "cpu_ablation")
+    monkeypatch.setattr(ablation, "load_split", lambda *args, **kwargs: None)  # no cache here
+    calls = []
+
+    def failing(cmd, *args, cwd=None, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(ablation.subprocess, "run", failing)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").symlink_to(image_folder)
+    with pytest.raises(SystemExit) as stopped:
+        ablation.main(["--data", "data", "--rows", "recipe", "--out", "abl"])
+    log = tmp_path / "abl" / "recipe-seed0.log"
+    assert one_line(str(stopped.value.code)).endswith(f"row recipe seed 0: train.py failed "
+                                                      f"(exit status 1); see {log}")  # fmt: skip
+    cmd = calls[0]
+    assert cmd[cmd.index("--data") + 1] == str(tmp_path / "data")
+    assert cmd[cmd.index("--output-dir") + 1] == str(tmp_path / "abl" / "recipe-seed0")
+    assert log.is_file() and not (ROOT / "abl").exists()
 
 
 # -- scripts/pack_cifar10.py ----------------------------------------------------------------------
@@ -183,6 +238,42 @@ def test_unpack_keeps_a_temporary_folder_it_did_not_make(monkeypatch, tiny_folde
     assert (tmp_path / "out" / "train" / "cat" / "1.jpg").read_bytes() == b"jpeg 1"
 
 
+def test_unpack_replaces_images_of_another_pack_of_as_many_only_with_overwrite(
+    monkeypatch, tiny_folder, tmp_path, capsys
+):
+    """A folder unpacked from other images is told by their digest, not their count: kept
+    whole without --overwrite (one line), replaced with it; the same images are kept as they are."""
+    pack = script(monkeypatch, "scripts", "pack_cifar10")
+    first, second, out = tmp_path / "a.npz", tmp_path / "b.npz", tmp_path / "out"
+    assert pack.main(["--source", str(tiny_folder), "--output", str(first)]) == 0
+    (tiny_folder / "train" / "cat" / "1.jpg").write_bytes(b"another cat")  # as many images
+    assert pack.main(["--source", str(tiny_folder), "--output", str(second)]) == 0
+    assert pack.main(["--unpack", str(first), str(out)]) == 0
+    assert pack.main(["--unpack", str(second), str(out)]) == 2
+    assert "--overwrite" in one_line(capsys.readouterr().err)
+    assert (out / "train" / "cat" / "1.jpg").read_bytes() == b"jpeg 1"
+    assert pack.main(["--unpack", str(second), str(out), "--overwrite"]) == 0
+    assert (out / "train" / "cat" / "1.jpg").read_bytes() == b"another cat"
+    (out / "mine.txt").write_text("kept")  # the same images again: the folder is not rewritten
+    assert pack.main(["--unpack", str(second), str(out), "--overwrite"]) == 0
+    assert (out / "mine.txt").read_text() == "kept"
+
+
+def test_pack_runs_where_vit_is_not_installed(tiny_folder, tmp_path):
+    """As on the GPU machine, whose image has numpy but no vit: `python3 scripts/pack_cifar10.py`
+    from another folder, with no site (-S: no installed vit) and numpy on PYTHONPATH alone."""
+    site_packages = Path(np.__file__).resolve().parents[1]
+    packed = tmp_path / "c.npz"
+    done = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "scripts" / "pack_cifar10.py"), "--source",
+            str(tiny_folder), "--output", str(packed)],
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(site_packages)},
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert packed.is_file()
+
+
 # -- benchmarks/plot_cpu_recipe.py ----------------------------------------------------------------
 @pytest.fixture
 def recipe_run(tmp_path) -> tuple[Path, Path]:
@@ -251,6 +342,39 @@ def test_the_recipe_plot_refuses_a_missing_run_and_a_non_image_name(
     assert not (tmp_path / "x.txt").exists()
 
 
+def test_the_recipe_plot_keeps_an_existing_image_unless_overwrite(
+    monkeypatch, recipe_run, tmp_path, capsys
+):
+    plot = script(monkeypatch, "benchmarks", "plot_cpu_recipe")
+    run, log = recipe_run
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"my own figure")
+    argv = ["p", "--run", str(run), "--log", str(log), "--out", str(mine)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        plot.main()
+    assert stopped.value.code == 2 and "--overwrite" in one_line(capsys.readouterr().err)
+    assert mine.read_bytes() == b"my own figure"
+    monkeypatch.setattr(sys, "argv", [*argv, "--overwrite"])
+    plot.main()
+    assert mine.read_bytes().startswith(b"\x89PNG")  # whole, through a temporary file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.png", "pets", "run", "train.log"]
+
+
+def test_the_recipe_plot_names_the_epochs_its_log_lacks(monkeypatch, recipe_run, tmp_path, capsys):
+    """Another run's log, or a resumed run's restarted one: one line, not a KeyError."""
+    plot = script(monkeypatch, "benchmarks", "plot_cpu_recipe")
+    run, log = recipe_run
+    with open(run / "metrics.csv", "a") as f:
+        f.write("3,1.2,0.5,0.55\n")
+    argv = ["p", "--run", str(run), "--log", str(log), "--out", str(tmp_path / "c.png")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        plot.main()
+    assert stopped.value.code == 2 and "epoch(s) 3 of --run" in one_line(capsys.readouterr().err)
+    assert not (tmp_path / "c.png").exists()
+
+
 # -- scripts/choose_speedrun_flags.py -------------------------------------------------------------
 ROW = {
     "config": "configs/cifar10_gpu_speedrun.yaml:graph_step=true", "shape": "config",
@@ -306,6 +430,38 @@ def test_the_speedrun_chooser_says_when_there_are_no_rows(monkeypatch, tmp_path,
             "pipeline row 0 has no 'images_per_s'",
         ),
         ({"speedrun_choice": {"row": "x"}}, "speedrun_choice has no 'flags'"),
+        # a field a table formats as a number, given as something else
+        (
+            {
+                "pipeline": {
+                    "rows": [
+                        {
+                            "config": "a",
+                            "shape": "b",
+                            "images_per_s": None,
+                            "ms_per_step": 1,
+                            "data_wait_share": 0,
+                        }
+                    ]
+                }
+            },
+            "pipeline row 0: 'images_per_s' is null, not a number",
+        ),
+        (
+            {
+                "speedrun": [
+                    {
+                        "seed": 0,
+                        "status": 0,
+                        "wall_seconds": 1,
+                        "epochs": [],
+                        "top1": "x",
+                        "tta_top1": None,
+                    }
+                ]
+            },
+            "speedrun[0]: 'top1' is \"x\", not a number or null",
+        ),
     ],
 )
 def test_gpu_report_names_the_file_and_the_missing_field(
