@@ -331,6 +331,29 @@ def test_get_intermediate_layers_gives_timms_numbers_with_timms_keywords(one_thr
         ours.get_intermediate_layers(x, return_class_token=True, return_prefix_tokens=True)
 
 
+def test_intermediate_maps_of_a_non_square_grid_are_timms_with_rows_and_columns_in_place(
+    one_thread,
+):
+    """A 4x6 grid (56x84 input, 14-px patches): tokens reshaped as gw x gh rows instead of
+    gh x gw give scrambled positions, which square inputs (every other test's) cannot show."""
+    theirs, ours = timm_and_ours("vit_small_patch14_reg4_dinov2", img_size=(56, 84), **TIMM_TINY)
+    x = images(56, 84)
+    with torch.no_grad():
+        maps = ours.forward_intermediates(x, indices=2, intermediates_only=True)
+        reference = theirs.forward_intermediates(x, indices=2, intermediates_only=True)
+        tokens = ours.forward_intermediates(x, indices=2, output_fmt="NLC", intermediates_only=True)
+        layers = ours.get_intermediate_layers(x, n=2, reshape=True, norm=True)
+        reference_layers = theirs.get_intermediate_layers(x, n=2, reshape=True, norm=True)
+    pairs = [*zip(maps, reference, strict=True), *zip(layers, reference_layers, strict=True)]
+    for mine, theirs_map in pairs:
+        assert mine.shape == theirs_map.shape == (2, 32, 4, 6)
+        assert relative_error(mine, theirs_map) <= RTOL
+    for patch_map, patch_tokens in zip(maps, tokens, strict=True):
+        assert patch_tokens.shape == (2, 24, 32)  # prefix (class, 4 registers) left out
+        for i, j in [(0, 5), (3, 0), (2, 4)]:  # row i, column j is token i * gw + j
+            assert torch.equal(patch_map[:, :, i, j], patch_tokens[:, i * 6 + j])
+
+
 # -- timm: features_only, pretrained_cfg, set_input_size, resolve_model_data_config ---------------
 @pytest.mark.parametrize(
     ("name", "out_indices"),

@@ -504,6 +504,24 @@ def test_patch_map_with_readout_weights_by_hand():
     torch.testing.assert_close(patch_map(matrix, (1, 2), 1, one_hot), patch_map(matrix, (1, 2), 1))
 
 
+def test_avg_readout_of_a_class_token_model_averages_the_patch_rows_only():
+    """An average-pooled head with a class token kept (an MAE backbone fine-tuned with avg
+    pooling) reads the patch tokens only: the class token's row is no part of its map."""
+    matrix = torch.eye(5)[None].clone()  # (1, 5, 5): each patch reads only itself
+    matrix[0, 0] = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0])  # the class token reads patch 0
+    expected = torch.full((1, 2, 2), 0.25)  # mean of the 4 patch rows, on the patch columns
+    torch.testing.assert_close(patch_map(matrix, (2, 2), 1, "avg"), expected, rtol=0, atol=0)
+    # end to end: a 2x2-patch model with a class token and avg pooling, attention forced
+    model = tiny_model(img_size=(8, 8), global_pool="avg")
+    assert model.num_prefix_tokens == 1
+    layers = random_attention(batch=1, heads=1, n=5, depth=2, seed=3)
+    rolled = rollout_matrix(layers, num_prefix_tokens=1)[0]  # (5, 5)
+    expected = rolled[1:].mean(dim=0)[1:].reshape(1, 2, 2)
+    torch.testing.assert_close(
+        run_forced(model, [a[0, 0] for a in layers]), expected.expand(2, 2, 2)
+    )
+
+
 def test_drop_tokens_removes_rows_and_columns_and_renormalises():
     a = torch.tensor(A1)[None, None]  # (1, 1, 3, 3): drop token 1 (a "register")
     got = drop_tokens(a, [1])

@@ -316,6 +316,18 @@ def test_original_dinov2_resampling_uses_its_offset():
         resample_pos_embed(pos, (16, 16), method="nearest")
 
 
+@pytest.mark.parametrize("method", ["timm", "transformers", "torchvision", "dinov2"])
+def test_every_resampling_takes_a_square_grid_to_a_non_square_one_of_as_many_tokens(method):
+    """Without old_size the old grid is square: 17 tokens are a class token and 4x4, and a
+    2x8 target of as many tokens is another grid, resampled, not the embeddings as they are."""
+    posemb = torch.randn(1, 17, 8, generator=torch.Generator().manual_seed(0))
+    ours = resample_pos_embed(posemb, (2, 8), method=method)
+    assert ours.shape == posemb.shape and not torch.equal(ours, posemb)
+    given = resample_pos_embed(posemb, (2, 8), old_size=(4, 4), method=method)
+    torch.testing.assert_close(ours, given, rtol=0, atol=0)
+    assert torch.equal(resample_pos_embed(posemb, (4, 4), method=method), posemb)
+
+
 # -- the original DINOv2 and OpenCLIP layouts -----------------------------------------------------
 def original_dinov2_state_dict(hf_state: dict) -> dict:
     """transformers' DINOv2 names -> facebookresearch/dinov2's (the inverse of transformers'

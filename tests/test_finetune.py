@@ -396,6 +396,20 @@ def test_headless_backbones_fine_tune_with_their_papers_readout(name, pool, tmp_
     assert build_training_model(TrainConfig(**settings), ["a", "b"]).global_pool == "token"
 
 
+def test_average_pooled_weights_give_their_fc_norm_to_a_class_token_models_norm(tmp_path):
+    """The other direction of the move above: a model fine-tuned with avg pooling (fc_norm)
+    loaded into one that reads the class token normalises every token with that norm."""
+    torch.manual_seed(0)
+    source = vit.VisionTransformer(**TINY, global_pool="avg")
+    with torch.no_grad():  # not LayerNorm's initial ones and zeros: the values must travel
+        source.fc_norm.weight.normal_(), source.fc_norm.bias.normal_()
+    weights = vit.save_weights(source, tmp_path / "avg.safetensors")
+    target = vit.VisionTransformer(**TINY, global_pool="token")
+    vit.load_weights(target, weights)
+    assert torch.equal(target.norm.weight, source.fc_norm.weight)
+    assert torch.equal(target.norm.bias, source.fc_norm.bias)
+
+
 def source_of(kind: str, folder: Path, monkeypatch) -> tuple[list[str], dict]:
     """(train.py's model flags, the source's own state dict) for weights read from `kind`:
     timm's name through an offline Hugging Face cache, or a transformers folder; each at two

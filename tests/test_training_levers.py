@@ -8,7 +8,7 @@ import timm
 import torch
 
 import vit
-from vit.data.batch_pipeline import InMemoryBatches, random_crop
+from vit.data.batch_pipeline import InMemoryBatches, random_crop, random_erase
 from vit.data.batch_randaugment import apply_ops
 from vit.data.transforms import AugmentConfig, train_transform
 from vit.models.registry import Preprocess
@@ -131,6 +131,31 @@ def test_random_crop_shifts_each_image_inside_its_padding(mode):
         assert any(torch.equal(out[i], w) for w in windows)
     if mode == "reflect":  # nothing black comes in from the edges: every pixel is the image's
         assert set(out.unique().tolist()) <= set(x.unique().tolist())
+    # and over many images every one of the (2 pad + 1)^2 offsets occurs, the last ones too
+    many = x[:1].expand(300, 1, 5, 5)
+    out = random_crop(many, pad=2, generator=torch.Generator().manual_seed(1), mode=mode)
+    windows = {
+        (dy, dx): padded[0, :, dy : dy + 5, dx : dx + 5] for dy in range(5) for dx in range(5)
+    }
+    seen = {next(at for at, w in windows.items() if torch.equal(image, w)) for image in out}
+    assert seen == set(windows)
+
+
+@pytest.mark.parametrize("height,width", [(8, 32), (32, 8)])
+def test_random_erasing_boxes_take_each_side_from_that_side_of_non_square_images(height, width):
+    """A box is 10-40% of the image's height tall and 10-40% of its width wide: on a 8x32
+    image at most 3 rows and 12 columns, boxes on average 4-5 times as wide as tall."""
+    x = torch.zeros(64, 3, height, width)
+    out = random_erase(x, 1.0, torch.Generator().manual_seed(0))
+    erased = out != 0  # the noise replaces the zeros
+    assert torch.equal(erased, erased[:, :1].expand_as(erased))  # every channel alike
+    rows = erased[:, 0].any(dim=2).sum(dim=1).float()  # (B,) rows the box covers
+    cols = erased[:, 0].any(dim=1).sum(dim=1).float()
+    assert torch.equal(erased[:, 0].sum(dim=(1, 2)).float(), rows * cols)  # one rectangle
+    assert rows.min() >= 1 and rows.max() <= int(0.4 * height)
+    assert cols.min() >= 1 and cols.max() <= int(0.4 * width)
+    long, short = (cols, rows) if width > height else (rows, cols)
+    assert 3.5 < long.mean() / short.mean() < 5.5  # measured 4.5 and 5.0 (sides floored)
 
 
 def test_the_per_image_crop_pads_as_the_batch_pipeline_does():

@@ -9,6 +9,7 @@ from conftest import RTOL, relative_error
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vit
+from vit.models.layers import DropPath
 from vit.models.registry import MODELS
 
 # Every plain ViT name that timm also has (the families: tests/test_families.py).
@@ -162,6 +163,28 @@ def test_attention_paths_agree_in_training_mode_without_dropout():
     assert model.blocks[0].attn.qkv.weight.grad is not None
 
 
+def test_attention_dropout_is_off_in_eval_on_both_paths():
+    """attn_drop_rate > 0 must drop attention weights in training only: the fused path hands
+    SDPA its dropout_p itself, so eval() has to zero it there (nn.Dropout does it on the other)."""
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(
+        img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, attn_drop_rate=0.5
+    )
+    randomise_head(model)
+    x = torch.randn(2, 3, 32, 32)
+    model.eval()
+    with torch.no_grad():
+        fused = model(x)
+        assert torch.equal(model(x), fused)  # no randomness left in evaluation
+        model.set_fused_attn(False)
+        explicit = model(x)
+        assert relative_error(fused, explicit) <= RTOL  # and nothing dropped on either path
+        model.train()
+        assert not torch.allclose(model(x), model(x))  # explicit path drops in training
+        model.set_fused_attn(True)
+        assert not torch.allclose(model(x), model(x))  # and so does the fused one
+
+
 def test_explicit_path_hands_out_attention_probabilities():
     model = vit.VisionTransformer(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
     model.set_fused_attn(False)
@@ -222,8 +245,28 @@ def test_drop_path_is_identity_in_eval_and_stochastic_in_training():
     x = torch.randn(2, 3, 16, 16)
     model.eval()
     torch.testing.assert_close(model(x), model(x))
+    plain = vit.VisionTransformer(
+        img_size=16, patch_size=4, embed_dim=32, depth=4, num_heads=2, num_classes=3
+    )
+    plain.load_state_dict(model.state_dict())
+    assert torch.equal(model(x), plain.eval()(x))  # the identity: as if there were no DropPath
     model.train()
     assert not torch.allclose(model(x), model(x))
+
+
+def test_drop_path_drops_whole_samples_and_rescales_the_kept_ones_by_one_over_keep_prob():
+    """Stochastic depth, not dropout: one draw per sample zeroes its whole branch, and a kept
+    branch is scaled by 1/keep_prob so that training matches evaluation on average."""
+    torch.manual_seed(0)
+    x = torch.ones(4000, 5, 7)
+    layer = DropPath(0.25)
+    assert torch.equal(layer.eval()(x), x)  # the identity in evaluation
+    y = layer.train()(x)
+    assert (y == y[:, :1, :1]).all()  # each sample all kept or all dropped
+    kept = y[:, 0, 0] != 0
+    assert torch.equal(y[kept], torch.full_like(y[kept], 1 / 0.75))  # rescaled by 1/keep_prob
+    assert abs(kept.float().mean().item() - 0.75) < 0.03  # a quarter of the samples dropped
+    assert abs(y.mean().item() - 1.0) < 0.03  # expectation unchanged
 
 
 def test_reset_classifier_and_no_weight_decay():

@@ -250,11 +250,16 @@ def test_a_headless_checkpoint_keeps_the_fresh_head(caplog):
         # as many tokens, another grid: resampled (a square one was taken for unchanged)
         ((4, 4), (2, 8), 1),
         ((2, 8), (2, 8), 1),
+        # a square 4x4 grid (assumed without old_size) to 2x8 or 8x2: as many tokens, resampled
+        ((2, 8), None, 1),
+        ((8, 2), (4, 4), 1),
+        ((8, 2), (2, 8), 0),  # transposed
     ],
 )
 def test_resample_matches_timm(new_size, old_size, prefix):
     torch.manual_seed(0)
-    tokens = (old_size[0] * old_size[1] if old_size else 196) + prefix
+    square = 16 if new_size[0] * new_size[1] == 16 else 196  # a 4x4 or 14x14 grid
+    tokens = (old_size[0] * old_size[1] if old_size else square) + prefix
     posemb = torch.randn(1, tokens, 32)
     ours = vit.resample_abs_pos_embed(posemb, new_size, old_size, num_prefix_tokens=prefix)
     theirs = timm_resample(posemb, new_size, old_size, num_prefix_tokens=prefix)
