@@ -3,6 +3,7 @@ and the relative error every equivalence test bounds (`from conftest import rela
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib
 from pathlib import Path
@@ -12,6 +13,14 @@ import pytest
 import torch
 from PIL import Image
 from torch.utils._python_dispatch import TorchDispatchMode
+
+# onnxruntime.transformers appends its own folder to sys.path when first imported (its modules
+# import each other by bare name). Imported first inside a test whose monkeypatch restores
+# sys.path (a benchmark importing onnxruntime.quantization), that entry went with the restore,
+# and every later --optimize export failed: "No module named 'fusion_options'". Imported here,
+# before any test, the entry stays.
+with contextlib.suppress(ImportError):
+    import onnxruntime.transformers  # noqa: F401
 
 CLASSES = ("blue", "green", "red")
 
