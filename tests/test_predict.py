@@ -568,7 +568,7 @@ def test_a_model_that_pools_nothing_embeds_its_class_token_and_nothing_else(
         (classifier_path, "--features", str(out), "--embedding", "clstoken"): "every token",
         (backbone_path, "--features", str(out)): "--embedding pooled: the model does not pool",
         (backbone_path, "--features", str(out), "--embedding", "output"): "--embedding output",
-        (backbone_path, "--explain", str(tmp_path / "maps")): "no one readout",
+        (backbone_path, "--explain", str(tmp_path / "maps")): "explanations follow the rows",
     }
     for (path, *flags), said in refused.items():
         assert main([image, "--checkpoint", str(path), *flags]) == 2

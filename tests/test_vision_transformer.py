@@ -92,6 +92,24 @@ def test_logits_match_timm_for_other_geometries(kwargs):
     assert_same_logits_as_timm(vit.VisionTransformer(**kwargs), theirs)
 
 
+@pytest.mark.parametrize("global_pool", ["avgmax", "max"])
+def test_timms_max_pools_match_timm(global_pool):
+    """timm's "avgmax" and "max" readouts (refused before): fc_norm after them as timm puts it,
+    the same logits, and pool() and reset_classifier() taking them too."""
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+    torch.manual_seed(0)
+    theirs = TimmViT(**kwargs, global_pool=global_pool)
+    randomise_head(theirs)
+    ours = vit.VisionTransformer(**kwargs, global_pool=global_pool)
+    assert isinstance(ours.fc_norm, torch.nn.LayerNorm) and isinstance(ours.norm, torch.nn.Identity)
+    assert_same_logits_as_timm(ours, theirs)
+    tokens = torch.randn(2, 17, 32)
+    for pool_type in ("avgmax", "max", "avg"):
+        assert torch.equal(ours.pool(tokens, pool_type), theirs.pool(tokens, pool_type))
+    ours.reset_classifier(4, "max")
+    assert ours.global_pool == ours.config.global_pool == "max" and ours.num_classes == 4
+
+
 @pytest.mark.parametrize("global_pool", ["token", "avg"])
 def test_norm_eps_reaches_every_layernorm_and_matches_timm_bit_for_bit(global_pool):
     kwargs = dict(

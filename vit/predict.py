@@ -163,6 +163,7 @@ from .cli.flags import (
 )
 from .cli.model_argument import model_from_flags
 from .data.images import expand_image_paths
+from .explain.readout import unexplained_readout
 from .inference.embed import (
     POOL_HINT,
     POOLS_NOTHING,
@@ -275,14 +276,14 @@ def check_explain_targets(args: argparse.Namespace, paths: list[Path]) -> None:
 
 def check_pooled(args: argparse.Namespace, model: VisionTransformer) -> None:
     """A model that pools nothing (global_pool='') gives a row per token: without a head it
-    embeds (the class token's choices of --embedding), but it classifies and explains nothing."""
-    if not pools_nothing(model):
-        return
-    if model.num_classes > 0:
+    embeds (the class token's choices of --embedding), but it classifies nothing. --explain
+    needs a readout whose attention rows a map can follow (not "", "max" or "avgmax")."""
+    if pools_nothing(model) and model.num_classes > 0:
         given = f"--checkpoint {args.checkpoint}" if args.checkpoint else f"--model {args.model}"
         raise InputError(f"{given}: {POOLS_NOTHING}, its head classifying every token; {POOL_HINT}")
-    if args.explain is not None:
-        raise InputError(f"--explain {args.explain}: {POOLS_NOTHING}, no one readout; {POOL_HINT}")
+    problem = args.explain is not None and unexplained_readout(model)
+    if problem:
+        raise InputError(f"--explain {args.explain}: {problem}")
 
 
 def check_headless(args: argparse.Namespace, model: VisionTransformer) -> None:

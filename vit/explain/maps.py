@@ -36,7 +36,7 @@ from torch import nn
 
 from ..models.families import readout_of
 from .capture import AttentionRecord, Similarity, Target, record_attention
-from .readout import grid_of, num_registers, readout_tokens
+from .readout import grid_of, num_registers, readout_tokens, unexplained_readout
 from .rollout import (
     HeadFusion,
     drop_tokens,
@@ -85,11 +85,9 @@ def _prepare(
             pool_gradient = drop_tokens(pool_gradient, dropped, renormalize=False)
         prefix -= registers
     global_pool = readout_of(model).pool
-    if global_pool not in ("token", "avg", "map"):
-        raise ValueError(
-            f"global_pool={global_pool!r}: the model does not pool its tokens into one readout "
-            "to explain; explanations need global_pool 'token', 'avg' or 'map'"
-        )
+    problem = unexplained_readout(model)
+    if problem:
+        raise ValueError(problem)
     if global_pool == "map" and pool_attention is None:
         raise ValueError("global_pool='map' but no attention-pool probabilities were captured")
     return _Prepared(

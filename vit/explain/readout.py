@@ -21,6 +21,21 @@ def num_registers(model: nn.Module) -> int:
     return int(count or 0)
 
 
+EXPLAINED_POOLS = ("token", "avg", "map")  # readouts whose attention rows a map can follow
+
+
+def unexplained_readout(model: nn.Module) -> str | None:
+    """Why the model's readout cannot be explained (no rows of attention it reads: a max pool,
+    or no pooling at all), or None where it can."""
+    pool = readout_of(model).pool
+    if pool in EXPLAINED_POOLS:
+        return None
+    return (
+        f"global_pool={pool!r}: explanations follow the rows of attention the head reads, and "
+        "this readout has none; they need global_pool 'token', 'avg' or 'map'"
+    )
+
+
 def readout_tokens(model: nn.Module) -> list[int]:
     """The token rows a class-token head reads, as the model's family record says
     (`vit.models.families.readout_of`): the class token (0), and for a distilled model (DeiT) the

@@ -76,16 +76,17 @@ class ViTConfig:
     patch_size: int | tuple[int, int] = 16
     in_chans: int = 3
     num_classes: int = 1000
-    # "token": the class token; "avg": mean of the patch tokens; "map": an attention-pool readout
-    # (SigLIP); "": no pooling, the head sees every token
-    global_pool: Literal["token", "avg", "map", ""] = "token"
+    # "token": the class token; "avg": mean of the patch tokens ("max": their maximum, "avgmax":
+    # the mean of both, timm's); "map": an attention-pool readout (SigLIP); "": no pooling, the
+    # head sees every token
+    global_pool: Literal["token", "avg", "avgmax", "max", "map", ""] = "token"
     embed_dim: int = 768
     depth: int = 12
     num_heads: int = 12
     mlp_ratio: float = 4.0
     qkv_bias: bool = True
     class_token: bool = True
-    fc_norm: bool | None = None  # None: timm's default, a norm after pooling only for "avg"
+    fc_norm: bool | None = None  # None: timm's default, a norm after pooling the patch tokens
     init_values: float | None = None  # LayerScale on both residual branches (DINOv2, DeiT III)
     reg_tokens: int = 0  # register tokens after the class token (DINOv2 with registers)
     no_embed_class: bool = False  # position embeddings for the patches only (DeiT III, DINOv2-reg)
@@ -113,7 +114,7 @@ class ViTConfig:
     @property
     def uses_fc_norm(self) -> bool:
         """Whether the final LayerNorm comes after pooling (fc_norm) instead of before it."""
-        return self.global_pool == "avg" if self.fc_norm is None else bool(self.fc_norm)
+        return self.global_pool in PATCH_POOLS if self.fc_norm is None else bool(self.fc_norm)
 
 
 class PatchEmbed(nn.Module):
@@ -325,7 +326,8 @@ class Block(nn.Module):
         return x
 
 
-GLOBAL_POOLS = ("token", "avg", "map", "")
+GLOBAL_POOLS = ("token", "avg", "avgmax", "max", "map", "")
+PATCH_POOLS = ("avg", "avgmax", "max")  # pools over the patch tokens: fc_norm after them
 
 
 class VisionTransformer(nn.Module):
@@ -382,7 +384,8 @@ class VisionTransformer(nn.Module):
             nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps) if cfg.pre_norm else nn.Identity()
         )
         self.blocks = _make_blocks(cfg)
-        # timm's layout: the final norm sits before pooling, or after it (fc_norm) for "avg"
+        # timm's layout: the final norm sits before pooling, or after it (fc_norm) for a pool
+        # over the patch tokens
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(cfg.embed_dim, eps=cfg.norm_eps)
         self.attn_pool = (  # SigLIP's readout
             AttentionPoolLatent(
@@ -458,7 +461,8 @@ class VisionTransformer(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         """Replace the head(s) with fresh (zero) ones for `num_classes` (0 removes them).
 
-        global_pool may switch between "token", "avg" and "" (no pooling); a model built with
+        global_pool may switch between "token", "avg", "avgmax", "max" and "" (no pooling); a
+        model built with
         an attention pool ("map") loses it when switched away, and cannot gain one.
         """
         if global_pool is not None:
@@ -757,8 +761,8 @@ class VisionTransformer(nn.Module):
 
     def pool(self, x: torch.Tensor, pool_type: str | None = None) -> torch.Tensor:
         """Tokens (B, N, D) -> pooled features (B, D) by the model's readout ("": unchanged), or
-        by `pool_type` ("token", "avg", "") where given, as timm's; an attention pool ("map")
-        reads the tokens whatever is asked."""
+        by `pool_type` ("token", "avg", "avgmax", "max", "") where given, as timm's; an attention
+        pool ("map") reads the tokens whatever is asked."""
         if self.attn_pool is not None:  # SigLIP: a learned query over the patch tokens
             return self.attn_pool(x[:, self.num_prefix_tokens :])  # (B, D)
         if pool_type is not None:
@@ -766,8 +770,13 @@ class VisionTransformer(nn.Module):
             if pool_type == "map":
                 raise ValueError("pool_type='map' needs a model built with global_pool='map'")
         pool_type = self.global_pool if pool_type is None else pool_type
+        patches = x[:, self.num_prefix_tokens :]  # (B, gh*gw, D)
         if pool_type == "avg":
-            return x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, D)
+            return patches.mean(dim=1)  # (B, D)
+        if pool_type == "max":
+            return patches.amax(dim=1)  # (B, D)
+        if pool_type == "avgmax":  # timm's order of operations: the same float32 values
+            return 0.5 * (patches.amax(dim=1) + patches.mean(dim=1))  # (B, D)
         if pool_type == "token":
             return x[:, 0]  # the class token, (B, D)
         return x  # "": every token, (B, N, D)
