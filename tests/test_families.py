@@ -288,7 +288,7 @@ def test_distilled_and_register_switches_refuse_what_timm_cannot_express():
     with pytest.raises(ValueError, match="act_layer must be one of"):
         vit.VisionTransformer(act_layer="relu")
     with pytest.raises(ValueError, match="global_pool must be one of"):
-        vit.VisionTransformer(global_pool="max")
+        vit.VisionTransformer(global_pool="mean")
 
 
 # -- names, tags, pretrained weights, transforms ------------------------------------------------
