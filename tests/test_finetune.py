@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import fake_hub_cache, read_rows, stop_after_first_save
+from conftest import CLASSES, fake_hub_cache, read_rows, stop_after_first_save
 from safetensors.torch import load_file
 
 import vit
@@ -273,6 +273,8 @@ def test_validation_split_is_stratified_seeded_and_apart_from_training(image_fol
         ((*TINY_KWARGS, "global_pool=''"), "the model outputs every token, not one prediction"),
         # as a shell passes `global_pool=''` on: it was None ("got None")
         ((*TINY_KWARGS, "global_pool="), "the model outputs every token, not one prediction"),
+        # weights of another width than --model's (its default, never typed): name the way out
+        ((*TINY_KWARGS, "embed_dim=64"), "needs its architecture as --model NAME"),
     ],
 )
 def test_bad_fine_tuning_settings_are_one_line_and_write_nothing(
@@ -459,6 +461,36 @@ def test_fine_tunes_from_a_timm_name_and_a_transformers_folder(
         assert torch.equal(end["blocks.0.attn.qkv.weight"], source["blocks.0.attn.qkv.weight"])
     trained = f"blocks.{last}.attn.qkv.weight"
     assert not torch.equal(end[trained], source[trained])
+
+
+def test_a_kept_head_answers_for_the_data_classes_its_weights_record(
+    image_folder, tmp_path, train_script, caplog
+):
+    """A head of the data's size was kept whatever classes its weights recorded: fine-tuning
+    on the same classes in another order (or on others) trained each row for another class.
+    The same classes get the rows in the data's order; other classes a new head."""
+    source = tiny()
+    torch.nn.init.normal_(source.head.weight)
+    torch.nn.init.normal_(source.head.bias)
+    reversed_names = list(reversed(CLASSES))  # the data's are ("blue", "green", "red")
+    path = vit.save_weights(source, tmp_path / "w.safetensors", class_names=reversed_names)
+    loaded = vit.create_model("vit_cifar_patch4_32", pretrained=path, **TINY)
+    assert loaded.class_names == reversed_names  # the kept head's classes, as the file says
+    head = load_file(path)
+    for names, out in ((reversed_names, "reordered"), (["cat", "dog", "emu"], "new")):
+        path = vit.save_weights(source, tmp_path / f"{out}.safetensors", class_names=names)
+        tiny_rate = ("--lr", "1e-12", "--min-lr", "0")
+        args = finetune_args(image_folder, tmp_path / out, path, 1, *tiny_rate)
+        with caplog.at_level("INFO", logger="vit"):
+            assert train_script.main(args) == 0
+        model = vit.load_model(tmp_path / out / "model.safetensors")
+        weight = model.head.weight.detach()
+        if out == "reordered":  # a learning rate of 1e-12: the rows as they started
+            assert "its rows put in --data's order" in caplog.text
+            torch.testing.assert_close(weight, head["head.weight"].flip(0), rtol=0, atol=1e-9)
+        else:
+            assert "3-class head answered for other classes (cat, dog, emu)" in caplog.text
+            assert weight.abs().max() < 1e-6  # a new (zero) head, barely moved
 
 
 def test_val_split_needs_no_test_split(image_folder, pretrained, tmp_path, train_script):

@@ -402,6 +402,26 @@ def test_ctrl_c_stops_the_run_even_where_its_exception_was_swallowed(
     assert "stopped after epoch 2 of 4" in capsys.readouterr().err
 
 
+def test_ctrl_c_right_after_an_epochs_row_waits_for_its_checkpoint(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
+):
+    """Ctrl-C between the first epoch's metrics row and its training state (~0.4-1 s) left the
+    row and weights with no state: the run 'held nothing to resume'. The state is written
+    first now, and the run resumes from epoch 1."""
+    logged = RunLog.epoch
+
+    def row_then_ctrl_c(self, row: dict, history: list[dict]) -> None:
+        logged(self, row, history)
+        if row["epoch"] == 1:
+            signal.raise_signal(signal.SIGINT)  # the run's handler, in this thread
+
+    monkeypatch.setattr(RunLog, "epoch", row_then_ctrl_c)
+    run = tmp_path / "run"
+    assert train_script.main(tiny_args(image_folder, run, 2, *RECIPE)) == 130
+    assert torch.load(run / "training_state.pt", weights_only=True)["epoch"] == 1
+    assert "stopped after epoch 1 of 2" in capsys.readouterr().err
+
+
 def test_ctrl_c_swallowed_after_the_last_write_still_ends_with_its_status(
     image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
 ):

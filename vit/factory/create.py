@@ -99,6 +99,9 @@ def create_model(
     model.model_name = name
     if checkpoint is not None:
         model.load_report = load_weights(model, checkpoint)
+        recorded = checkpoint.metadata.get("vit.class_names")  # our files record them
+        if recorded and not model.load_report.fresh_head and len(recorded) == model.num_classes:
+            model.class_names = list(recorded)  # the kept head's classes
     return FeatureMaps(model, out_indices) if features_only else model
 
 

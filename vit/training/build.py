@@ -29,7 +29,7 @@ from ..factory.timm_weights import PretrainedUnavailableError
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
 from ..inference.probe import stratified_holdout
-from ..interop.weights import WeightsMismatchError, names_in_source, read_metadata
+from ..interop.weights import HEAD_KEYS, WeightsMismatchError, names_in_source, read_metadata
 from ..models.cnn_teacher import CnnTeacher
 from ..models.families import fine_tuning_pool
 from ..models.initializers import mimetic_init_, sincos_pos_embed_, whiten_patch_embed_
@@ -59,6 +59,7 @@ from .finetune import describe_layer_decay, freeze_below, layer_lr_scales, probe
 from .optimizers import build_optimizer
 from .schedule import warmup_cosine
 from .settings import (
+    DEFAULT_MODEL,
     TrainConfig,
     evaluation_split,
     resolve_ema_decay,
@@ -230,12 +231,21 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
             raise ValueError(f"--model-kwargs: {e}") from e
         if "img_size" in getattr(e, "fields", ()) and cfg.img_size is not None:
             raise ValueError(f"--img-size {cfg.img_size}: {e}") from e
-        raise ValueError(f"--model {cfg.model}: {one_line(e)}") from e
+        hint = ""
+        if isinstance(weights, (str, Path)) and "another architecture" in str(e):
+            hint = (
+                f"; --pretrained {cfg.pretrained} needs its architecture as --model NAME "
+                f"(vit.list_models(); --model defaults to {DEFAULT_MODEL})"
+            )
+        raise ValueError(f"--model {cfg.model}: {one_line(e)}{hint}") from e
     if not model.global_pool:  # every token out, one prediction per image is what trains
         raise ValueError(
             f"--model {cfg.model} with global_pool='': the model outputs every token, not one "
             f"prediction per image; train with global_pool token, avg or map"
         )
+    said = fit_kept_head(model, class_names)
+    if said:
+        logger.info(said)
     model.class_names = list(class_names)
     if saved is not None and saved.get("vit.preprocess"):  # e.g. torchvision weights' own
         model.preprocess = Preprocess.from_dict(saved["vit.preprocess"])
@@ -253,6 +263,33 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
         if cfg.pos_embed == "sincos":
             sincos_pos_embed_(model)
     return model
+
+
+def fit_kept_head(model: VisionTransformer, class_names: list[str]) -> str | None:
+    """A pretrained head kept for its size answers for the classes its weights record
+    (`model.class_names`, where they do), which may not be --data's: the same classes in
+    another order get its rows in --data's order, other classes a new head (each row would
+    answer for another class). What was done, for the log; None where nothing was."""
+    recorded = list(getattr(model, "class_names", None) or ())
+    if not recorded or recorded == list(class_names):
+        return None
+    if sorted(recorded) == sorted(class_names):
+        order = torch.tensor([recorded.index(name) for name in class_names])
+        with torch.no_grad():
+            for head in (model.head, getattr(model, "head_dist", None)):
+                if isinstance(head, nn.Linear):
+                    head.weight.copy_(head.weight[order])
+                    head.bias.copy_(head.bias[order])
+        return "--pretrained's head: its rows put in --data's order of the same classes"
+    model.reset_classifier(len(class_names))
+    report = model.load_report  # the head is new: --trainable-blocks trains it, --resume knows
+    report.fresh_head = True
+    report.loaded = [key for key in report.loaded if key not in HEAD_KEYS]
+    return (
+        f"--pretrained's {len(recorded)}-class head answered for other classes "
+        f"({', '.join(recorded[:3])}{', ...' if len(recorded) > 3 else ''}) than --data's: "
+        f"a new head for --data's"
+    )
 
 
 def resumed_fine_tuning(cfg: TrainConfig) -> dict | None:

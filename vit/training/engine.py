@@ -33,6 +33,7 @@ from tqdm import tqdm
 
 from ..inference.evaluation import evaluate
 from ..utils import locks, process_group
+from ..utils.files import signals_held
 from ..utils.process_group import DistInfo
 from .build import (
     Run,
@@ -234,11 +235,14 @@ def run_epochs(run: Run, saver: CheckpointSaver, log: RunLog) -> dict:
         )
         kept_metrics = ema_test if state.ema is not None else test  # see TrainingState.kept
         improved = state.end_epoch(row, kept_metrics)
-        log.epoch(row, state.history)
-        saving = time.perf_counter()
-        if plans or improved or ends_period(epoch, cfg.checkpoint_interval, cfg.epochs):
-            saver.save(state, kept_metrics, improved)
-        checkpoint_seconds = time.perf_counter() - saving
+        # the epoch's row and its checkpoint are written together: a Ctrl-C between them once
+        # left a row (and weights) whose state was not saved, a first epoch lost whole
+        with signals_held():
+            log.epoch(row, state.history)
+            saving = time.perf_counter()
+            if plans or improved or ends_period(epoch, cfg.checkpoint_interval, cfg.epochs):
+                saver.save(state, kept_metrics, improved)
+            checkpoint_seconds = time.perf_counter() - saving
         paces.append(time.perf_counter() - began - evaluation_seconds - checkpoint_seconds)
         if plans:
             # the first epoch of a start compiles: the pace is the others', where it has any
