@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ import vit
 from vit.data.datasets import (
     CorruptImageError,
     ImageDataset,
+    files_digest,
     load_split,
     stratified_indices,
 )
@@ -454,3 +456,16 @@ def test_files_written_together_are_put_in_place_together_through_a_ctrl_c(
     assert (report.read_text(), matrix.read_text()) == ("new", "new")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "r.png"]
+
+
+def test_the_decode_cache_key_takes_a_name_that_is_not_utf8(tmp_path):
+    """train.py's decoded-images cache is named by a digest of the paths: a Latin-1 file name
+    (surrogate escapes) stopped every cached run with "'utf-8' codec can't encode", naming no
+    file. Its bytes count now; a UTF-8 name's digest is what it was (caches stay valid)."""
+    latin, plain = tmp_path / os.fsdecode(b"caf\xe9.png"), tmp_path / "cafe.png"
+    for path in (latin, plain):
+        path.write_bytes(b"x")
+    assert files_digest([latin]) != files_digest([plain])
+    stat = os.stat(plain)
+    line = f"{os.path.abspath(plain)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode()
+    assert files_digest([plain]) == hashlib.sha256(line).hexdigest()[:32]

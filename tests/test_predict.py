@@ -1,7 +1,10 @@
 """`python -m vit.predict` and `vit.data.images`: files, folders and globs; CSV/JSON records;
 attention PNGs; evaluate.py's top-1; clear messages for bad input."""
 
+import csv
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +21,7 @@ import vit
 from vit.data.datasets import load_split
 from vit.data.images import CorruptImageError, expand_image_paths, load_image, open_image
 from vit.data.transforms import EvalTransform
+from vit.inference.embed import read_features
 from vit.models.class_names import class_names_for
 from vit.predict import main
 
@@ -582,6 +586,24 @@ def test_a_model_that_pools_nothing_embeds_its_class_token_and_nothing_else(
     with np.load(out) as saved, torch.no_grad():
         expected = model.forward_features(x)[:, 0]  # (1, D): the normed class token
         torch.testing.assert_close(torch.from_numpy(saved["features"]), expected)
+
+
+def test_a_file_name_that_is_not_utf8_is_written_as_its_bytes(
+    varied_checkpoint, images, tmp_path, one_thread, capsys
+):
+    """A Latin-1 name from an old archive (Python's surrogate escapes, 'caf\\udce9.png'): the
+    CSV of --output and of --features stopped at it with a UnicodeEncodeError traceback."""
+    latin = tmp_path / "in" / os.fsdecode(b"caf\xe9.png")
+    latin.parent.mkdir()
+    shutil.copy(images[0], latin)
+    output, features = tmp_path / "top.csv", tmp_path / "f.csv"
+    argv = [str(latin.parent), "--checkpoint", str(varied_checkpoint), "--top-k", "1"]
+    assert main([*argv, "--output", str(output), "--features", str(features)]) == 0
+    assert b"caf\xe9.png" in output.read_bytes()  # the name's own bytes
+    with open(output, newline="", encoding="utf-8", errors="surrogateescape") as f:
+        assert [row["path"] for row in csv.DictReader(f)] == [str(latin)]
+    paths, rows = read_features(features)
+    assert paths.tolist() == [str(latin)] and rows.shape == (1, 32)
 
 
 def test_features_are_not_written_when_no_image_was_read(headless_checkpoint, tmp_path, capsys):

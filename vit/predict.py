@@ -585,7 +585,9 @@ def write_records(output: Path, top_k: int, produce: Callable[[Callable], T]) ->
 
     def write(tmp: Path) -> None:
         nonlocal result
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
+        # a file name that is not UTF-8 (Latin-1 from an old archive: Python's surrogate escapes)
+        # is written as its bytes, not refused mid-file
+        with open(tmp, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
             writer = RecordWriter(f, top_k, as_json=output.suffix.lower() == ".json")
             result = produce(writer.write)
             writer.close()

@@ -186,11 +186,13 @@ class ImageDataset(Dataset):
 
 
 def files_digest(paths: Sequence[Path]) -> str:
-    """A hash of the files' absolute paths, sizes and modification times, in order."""
+    """A hash of the files' absolute paths, sizes and modification times, in order. A name
+    that is not UTF-8 (Python's surrogate escapes) counts as its bytes."""
     digest = hashlib.sha256()
     for path in paths:
         stat = os.stat(path)
-        digest.update(f"{os.path.abspath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+        line = f"{os.path.abspath(path)}\0{stat.st_size}\0{stat.st_mtime_ns}\n"
+        digest.update(line.encode("utf-8", "surrogateescape"))
     return digest.hexdigest()[:32]
 
 

@@ -549,7 +549,8 @@ def _rows(keys, parts: Path, count: int) -> Iterator[tuple[str, list[float]]]:
 
 
 def _write_csv(tmp: Path, keys, parts: Path, count: int, rows: int, dim: int) -> None:
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    # a path that is not UTF-8 is written as its bytes (as predict's --output), read back so
+    with open(tmp, "w", newline="", encoding="utf-8", errors="surrogateescape") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["path", *(f"f{i}" for i in range(dim))])
         writer.writerows([key, *values] for key, values in _rows(keys, parts, count))
@@ -574,7 +575,7 @@ def read_features(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
         records = json.loads(path.read_text(encoding="utf-8"))
         keys = np.asarray([r["path"] for r in records], dtype=str)
         return keys, np.asarray([r["embedding"] for r in records], dtype=np.float32)
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
         rows = list(csv.reader(f))[1:]
     keys = np.asarray([r[0] for r in rows], dtype=str)
     return keys, np.asarray([r[1:] for r in rows], dtype=np.float32)
