@@ -422,20 +422,32 @@ def test_ctrl_c_right_after_an_epochs_row_waits_for_its_checkpoint(
     assert "stopped after epoch 1 of 2" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("where", ["last save", "log closed"])
 def test_ctrl_c_swallowed_after_the_last_write_still_ends_with_its_status(
-    image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
+    where, image_folder, tmp_path, train_script, tiny_args, monkeypatch, capsys
 ):
-    """The same swallowed Ctrl-C at the last epoch's save, after which no step checks for it:
-    the run once ended with status 0 as if no Ctrl-C had come. It is complete, and says so."""
-    original = checkpoint.save_training_state
+    """The same swallowed Ctrl-C at the last epoch's save (held until its files are written)
+    or once the run's log is closed, after which no step checks for it: the run once ended
+    with status 0 as if no Ctrl-C had come. It is complete, and says so."""
 
-    def save_then_swallowed_ctrl_c(state: dict, path: Path) -> None:
-        original(state, path)
-        if state["epoch"] == 2:
-            with contextlib.suppress(KeyboardInterrupt):  # as in a __del__
-                signal.raise_signal(signal.SIGINT)
+    def swallowed_ctrl_c() -> None:
+        with contextlib.suppress(KeyboardInterrupt):  # as in a __del__
+            signal.raise_signal(signal.SIGINT)
 
-    monkeypatch.setattr(checkpoint, "save_training_state", save_then_swallowed_ctrl_c)
+    if where == "last save":
+        original = checkpoint.save_training_state
+
+        def save_then_ctrl_c(state: dict, path: Path) -> None:
+            original(state, path)
+            if state["epoch"] == 2:
+                swallowed_ctrl_c()
+
+        monkeypatch.setattr(checkpoint, "save_training_state", save_then_ctrl_c)
+    else:
+        closed = RunLog.close
+        monkeypatch.setattr(
+            RunLog, "close", lambda self, **kw: (closed(self, **kw), swallowed_ctrl_c())
+        )
     run = tmp_path / "run"
     assert train_script.main(tiny_args(image_folder, run, 2, *RECIPE)) == 130
     err = capsys.readouterr().err.splitlines()[-1]

@@ -577,8 +577,7 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         # Ctrl-C after the run's last write (stop_on_interrupt raises it on the way out where
         # Python swallowed it): the run is complete, and the shell still hears of the signal
         stopped_by = process_group.stopped_by()
-        how = f"{signal_words(stopped_by)} after the last epoch, the run complete"
-        return said(info.is_main, f"{PROG}: {how}; {wrote(cfg)}", status=128 + stopped_by)
+        return said(info.is_main, complete_after(stopped_by, cfg), status=128 + stopped_by)
     except NonFiniteLossError as e:
         return said(info.is_main, f"{PROG}: stopped: {e}", status=1)
     except TrainingError as e:  # this process's own: it says so
@@ -600,9 +599,18 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         stopped_by = process_group.stopped_by()
         if not info.is_main:  # its process group broken by rank 0 leaving
             exit_without_teardown(128 + stopped_by)
+        if e.epoch is not None and e.epoch == e.epochs:  # held until the last epoch's files
+            return said(True, complete_after(stopped_by, cfg), status=128 + stopped_by)
         message = interrupted_message(e, info.world_size, signal_words(stopped_by))
         return said(info.is_main, message, status=128 + stopped_by)  # the shell's 130 and 143
     return said(info.is_main, f"{PROG}: {wrote(cfg)}", status=0)
+
+
+def complete_after(stopped_by: int, cfg: TrainConfig) -> str:
+    """A Ctrl-C or SIGTERM (`stopped_by`) that came once the last epoch's files were written:
+    the run is complete, and says what it wrote."""
+    how = signal_words(stopped_by)
+    return f"{PROG}: {how} after the last epoch, the run complete; {wrote(cfg)}"
 
 
 def wrote(cfg: TrainConfig) -> str:
