@@ -331,6 +331,22 @@ def test_get_intermediate_layers_gives_timms_numbers_with_timms_keywords(one_thr
         ours.get_intermediate_layers(x, return_class_token=True, return_prefix_tokens=True)
 
 
+def test_forward_intermediates_output_dict_is_timms(one_thread):
+    """timm's output_dict=True (a TypeError before): the same keys and tensors as timm's."""
+    theirs, ours = timm_and_ours("vit_small_patch14_reg4_dinov2", img_size=56, **TIMM_TINY)
+    x = images(56, 56)
+    for flags in (dict(), dict(return_prefix_tokens=True, intermediates_only=True, norm=True)):
+        with torch.no_grad():
+            mine = ours.forward_intermediates(x, indices=2, output_dict=True, **flags)
+            reference = theirs.forward_intermediates(x, indices=2, output_dict=True, **flags)
+        assert sorted(mine) == sorted(reference)
+        for key, value in reference.items():
+            values = value if isinstance(value, list) else [value]
+            mine_values = mine[key] if isinstance(value, list) else [mine[key]]
+            for a, b in zip(mine_values, values, strict=True):
+                assert relative_error(a, b) <= RTOL, key
+
+
 def test_intermediate_maps_of_a_non_square_grid_are_timms_with_rows_and_columns_in_place(
     one_thread,
 ):

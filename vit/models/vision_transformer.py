@@ -727,14 +727,18 @@ class VisionTransformer(nn.Module):
         stop_early: bool = False,
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
-    ) -> list | tuple[torch.Tensor, list]:
+        output_dict: bool = False,
+    ) -> list | tuple[torch.Tensor, list] | dict:
         """Block outputs for dense tasks, timm's signature and semantics.
 
         indices: the last n blocks if an int, these blocks (negative from the end) if a list,
             every block if None. norm: apply the final norm to each. output_fmt: "NCHW" gives
             patch maps (B, D, gh, gw), "NLC" patch tokens (B, gh*gw, D); with
             return_prefix_tokens each is a pair (patches, prefix (B, P, D)).
-        Returns the intermediates, or (forward_features output, intermediates).
+        Returns the intermediates, or (forward_features output, intermediates); with
+        output_dict, timm's dict of them: "image_intermediates", "image_intermediates_prefix"
+        (with return_prefix_tokens, where the model has prefix tokens) and "image_features"
+        (unless intermediates_only).
         """
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
@@ -755,6 +759,13 @@ class VisionTransformer(nn.Module):
             intermediates = [
                 y.reshape(B, gh, gw, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates
             ]  # (B, D, gh, gw)
+        if output_dict:
+            result = {"image_intermediates": intermediates}
+            if return_prefix_tokens and P:
+                result["image_intermediates_prefix"] = prefixes
+            if not intermediates_only:
+                result["image_features"] = self.norm(x)
+            return result
         if return_prefix_tokens and P:
             intermediates = list(zip(intermediates, prefixes, strict=True))
         return intermediates if intermediates_only else (self.norm(x), intermediates)
