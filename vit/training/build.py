@@ -26,6 +26,7 @@ from ..data.mixup import MixupCutmix, soft_target_cross_entropy
 from ..data.transforms import EvalTransform, train_transform
 from ..factory.create import create_model
 from ..factory.timm_weights import PretrainedUnavailableError
+from ..inference.embed import pools_nothing
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
 from ..inference.probe import stratified_holdout
@@ -238,7 +239,7 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
                 f"(vit.list_models(); --model defaults to {DEFAULT_MODEL})"
             )
         raise ValueError(f"--model {cfg.model}: {one_line(e)}{hint}") from e
-    if not model.global_pool:  # every token out, one prediction per image is what trains
+    if pools_nothing(model):  # every token out, one prediction per image is what trains
         raise ValueError(
             f"--model {cfg.model} with global_pool='': the model outputs every token, not one "
             f"prediction per image; train with global_pool token, avg or map"
