@@ -275,6 +275,8 @@ def test_validation_split_is_stratified_seeded_and_apart_from_training(image_fol
         ((*TINY_KWARGS, "global_pool="), "the model outputs every token, not one prediction"),
         # weights of another width than --model's (its default, never typed): name the way out
         ((*TINY_KWARGS, "embed_dim=64"), "needs its architecture as --model NAME"),
+        # the same width, another MLP: tensors of other shapes, the same way out
+        ((*TINY_KWARGS, "mlp_ratio=3"), "needs its architecture as --model NAME"),
     ],
 )
 def test_bad_fine_tuning_settings_are_one_line_and_write_nothing(

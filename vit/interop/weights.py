@@ -91,6 +91,11 @@ class WeightsMismatchError(KeyError):
         self.problem = problem
 
 
+class ArchitectureMismatchError(ValueError):
+    """Weights whose tensors have other shapes than the model's (another width, MLP ratio,
+    patch size...): weights of another architecture, which no loading switch adapts."""
+
+
 @dataclass
 class Checkpoint:
     """A source read and renamed to timm's names, with what it says about itself."""
@@ -407,7 +412,7 @@ def adapt_state_dict(
     regrid = old_grid is not None and tuple(old_grid) != tuple(model.grid_size)
     if pos is not None and (pos.shape != target["pos_embed"].shape or regrid):
         if pos.shape[-1] != target["pos_embed"].shape[-1]:
-            raise ValueError(
+            raise ArchitectureMismatchError(
                 f"pos_embed width {pos.shape[-1]} does not match the model's embed_dim "
                 f"{target['pos_embed'].shape[-1]}: these weights are for another architecture"
             )
@@ -534,7 +539,7 @@ def load_weights(
         if k in target and v.shape != target[k].shape
     ]
     if wrong_shape:
-        raise ValueError(
+        raise ArchitectureMismatchError(
             f"weights from {checkpoint.description} do not fit this model; shape mismatches:\n  "
             + "\n  ".join(wrong_shape)
         )

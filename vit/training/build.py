@@ -30,7 +30,13 @@ from ..inference.embed import pools_nothing
 from ..inference.evaluation import evaluate
 from ..inference.precision import autocast
 from ..inference.probe import stratified_holdout
-from ..interop.weights import HEAD_KEYS, WeightsMismatchError, names_in_source, read_metadata
+from ..interop.weights import (
+    HEAD_KEYS,
+    ArchitectureMismatchError,
+    WeightsMismatchError,
+    names_in_source,
+    read_metadata,
+)
 from ..models.cnn_teacher import CnnTeacher
 from ..models.families import fine_tuning_pool
 from ..models.initializers import mimetic_init_, sincos_pos_embed_, whiten_patch_embed_
@@ -233,7 +239,7 @@ def build_training_model(cfg: TrainConfig, class_names: list[str]) -> VisionTran
         if "img_size" in getattr(e, "fields", ()) and cfg.img_size is not None:
             raise ValueError(f"--img-size {cfg.img_size}: {e}") from e
         hint = ""
-        if isinstance(weights, (str, Path)) and "another architecture" in str(e):
+        if isinstance(weights, (str, Path)) and isinstance(e, ArchitectureMismatchError):
             hint = (
                 f"; --pretrained {cfg.pretrained} needs its architecture as --model NAME "
                 f"(vit.list_models(); --model defaults to {DEFAULT_MODEL})"
