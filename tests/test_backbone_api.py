@@ -392,6 +392,9 @@ def test_features_only_returns_timms_feature_maps(one_thread, name, out_indices)
     assert ours.feature_info.get_dicts() == theirs.feature_info.get_dicts(["module", "num_chs",
         "reduction"])  # fmt: skip
     assert ours.feature_info.channels(idx=[0, 1]) == theirs.feature_info.channels(idx=[0, 1])
+    for idx in (1, [0, 2]):
+        keyed = dict(keys=["num_chs", "module"], idx=idx)
+        assert ours.feature_info.get_dicts(**keyed) == theirs.feature_info.get_dicts(**keyed)
     assert len(ours.feature_info) == len(theirs.feature_info)
     # the model's preprocessing (0.5 means here), which timm's helpers once read as ImageNet's
     config = timm.data.resolve_model_data_config(ours)

@@ -27,25 +27,24 @@ class FeatureInfo:
         self.out_indices = tuple(indices)
         self.info = info  # one dict per block
 
-    def get(self, key: str, idx: int | Sequence[int] | None = None):
-        """`key` of each returned map (idx None), of block idx (an int), or of blocks idx."""
-        if idx is None:
-            return [self.info[i][key] for i in self.out_indices]
-        if isinstance(idx, (tuple, list)):
-            return [self.info[i][key] for i in idx]
-        return self.info[idx][key]
-
-    def get_dicts(self, keys: Sequence[str] | None = None, idx=None):
-        """The entries (only `keys` of each, where given), chosen by `idx` as in `get`."""
-
-        def entry(i: int) -> dict:
-            return self.info[i] if keys is None else {key: self.info[i][key] for key in keys}
-
+    def _select(self, entry, idx: int | Sequence[int] | None):
+        """`entry(i)` of each returned map (idx None), of block idx (an int), or of blocks idx."""
         if idx is None:
             return [entry(i) for i in self.out_indices]
         if isinstance(idx, (tuple, list)):
             return [entry(i) for i in idx]
         return entry(idx)
+
+    def get(self, key: str, idx: int | Sequence[int] | None = None):
+        """`key` of each returned map (idx None), of block idx (an int), or of blocks idx."""
+        return self._select(lambda i: self.info[i][key], idx)
+
+    def get_dicts(self, keys: Sequence[str] | None = None, idx=None):
+        """The entries (only `keys` of each, where given), chosen by `idx` as in `get`."""
+        return self._select(
+            lambda i: self.info[i] if keys is None else {key: self.info[i][key] for key in keys},
+            idx,
+        )
 
     def channels(self, idx=None):
         return self.get("num_chs", idx)
