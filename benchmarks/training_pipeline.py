@@ -236,7 +236,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = _cli.parser(__doc__)
     parser.add_argument("--data", required=True, help="an image folder (train/, test/)")
     parser.add_argument("--device", default="cuda")
@@ -277,6 +277,11 @@ def main(argv: list[str] | None = None) -> None:
         "CPU check of mechanics)",
     )
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     _cli.check_data(parser, args.data)
     device = _cli.checked_device(parser, args.device)
@@ -300,6 +305,13 @@ def main(argv: list[str] | None = None) -> None:
                 # atomically: gpu_check.sh stops this benchmark with SIGINT at its deadline,
                 # which must find the last rows' file whole, never half rewritten
                 atomic_write_text(args.json, json.dumps(record, indent=1))
+    print_table(rows, device, args)
+    if any("error" in row for row in rows):
+        sys.exit(1)
+
+
+def print_table(rows: list[dict], device: torch.device, args: argparse.Namespace) -> None:
+    """The rows as a Markdown table, under a line naming the machine and the settings."""
     print(
         f"{_cli.machine(device)}; torch {torch.__version__}; {args.images} images an epoch, "
         f"median of {args.epochs} epochs after one warm-up; bfloat16 autocast on a GPU"
@@ -319,8 +331,6 @@ def main(argv: list[str] | None = None) -> None:
             f"| {row['images_per_s']:,.0f} | {row['ms_per_step']:.2f} "
             f"| {100 * row['data_wait_share']:.0f}% | {busy} | {row['warm_up_seconds']:.1f} s |"
         )
-    if any("error" in row for row in rows):
-        sys.exit(1)
 
 
 if __name__ == "__main__":
