@@ -617,8 +617,10 @@ speedrun_attempt() {  # speedrun_attempt SEED EXTRA_FLAGS NAME: one timed train.
         status=75
     else
         # A box too short for the recipe's --time-budget: the run sets its epochs to end
-        # inside the box (BUDGET_INSIDE_BOX short of it).
-        if [ "$((box - BUDGET_INSIDE_BOX))" -lt "$(recipe_time_budget)" ]; then
+        # inside the box (BUDGET_INSIDE_BOX short of it). A --time-budget of the caller's own
+        # (none, with a fixed --epochs) is theirs: the box stops a run that runs past it.
+        if [[ " ${VIT_GPU_SPEEDRUN_ARGS:-} " != *" --time-budget "* ]] &&
+            [ "$((box - BUDGET_INSIDE_BOX))" -lt "$(recipe_time_budget)" ]; then
             extra="$extra --time-budget $((box - BUDGET_INSIDE_BOX))"
         fi
         echo "seed $seed: train.py ... ${VIT_GPU_SPEEDRUN_ARGS:-} $extra   (time box ${box} s)"

@@ -1994,6 +1994,21 @@ def test_gpu_check_gives_a_box_shorter_than_the_recipes_budget_a_budget_inside_i
     assert seed["flags"][-2:] == ["--time-budget", "40"] and seed["time_box_s"] == 60
     assert seed["status"] == 0 and seed["wall_seconds"] < 60
     assert len(seed["epochs"]) > 6  # more than the first guess: the budget filled
+    # a --time-budget of the caller's own is kept: `none` with --epochs 1 was refused by
+    # train.py ("--epochs 1 would end the run first") once a short box added its own
+    own = f"{tiny} --epochs 1 --warmup-epochs 0 --time-budget none {' '.join(TINY_KWARGS)}"
+    (tmp_path / "own").mkdir()
+    done, records = speedrun_stage(
+        image_folder,
+        tmp_path / "own",
+        VIT_GPU_SPEEDRUN_SECONDS="60",
+        VIT_GPU_PIPELINE="0",
+        VIT_GPU_FALLBACKS="",
+        VIT_GPU_SPEEDRUN_ARGS=own,
+    )
+    assert done.returncode == 0, done.stdout[-3000:]
+    (seed,) = records["speedrun"]
+    assert seed["flags"] == own.split() and seed["status"] == 0 and len(seed["epochs"]) == 1
 
 
 def test_gpu_check_speedrun_starts_nothing_it_has_no_time_for(image_folder, tmp_path):
