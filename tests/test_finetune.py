@@ -289,6 +289,27 @@ def test_bad_fine_tuning_settings_are_one_line_and_write_nothing(
     assert not out.exists()
 
 
+def test_trainable_blocks_beyond_the_depth_is_refused_before_weights_are_read(
+    image_folder, pretrained, tmp_path, train_script, capsys, monkeypatch
+):
+    """The depth is --model's (and --model-kwargs'): --trainable-blocks 4 of 3 blocks was
+    refused only once the pretrained weights were read (minutes, for large ones)."""
+    import vit.factory.create as create
+
+    read, original = [], create.read_checkpoint
+
+    def reading(source):
+        read.append(source)
+        return original(source)
+
+    monkeypatch.setattr(create, "read_checkpoint", reading)
+    args = finetune_args(image_folder, tmp_path / "run", pretrained, 1, "--trainable-blocks", "4")
+    assert exit_status(train_script.main, args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--trainable-blocks 4: the model has 3 blocks; give 0" in err[0], err
+    assert read == []
+
+
 @pytest.mark.parametrize("flag", [("--trainable-blocks", "0"), ("--head-init", "probe")])
 def test_head_only_or_probe_without_pretrained_weights_is_refused(
     image_folder, tmp_path, train_script, capsys, flag, tiny_args

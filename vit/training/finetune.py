@@ -70,15 +70,21 @@ def freeze_below(
     of parameters the pretrained weights did not give (the head, an attention pool the weights
     lacked): they always train, as a frozen random parameter helps nobody."""
     depth = len(model.blocks)
+    check_trainable_blocks(trainable_blocks, depth=depth)
+    first_trained = depth - trainable_blocks + 1  # the depth of the first block that trains
+    for name, depth_of in parameter_depths(model).items():
+        trains = depth_of >= first_trained if trainable_blocks else name.startswith(HEADS)
+        model.get_parameter(name).requires_grad_(trains or name in new)
+
+
+def check_trainable_blocks(trainable_blocks: int, depth: int) -> None:
+    """ValueError, in one line, where --trainable-blocks asks for more blocks than a model of
+    `depth` blocks has (or for fewer than none)."""
     if not 0 <= trainable_blocks <= depth:
         raise ValueError(
             f"--trainable-blocks {trainable_blocks}: the model has {depth} blocks; give 0 (the "
             f"head only) to {depth}, or leave it out to train every parameter"
         )
-    first_trained = depth - trainable_blocks + 1  # the depth of the first block that trains
-    for name, depth_of in parameter_depths(model).items():
-        trains = depth_of >= first_trained if trainable_blocks else name.startswith(HEADS)
-        model.get_parameter(name).requires_grad_(trains or name in new)
 
 
 def probe_head(
