@@ -244,6 +244,24 @@ def test_finetuning_run_logs_its_rates_and_probe_and_resumes_exactly(
     )
 
 
+def test_muon_layer_decay_logs_the_rates_muon_and_adamw_apply(
+    image_folder, pretrained, tmp_path, train_script, caplog
+):
+    """--opt muon with a --muon-lr of its own: the log's rates by depth were --lr's for every
+    parameter, where Muon's groups take --muon-lr's (and metrics.csv's lr is Muon's). Each
+    list now says whose rates it gives, and the column follows the one it names."""
+    run = tmp_path / "run"
+    muon = ("--opt", "muon", "--muon-lr", "2e-2", "--layer-decay", "0.5", "--min-lr", "1e-3")
+    with caplog.at_level("INFO", logger="vit"):  # --min-lr = --lr: the peak rates throughout
+        assert train_script.main(finetune_args(image_folder, run, pretrained, 1, *muon)) == 0
+    assert (
+        "(0: patch and position embeddings, prefix tokens; 1-3: the blocks; 4: the final norm "
+        "and head): Muon's matrices (top 0.02, metrics.csv's lr): 1: 0.0025, 2: 0.005, 3: 0.01; "
+        "the AdamW rest (top 0.001): 0: 6.25e-05, 1: 0.000125, 2: 0.00025, 3: 0.0005, 4: 0.001"
+    ) in caplog.text
+    assert float(read_rows(run / "metrics.csv")[-1]["lr"]) == pytest.approx(0.02)
+
+
 def test_validation_split_is_stratified_seeded_and_apart_from_training(image_folder, caplog):
     from vit.data.datasets import load_split
     from vit.training.build import validation_split
@@ -289,6 +307,27 @@ def test_bad_fine_tuning_settings_are_one_line_and_write_nothing(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+def test_trainable_blocks_beyond_the_depth_is_refused_before_weights_are_read(
+    image_folder, pretrained, tmp_path, train_script, capsys, monkeypatch
+):
+    """The depth is --model's (and --model-kwargs'): --trainable-blocks 4 of 3 blocks was
+    refused only once the pretrained weights were read (minutes, for large ones)."""
+    import vit.factory.create as create
+
+    read, original = [], create.read_checkpoint
+
+    def reading(source):
+        read.append(source)
+        return original(source)
+
+    monkeypatch.setattr(create, "read_checkpoint", reading)
+    args = finetune_args(image_folder, tmp_path / "run", pretrained, 1, "--trainable-blocks", "4")
+    assert exit_status(train_script.main, args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--trainable-blocks 4: the model has 3 blocks; give 0" in err[0], err
+    assert read == []
 
 
 @pytest.mark.parametrize("flag", [("--trainable-blocks", "0"), ("--head-init", "probe")])

@@ -18,7 +18,12 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import assert_close_weights, assert_resumes_exactly, read_rows
+from conftest import (
+    assert_close_weights,
+    assert_resumes_exactly,
+    read_rows,
+    stop_after_first_save,
+)
 
 import vit
 import vit.training.checkpoint as checkpoint
@@ -942,6 +947,24 @@ def test_a_runs_config_yaml_starts_the_same_run_again_and_train_log_keeps_its_li
     assert epochs == ["epoch 1/2", "epoch 2/2", "epoch 3/3"]
     assert sum(f"resumed {run} after epoch 2" in line for line in log) == 1
     assert "resumed" not in (again / "train.log").read_text()
+
+
+def test_a_resumed_run_leaves_its_config_yaml_as_it_was(
+    image_folder, tmp_path, train_script, tiny_args, monkeypatch
+):
+    """A resumed run reads its config.yaml and writes it again: --cache-dir ~/cache came back
+    expanded (/home/me/cache), the same settings in other bytes. It is kept as given, and the
+    cache is still the home folder's."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    run = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        stop_after_first_save(patch)
+        assert train_script.main(tiny_args(image_folder, run, 2, "--cache-dir", "~/cache")) == 130
+    written = (run / "config.yaml").read_bytes()
+    assert b"cache_dir: ~/cache\n" in written
+    assert train_script.main(["--resume", str(run)]) == 0
+    assert (run / "config.yaml").read_bytes() == written
+    assert (tmp_path / "home" / "cache").is_dir()
 
 
 def test_a_resumed_run_reads_its_image_folder_where_it_has_moved(

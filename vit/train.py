@@ -159,11 +159,11 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 
 # Settings that name files and folders: a YAML file's ~ is the user's home, as a shell's is.
-YAML_PATHS = ("data", "data_root", "pretrained", "teacher_path", "output_dir", "cache_dir")
-# The paths whose ~ a flag's value expands: a YAML file's but --cache-dir (argparse passes its
-# default, ~/.cache/vit, through the flag's type too; config.yaml keeps it so, and cache_path
-# expands it where it is used), and --resume's
-HOME_EXPANDED = (*(key for key in YAML_PATHS if key != "cache_dir"), "resume")
+# Not cache_dir's, which cache_path expands where it is used: config.yaml keeps it as given (the
+# default ~/.cache/vit too), so that a resumed run, which reads that file, writes it unchanged.
+YAML_PATHS = ("data", "data_root", "pretrained", "teacher_path", "output_dir")
+# The paths whose ~ a flag's value expands: a YAML file's, and --resume's
+HOME_EXPANDED = (*YAML_PATHS, "resume")
 
 
 def read_yaml_config(path: Path, run_folder: bool = False) -> dict:

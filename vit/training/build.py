@@ -400,8 +400,6 @@ def build_training_state(
     """AdamW, or Muon + AdamW (no decay on biases, norms, embeddings), warmup + cosine per
     step, a gradient scaler for float16 autocast, and the EMA, around `model`; nothing trained
     yet."""
-    if cfg.layer_decay is not None and info.is_main:
-        logger.info(describe_layer_decay(model, cfg.layer_decay, cfg.lr))
     optimizer = build_optimizer(
         model,
         resolve_optimizer(cfg),
@@ -415,6 +413,8 @@ def build_training_state(
         fused=device.type == "cuda" and not (cfg.graph_update or cfg.graph_step),
         lr_scales=None if cfg.layer_decay is None else layer_lr_scales(model, cfg.layer_decay),
     )
+    if cfg.layer_decay is not None and info.is_main:  # the rates its groups hold
+        logger.info(describe_layer_decay(model, cfg.layer_decay, optimizer))
     total_steps = cfg.epochs * steps_per_epoch
     schedule = build_schedule(cfg, steps_per_epoch)
     # A gradient scaler only for float16: bfloat16 has float32's range and needs none.

@@ -517,7 +517,10 @@ def accumulate_gradients(
 
 
 def top_lr(optimizer: torch.optim.Optimizer) -> float:
-    """The learning rate the next step takes; under --layer-decay, the rate at the top."""
+    """The learning rate the next step takes (metrics.csv's lr): the first group's, which is
+    Muon's where Muon trains matrices (--opt muon: --muon-lr's), else AdamW's; under
+    --layer-decay, its rate at the top (the rate before layer decay), as the log's line of
+    rates by depth gives it (`finetune.describe_layer_decay`)."""
     group = optimizer.param_groups[0]
     return group["lr"] / group.get("lr_scale", 1.0)
 

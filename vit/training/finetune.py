@@ -70,15 +70,21 @@ def freeze_below(
     of parameters the pretrained weights did not give (the head, an attention pool the weights
     lacked): they always train, as a frozen random parameter helps nobody."""
     depth = len(model.blocks)
+    check_trainable_blocks(trainable_blocks, depth=depth)
+    first_trained = depth - trainable_blocks + 1  # the depth of the first block that trains
+    for name, depth_of in parameter_depths(model).items():
+        trains = depth_of >= first_trained if trainable_blocks else name.startswith(HEADS)
+        model.get_parameter(name).requires_grad_(trains or name in new)
+
+
+def check_trainable_blocks(trainable_blocks: int, depth: int) -> None:
+    """ValueError, in one line, where --trainable-blocks asks for more blocks than a model of
+    `depth` blocks has (or for fewer than none)."""
     if not 0 <= trainable_blocks <= depth:
         raise ValueError(
             f"--trainable-blocks {trainable_blocks}: the model has {depth} blocks; give 0 (the "
             f"head only) to {depth}, or leave it out to train every parameter"
         )
-    first_trained = depth - trainable_blocks + 1  # the depth of the first block that trains
-    for name, depth_of in parameter_depths(model).items():
-        trains = depth_of >= first_trained if trainable_blocks else name.startswith(HEADS)
-        model.get_parameter(name).requires_grad_(trains or name in new)
 
 
 def probe_head(
@@ -125,14 +131,34 @@ def probe_head(
     return fit
 
 
-def describe_layer_decay(model: VisionTransformer, rate: float, lr: float) -> str:
-    """One line for the run's log: the learning rate at each depth under layer decay."""
+def describe_layer_decay(
+    model: VisionTransformer, rate: float, optimizer: torch.optim.Optimizer
+) -> str:
+    """One line for the run's log: the peak learning rate at each depth under layer decay, as
+    `optimizer`'s groups hold it (trained parameters only). Where Muon's matrices learn at
+    another rate than the AdamW rest (--muon-lr), each has its list, with its rate at the top
+    (the rate before layer decay, as metrics.csv's lr gives the first group's)."""
     top = len(model.blocks) + 1
-    counts = np.bincount(list(parameter_depths(model).values()), minlength=top + 1)
-    rates = ", ".join(
-        f"{depth}: {lr * rate ** (top - depth):.3g}" for depth in range(top + 1) if counts[depth]
-    )
+    depth_of = {id(model.get_parameter(name)): d for name, d in parameter_depths(model).items()}
+    lists: dict[str, tuple[float, dict[int, float]]] = {}  # kind -> (top rate, depth -> rate)
+    for group in optimizer.param_groups:
+        kind = "Muon's matrices" if group.get("use_muon") else "the AdamW rest"
+        rates = lists.setdefault(kind, (group["lr"] / group.get("lr_scale", 1.0), {}))[1]
+        rates.update({depth_of[id(param)]: group["lr"] for param in group["params"]})
+
+    def by_depth(rates: dict[int, float]) -> str:
+        return ", ".join(f"{depth}: {rates[depth]:.3g}" for depth in sorted(rates))
+
+    tops = {top_rate for top_rate, _ in lists.values()}
+    if len(tops) == 1:  # one rate for both (or AdamW alone)
+        said = by_depth({depth: r for _, rates in lists.values() for depth, r in rates.items()})
+    else:
+        parts = []
+        for kind, (top_rate, rates) in lists.items():
+            note = "" if parts else ", metrics.csv's lr"  # the first group's, as its column
+            parts.append(f"{kind} (top {top_rate:.3g}{note}): {by_depth(rates)}")
+        said = "; ".join(parts)
     return (
         f"--layer-decay {rate}: peak learning rate by depth (0: patch and position embeddings, "
-        f"prefix tokens; 1-{top - 1}: the blocks; {top}: the final norm and head): {rates}"
+        f"prefix tokens; 1-{top - 1}: the blocks; {top}: the final norm and head): {said}"
     )

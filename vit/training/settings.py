@@ -304,6 +304,26 @@ def check_settings(cfg: TrainConfig) -> None:
                 f"random backbone's frozen features teach a head nothing; add --pretrained "
                 f"[PATH], or leave out {flag}"
             )
+    check_trainable_blocks_of_model(cfg)
+
+
+def check_trainable_blocks_of_model(cfg: TrainConfig) -> None:
+    """check_settings' part for --trainable-blocks: no more than --model's blocks (with its
+    --model-kwargs), refused before any weights are read (a large model's take long). The
+    depth is the architecture's: weights do not change it."""
+    if cfg.trainable_blocks is None:
+        return
+    from ..models.registry import get_spec  # here: the model's modules import torch
+    from ..models.vision_transformer import ViTConfig
+    from .finetune import check_trainable_blocks
+
+    try:
+        arch = get_spec(cfg.model).arch
+    except ValueError:  # an unknown --model: building the model refuses it, in its own words
+        return
+    depth = {**arch, **cfg.model_kwargs}.get("depth", ViTConfig.depth)
+    if isinstance(depth, int):  # else a --model-kwargs mistake, which building the model names
+        check_trainable_blocks(cfg.trainable_blocks, depth=depth)
 
 
 def check_time_budget(cfg: TrainConfig, warmup: float) -> None:
