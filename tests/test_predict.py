@@ -409,6 +409,15 @@ def test_explain_never_replaces_an_image_and_keeps_earlier_maps(
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "would replace that image" in err
     assert cat.read_bytes() == before
+    # a JPEG's map takes another name, but among the images the next run would read it as one
+    dog = tmp_path / "jpegs" / "dog.jpg"
+    dog.parent.mkdir()
+    Image.fromarray(np.full((32, 32, 3), 90, np.uint8)).save(dog)
+    jpegs = [str(dog.parent), "--checkpoint", str(checkpoint), "--explain"]
+    assert main([*jpegs, str(dog.parent)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "would go among the images being read" in err
+    assert sorted(p.name for p in dog.parent.iterdir()) == ["dog.jpg"]
     maps = tmp_path / "maps"
     assert main([*base, "--explain", str(maps)]) == 0
     written = (maps / "cat.png").read_bytes()

@@ -253,17 +253,25 @@ def predictions(count: int) -> str:
 
 
 def check_explain_targets(args: argparse.Namespace, paths: list[Path]) -> None:
-    """--explain DIR writes one PNG per image: never over an image being read (a PNG in DIR
-    itself), and over a map written before only with --overwrite."""
+    """--explain DIR writes one PNG per image: never over an image being read, nor among the
+    images (where the next prediction of their folder would read the maps as images), and over
+    a map written before only with --overwrite."""
     from .inference.explanations import explanation_paths
 
     inputs = {path.resolve() for path in paths}
+    image_folders = {path.parent for path in inputs}
     targets = list(explanation_paths(paths, args.explain).values())
     for target in targets:
         if target.resolve() in inputs:
             raise InputError(
                 f"--explain {args.explain}: the map of {target} would replace that image; "
                 f"choose a folder apart from the images"
+            )
+        if target.resolve().parent in image_folders:
+            raise InputError(
+                f"--explain {args.explain}: the map {target} would go among the images being "
+                f"read, which the next prediction of their folder would read as images; choose "
+                f"a folder apart from the images"
             )
     existing = [target for target in targets if target.exists()]
     if existing and not args.overwrite:
