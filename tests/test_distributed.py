@@ -95,6 +95,34 @@ def test_two_processes_equal_one_on_the_same_global_batch(image_folder, tmp_path
     assert len(rows_b) == 2
 
 
+def test_a_head_fitted_by_the_probe_under_two_processes_is_one_processs(
+    image_folder, tmp_path, tiny_args
+):
+    """--head-init probe under two processes: the features extracted by both, in one file both
+    read (each looked in a temporary folder of its own: one failed on a file never written
+    there, the other waited in an all-reduce for ever); the head is the one process's fit."""
+    import vit
+
+    torch.manual_seed(0)
+    weights = tmp_path / "pretrained.safetensors"
+    model = vit.create_model("vit_cifar_patch4_32", depth=2, embed_dim=32, num_heads=2)
+    vit.save_weights(model, weights)
+    probe = ("--pretrained", str(weights), "--head-init", "probe", "--trainable-blocks", "1")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    torchrun = [sys.executable, "-m", "vit.distributed", "--standalone"]
+    said = []
+    for processes, batch in (("1", "8"), ("2", "4")):
+        run = tmp_path / f"run{processes}"
+        args = tiny_args(image_folder, run, 1, *DETERMINISTIC, *probe) + ["--batch-size", batch]
+        command = [*torchrun, "--nproc_per_node", processes, str(ROOT / "train.py"), *args]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        said += re.findall(r"epoch 0/1 \(--head-init probe.*", done.stderr)
+        # the features' folder beside the run folder is gone
+        assert sorted(p.name for p in tmp_path.glob(f".{run.name}.*")) == []
+    assert len(said) == 2 and said[0] == said[1], said
+
+
 def train_py_after(prelude: str, folder: Path) -> Path:
     """A script that runs `prelude` and then train.py with its own arguments, in one process
     of torchrun's."""

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..utils.files import atomic_write
+from ..utils.process_group import barrier
 from .embed import extract_features as embed_items
 from .embed import model_digest, read_features
 from .options import KNN_KS
@@ -156,7 +157,11 @@ def extract_features(
             f"the first, image {index}: {reason}"
         )
     _, features = read_features(work_path)
-    work_path.unlink()
+    # Under a process group every process reads the one file rank 0 assembled: the first to
+    # have read it removed it from under the others.
+    barrier()
+    if result.path is not None:  # rank 0's (or the only process's) result names the file
+        work_path.unlink()
     if not np.isfinite(features).all():
         raise ValueError(
             "the model's features hold NaN or infinite values: its weights cannot be scored "

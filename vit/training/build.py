@@ -8,6 +8,8 @@ run folder, the first write of a run.
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -649,15 +651,30 @@ def init_head_by_probe(
     evaluation split logged as epoch 0 and returned (top1, top5). Every process fits the same
     head (the fit is deterministic), as DDP would copy rank 0's anyway."""
     prepared = train_set.with_transform(EvalTransform(model.preprocess))
-    fit = probe_head(
-        model,
-        prepared,
-        seed=cfg.seed,
-        batch_size=cfg.batch_size,
-        workers=cfg.workers,
-        device=device,
-        amp=cfg.amp,
-    )
+    # The processes share the extraction, rank 0 assembling one file that every process reads:
+    # in a folder they all see, beside the run folder (whose lock's next holder removes a killed
+    # start's). In a temporary folder of each process's own, a process read a file never written
+    # there and the others waited for it for ever.
+    run = Path(cfg.output_dir)
+    made = None
+    if info.is_main:
+        made = tempfile.mkdtemp(dir=run.parent, prefix=f".{run.name}.", suffix=".tmp")
+    work = Path(process_group.broadcast_from_rank0(info, made))
+    try:
+        fit = probe_head(
+            model,
+            prepared,
+            seed=cfg.seed,
+            batch_size=cfg.batch_size,
+            workers=cfg.workers,
+            device=device,
+            amp=cfg.amp,
+            work_dir=work,
+        )
+        process_group.barrier()  # every process has read the features
+    finally:
+        if info.is_main:
+            shutil.rmtree(work, ignore_errors=True)
     scores = evaluate(
         model,
         test_loader,

@@ -96,10 +96,15 @@ def probe_head(
     workers: int,
     device: torch.device,
     amp: bool,
+    work_dir: Path | None = None,
 ) -> ProbeFit:
     """Fit the model's new head (and a distilled model's second head) on the frozen pooled
     features of `train_set` (prepared by its own transform: the evaluation's, no augmentation)
-    with the linear probe's protocol, and copy the fit into it."""
+    with the linear probe's protocol, and copy the fit into it.
+
+    The features are written in `work_dir` (a temporary folder where None). Under a process
+    group the embedding engine splits the images between the processes and rank 0 assembles
+    their file there, which every process then reads: give a folder they all see."""
     heads = [model.head, getattr(model, "head_dist", None)]
     heads = [head for head in heads if head is not None]
     if not all(isinstance(head, nn.Linear) for head in heads):
@@ -111,7 +116,7 @@ def probe_head(
         features, labels = extract_features(
             model,
             train_set,
-            Path(folder) / "features.npz",
+            Path(work_dir or folder) / "features.npz",
             batch_size=batch_size,
             workers=workers,
             device=device,

@@ -125,6 +125,16 @@ def barrier() -> None:
         dist.barrier()
 
 
+def broadcast_from_rank0(info: DistInfo, value: T) -> T:
+    """Rank 0's `value` (any picklable object) on every process; `value` itself without a
+    process group."""
+    if not _joined(info):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 # -- a start that fails on one process stops them all --------------------------------------------
 class PeerFailedError(ValueError):
     """Another process's start failed; its message, for rank 0 to print."""
