@@ -167,6 +167,24 @@ def test_torchrun_answers_with_its_processes_status(tmp_path, ending, status, sa
     assert (done.returncode, done.stderr.strip()) == (status, said)
 
 
+def test_a_run_started_by_vit_distributed_is_continued_by_it(tmp_path, monkeypatch):
+    """The command a process names to continue its run (after Ctrl-C, or for another process
+    count) is the launcher that started it: `python -m vit.distributed`, not plain torchrun,
+    whose own report the package's launcher leaves out."""
+    from vit.train import train_command
+
+    script = tmp_path / "job.py"
+    script.write_text("import os\nprint(os.environ.get('VIT_LAUNCHER'))\n")
+    done = torchrun_two(script, [])
+    assert done.stdout.split() == ["python", "-m", "vit.distributed"] * 2, done.stderr
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # a process torchrun started
+    monkeypatch.delenv("VIT_LAUNCHER", raising=False)
+    assert train_command("--resume r", 2).startswith("torchrun --standalone --nproc_per_node 2")
+    monkeypatch.setenv("VIT_LAUNCHER", "python -m vit.distributed")
+    said = train_command("--resume r", 2)
+    assert said.startswith("python -m vit.distributed --standalone --nproc_per_node 2 ")
+
+
 def test_a_loss_gone_nan_in_one_process_stops_both(image_folder, tmp_path, tiny_args):
     """Rank 1's loss turns NaN at its 3rd step; the check runs every HOST_SYNC_EVERY steps and
     at the epoch's end, so both processes stop together there (none waits forever in an

@@ -12,6 +12,7 @@ What the processes share once started (the process group, failing together, Ctrl
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
@@ -61,6 +62,8 @@ def _torchrun(argv: list[str]) -> int:
     if problem:
         print(problem, file=sys.stderr)
         return 2
+    # what the processes' messages name as the command that continues a run: this one
+    os.environ["VIT_LAUNCHER"] = PROG
     try:
         torchrun_main(argv)
     except ChildFailedError as e:

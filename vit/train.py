@@ -483,7 +483,8 @@ def start_again_command(run: Path) -> str:
 
 def train_command(args: str, processes: int) -> str:
     """The training command with `args` in `processes` processes, started as this one was:
-    under torchrun where there are several (or this start is torchrun's), else as typed:
+    under torchrun (or `python -m vit.distributed`, where that started this one) where there
+    are several (or this start is torchrun's), else as typed:
     `python train.py` (the path given), `python -m vit.train` or `vit-train`."""
     if PROG == "train.py":  # the repository's file
         script = shlex.quote(sys.argv[0] if sys.argv[0].endswith("train.py") else "train.py")
@@ -491,7 +492,8 @@ def train_command(args: str, processes: int) -> str:
     else:  # the package's module, by -m or its console script; torchrun runs it by -m
         alone, program = PROG, "-m vit.train"
     if processes > 1 or "TORCHELASTIC_RUN_ID" in os.environ:
-        return f"torchrun --standalone --nproc_per_node {processes} {program} {args}"
+        launcher = os.environ.get("VIT_LAUNCHER", "torchrun")  # python -m vit.distributed's
+        return f"{launcher} --standalone --nproc_per_node {processes} {program} {args}"
     return f"{alone} {args}"
 
 
