@@ -646,20 +646,39 @@ def test_what_the_writers_refuse_is_also_refused_before_anything_is_written(
 def test_what_a_user_saved_is_kept_and_the_input_never_replaced(
     model, tmp_path, capsys, one_thread
 ):
-    """An existing output is replaced only with --overwrite (--hf's folder whole, files of the
-    user's in it too, so it is refused without); the weights being exported never are, and a
-    file inside --hf's folder is refused (the folder is put in place after it)."""
+    """An existing output is replaced only with --overwrite (--hf's folder whole: never one
+    holding files of the user's, nor the --calibration images); the weights being exported
+    never are, and a file inside --hf's folder is refused (the folder is put in place after
+    it)."""
     checkpoint = vit.save_weights(model, tmp_path / "m.safetensors", class_names=NAMES)
     saved = checkpoint.read_bytes()
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "notes.txt").write_text("mine")
     (tmp_path / "tv.pth").write_text("mine")
+    calibration = tmp_path / "calibration"
+    (calibration / "train" / "cat").mkdir(parents=True)
+    mine = "holds files an export does not write (notes.txt), which replacing the folder"
+    new = tmp_path / "new"
     refusals = [
-        (["--hf", str(hf)], f"--hf {hf}: exists; add --overwrite to replace it"),
+        (["--hf", str(hf)], mine),
+        (["--hf", str(hf), "--overwrite"], mine),
+        (
+            [
+                "--hf",
+                str(calibration),
+                "--overwrite",
+                "--int8",
+                "--onnx",
+                str(tmp_path / "q.onnx"),
+                "--calibration",
+                str(calibration),
+            ],
+            "holds files an export does not write (train)",
+        ),  # fmt: skip
         (["--torchvision", str(tmp_path / "tv.pth")], "tv.pth: exists; add --overwrite"),
         (["--hf", str(tmp_path), "--overwrite"], f"would replace the input {checkpoint}"),
-        (["--onnx", str(hf / "m.onnx"), "--hf", str(hf), "--overwrite"], "inside --hf"),
+        (["--onnx", str(new / "m.onnx"), "--hf", str(new), "--overwrite"], "inside --hf"),
         (["--onnx", str(tmp_path / "m")], "the file name must end in .onnx"),
         (["--torchvision", str(tmp_path / "tv.bin")], "must end in .pth or .pt"),
     ]
@@ -673,8 +692,14 @@ def test_what_a_user_saved_is_kept_and_the_input_never_replaced(
     with pytest.raises(SystemExit):  # the input, even with --overwrite
         export.main([str(checkpoint), "--torchvision", str(checkpoint), "--overwrite"])
     assert checkpoint.read_bytes() == saved
+    (hf / "notes.txt").unlink()
+    assert export.main([str(checkpoint), "--hf", str(hf)]) == 0  # empty: nothing to replace
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # an export's files only: --overwrite replaces them
+        export.main([str(checkpoint), "--hf", str(hf)])
+    assert "exists; add --overwrite to replace it" in capsys.readouterr().err
     assert export.main([str(checkpoint), "--hf", str(hf), "--overwrite"]) == 0
-    assert "notes.txt" not in {p.name for p in hf.iterdir()} and (hf / "config.json").is_file()
+    assert (hf / "config.json").is_file()
 
 
 def test_hf_dot_exports_into_the_current_folder(model, tmp_path, monkeypatch, one_thread):

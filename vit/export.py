@@ -123,10 +123,11 @@ from .interop.layouts import huggingface
 from .interop.layouts import torchvision as torchvision_layout
 from .interop.onnx_export import OnnxOptions, export_onnx, require_onnx_packages
 from .interop.torchvision_export import export_torchvision
-from .interop.transformers_export import export_transformers
+from .interop.transformers_export import FOLDER_FILES, export_transformers
 from .models.class_names import class_names_for
 from .models.vision_transformer import VisionTransformer
 from .utils import locks
+from .utils.locks import LOCK_NAME
 
 # -- command line --------------------------------------------------------------------------------
 SUFFIXES = {"onnx": (".onnx",), "torchvision": (".pth", ".pt")}  # how the commands read them
@@ -148,7 +149,8 @@ def location_problems(args: argparse.Namespace, targets: list[tuple[str, Path]])
     for flag, path in targets:
         problems.append(unwritable(f"--{flag}", path, flag == "hf"))
         problems.append(replaced_input(f"--{flag}", path, inputs))
-        problems.append(kept_output(f"--{flag}", path, args.overwrite))
+        others = flag == "hf" and not_an_export(path)  # before "add --overwrite": it would not do
+        problems.append(others or kept_output(f"--{flag}", path, args.overwrite))
         if flag in SUFFIXES and path.suffix.lower() not in SUFFIXES[flag]:
             problems.append(
                 f"--{flag} {path}: the file name must end in {' or '.join(SUFFIXES[flag])} "
@@ -162,6 +164,22 @@ def location_problems(args: argparse.Namespace, targets: list[tuple[str, Path]])
             if flag != "hf" and args.hf.resolve() in path.resolve().parents
         ]
     return [problem for problem in problems if problem]
+
+
+def not_an_export(folder: Path) -> str | None:
+    """Why --hf `folder`, which an export replaces whole, may not be (it holds files an export
+    does not write: a user's, the --calibration images, the folder the command runs in); None
+    where it holds nothing else."""
+    if not folder.is_dir():
+        return None
+    others = sorted(p.name for p in folder.iterdir() if p.name not in (*FOLDER_FILES, LOCK_NAME))
+    if not others:
+        return None
+    return (
+        f"--hf {folder}: holds files an export does not write ({', '.join(others[:3])}"
+        f"{', ...' if len(others) > 3 else ''}), which replacing the folder would delete; "
+        f"choose another folder, or remove them"
+    )
 
 
 def format_problem(flag: str, model: VisionTransformer) -> str | None:

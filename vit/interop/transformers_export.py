@@ -23,6 +23,9 @@ from .export_check import (
 )
 from .layouts import hf_common, huggingface
 
+# What export_transformers writes: a folder holding anything else is not an export to replace.
+FOLDER_FILES = ("config.json", "model.safetensors", "preprocessor_config.json")
+
 
 def export_transformers(
     model: VisionTransformer, folder: str | Path, tolerance: float = 1e-5
