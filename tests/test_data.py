@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import albumentations as A
 import numpy as np
 import pytest
 import torch
@@ -25,7 +26,7 @@ from vit.data.datasets import (
     stratified_indices,
 )
 from vit.data.mixup import MixupCutmix, one_hot, soft_target_cross_entropy
-from vit.data.transforms import AugmentConfig, EvalTransform, train_transform
+from vit.data.transforms import AugmentConfig, EvalTransform, crop_padding, train_transform
 from vit.models.registry import Preprocess
 
 CLASSES = ("blue", "green", "red")  # as made by conftest.make_image_folder
@@ -126,6 +127,36 @@ def test_train_transform_output(size, crop):
     assert -2.0 - 1e-6 <= out.min() and out.max() <= 2.0 + 1e-6  # (x/255 - 0.5) / 0.25
 
 
+def test_the_default_crop_padding_is_an_eighth_of_the_larger_side():
+    assert crop_padding(None, (32, 48), "constant") == 6
+    assert crop_padding(None, (48, 32), "constant") == 6
+    assert crop_padding(3, (32, 48), "constant") == 3  # a padding given is kept
+
+
+def test_per_image_random_erasing_boxes_are_10_to_40_percent_of_each_side():
+    """--reprob 1 on a grey 40x40 image: every box 4 to 16 pixels tall and wide."""
+    pre = Preprocess(input_size=(40, 40), mean=(0, 0, 0), std=(1, 1, 1))
+    aug = AugmentConfig(crop="pad", crop_pad=0, hflip=0.0, aa="none", reprob=1.0)
+    transform = train_transform(pre, aug)
+    image = np.full((40, 40, 3), 128, dtype=np.uint8)
+    heights, widths = [], []
+    for seed in range(200):
+        transform.set_random_seed(seed)
+        out = transform(image=image)["image"]  # (3, 40, 40), 0..1
+        erased = (out - 128 / 255).abs().amax(0) > 1e-3  # (40, 40)
+        rows, cols = np.flatnonzero(erased.any(1).numpy()), np.flatnonzero(erased.any(0).numpy())
+        heights.append(rows[-1] - rows[0] + 1)
+        widths.append(cols[-1] - cols[0] + 1)
+    assert 4 <= min(heights) and max(heights) <= 16, (min(heights), max(heights))
+    assert 4 <= min(widths) and max(widths) <= 16, (min(widths), max(widths))
+
+
+def test_random_resized_crop_can_take_the_whole_image():
+    ops = train_transform(Preprocess(input_size=(48, 40)), AugmentConfig(crop="rrc")).transforms
+    (crop,) = [op for op in ops if isinstance(op, A.RandomResizedCrop)]
+    assert tuple(crop.scale) == (0.08, 1.0)
+
+
 def test_augmentation_seeded_per_sample_and_epoch(image_folder):
     augment = train_transform(CIFAR_PRE, AugmentConfig())
     ds = load_split(str(image_folder), "train", transform=augment)
@@ -175,6 +206,17 @@ def test_mixup_mixes_images_and_labels_alike():
     lam = targets[1, 1].item()  # sample 1 (class 1) is mixed with sample 4 (class 4)
     assert 0 < lam < 1 and targets[1, 4].item() == pytest.approx(1 - lam)
     assert torch.allclose(mixed, lam * x + (1 - lam) * x.flip(0), atol=1e-6)
+
+
+def test_the_mixup_weight_is_drawn_from_a_symmetric_beta_alpha_alpha():
+    """lam ~ Beta(alpha, alpha): mean 1/2 and variance 1 / (4 (2 alpha + 1)); Beta(0.8, 1)
+    would give a mean of 0.444."""
+    torch.manual_seed(0)
+    mix = MixupCutmix(2, mixup_alpha=0.8, cutmix_alpha=0.0)
+    x, y = torch.zeros(2, 1, 2, 2), torch.tensor([0, 1])
+    lams = torch.tensor([mix(x, y)[1][0, 0].item() for _ in range(4000)])  # sample 0's own class
+    assert abs(lams.mean().item() - 0.5) < 0.02
+    assert abs(lams.var().item() - 1 / (4 * 2.6)) < 0.01
 
 
 def test_cutmix_label_weights_equal_pasted_area():

@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 import vit
 from vit.data.batch_pipeline import InMemoryBatches
 from vit.models.cnn_teacher import CnnTeacher, whiten_stem_
-from vit.training.build import build_forward_loss
+from vit.training.build import build_forward_loss, build_mixup
 from vit.training.distillation import (
     distillation_loss,
     load_teacher,
@@ -101,6 +101,29 @@ def test_soft_distillation_is_tau_squared_times_the_kl_divergence_per_image():
     assert torch.allclose(same, torch.tensor(0.25), atol=1e-6)
     with pytest.raises(ValueError, match="'hard' or 'soft'"):
         distillation_loss(logits, logits, torch.tensor(0.0), kind="none", alpha=0.5)
+
+
+def test_the_training_loss_smooths_the_labels_by_label_smoothing():
+    """Without a teacher: cross-entropy on labels smoothed by --label-smoothing (0.3 here)."""
+    torch.manual_seed(0)
+    model = vit.create_model(
+        "vit_cifar_patch4_32", embed_dim=32, depth=1, num_heads=2, num_classes=4
+    )
+    with torch.no_grad():  # a head that answers (a new one is zero: every loss is log 4)
+        model.head.weight.normal_(std=2.0)
+    cfg = TrainConfig(label_smoothing=0.3)
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 4, (8,))
+    logits, loss = build_forward_loss(model, cfg, torch.device("cpu"), False)(images, labels)
+    expected = F.cross_entropy(logits, labels, label_smoothing=0.3)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert loss.item() != pytest.approx(F.cross_entropy(logits, labels).item(), rel=1e-3)
+
+
+def test_mixup_targets_are_smoothed_by_label_smoothing():
+    mix = build_mixup(TrainConfig(mixup=0.8, cutmix=1.0, label_smoothing=0.3), 3)
+    mix.enabled = False  # one-hot targets, smoothed: 0.3 / 3 off, 1 - 0.3 + 0.1 on
+    _, targets = mix(torch.zeros(2, 3, 4, 4), torch.tensor([0, 2]))
+    assert targets.flatten().tolist() == pytest.approx([0.8, 0.1, 0.1, 0.1, 0.1, 0.8])
 
 
 def test_the_forward_loss_adds_the_frozen_teachers_loss_on_the_same_images():

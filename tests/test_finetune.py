@@ -21,6 +21,7 @@ from vit.data.datasets import ImageDataset
 from vit.data.transforms import EvalTransform
 from vit.inference.probe import fit_linear_probe
 from vit.interop.weights import read_metadata
+from vit.training.engine import top_lr
 from vit.training.finetune import freeze_below, layer_lr_scales, parameter_depths, probe_head
 from vit.training.optimizers import build_optimizer
 
@@ -112,6 +113,18 @@ def test_layer_decay_gives_each_group_its_depths_rate(opt):
     assert sorted(seen) == sorted(names.values())
     muon = [g for g in optimizer.param_groups if g.get("use_muon")]
     assert bool(muon) == (opt == "muon")
+
+
+@pytest.mark.parametrize(("opt", "top"), [("adamw", 1e-3), ("muon", 2e-2)])
+def test_the_logged_rate_under_layer_decay_is_the_first_groups_rate_at_the_top(opt, top):
+    """metrics.csv's lr is the first group's base rate, before its depth's factor: --lr for
+    AdamW, --muon-lr where Muon trains the matrices (its groups come first)."""
+    model = tiny()
+    optimizer = build_optimizer(
+        model, opt, lr=1e-3, weight_decay=0.05, muon_lr=2e-2, lr_scales=layer_lr_scales(model, 0.5)
+    )
+    assert optimizer.param_groups[0]["lr"] < top  # the first group is a decayed one
+    assert top_lr(optimizer) == pytest.approx(top)
 
 
 def test_without_layer_decay_the_groups_are_the_saved_runs_two():

@@ -4,6 +4,7 @@ recomputed activations give the same weights as kept ones; neither goes with a s
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -33,23 +34,29 @@ def test_an_epochs_last_step_takes_the_batches_left():
     assert optimizer_steps(TrainConfig(), 9) == 9
 
 
+def tiny_run(cfg: TrainConfig, train_loader=None, steps_per_epoch: int = 1) -> build.Run:
+    """A one-block model of 3 classes on the CPU, set up for the epoch loop as train.py does."""
+    cpu, info = torch.device("cpu"), DistInfo()
+    torch.manual_seed(0)
+    model = build.build_training_model(cfg, ["a", "b", "c"])
+    state = build.build_training_state(cfg, model, steps_per_epoch, device=cpu, info=info)
+    train_model = build.wrap_model(model, cfg, info, cpu)
+    forward_loss = build.build_forward_loss(train_model, cfg, cpu, soft_targets=False)
+    return build.Run(
+        cfg=cfg, info=info, device=cpu, model=model, train_model=train_model,
+        forward_loss=forward_loss, train_loader=train_loader, test_loader=None, state=state,
+        mixup=None, num_images=0,
+    )  # fmt: skip
+
+
 def test_accumulated_gradients_are_the_mean_over_all_the_batches_images():
     """The gradient two batches of 8 leave is the gradient of one batch of 16 (the mean
     loss's): Muon and AdamW hardly see a gradient's scale, so a sum would train on as well."""
     cfg = TrainConfig(model_kwargs={"depth": 1, "embed_dim": 32, "num_heads": 2}, drop_path=0.0)
-    cpu, info = torch.device("cpu"), DistInfo()
-    torch.manual_seed(0)
-    model = build.build_training_model(cfg, ["a", "b", "c"])
-    state = build.build_training_state(cfg, model, steps_per_epoch=1, device=cpu, info=info)
-    train_model = build.wrap_model(model, cfg, info, cpu)
-    forward_loss = build.build_forward_loss(train_model, cfg, cpu, soft_targets=False)
-    run = build.Run(
-        cfg=cfg, info=info, device=cpu, model=model, train_model=train_model,
-        forward_loss=forward_loss, train_loader=None, test_loader=None, state=state,
-        mixup=None, num_images=0,
-    )  # fmt: skip
+    run = tiny_run(cfg)
+    model = run.model
     images, labels = torch.randn(16, 3, 32, 32), torch.arange(16) % 3
-    _, loss = forward_loss(images, labels)
+    _, loss = run.forward_loss(images, labels)
     loss.backward()
     whole = [p.grad.clone() for p in model.parameters()]
     for part in range(2):
@@ -57,6 +64,34 @@ def test_accumulated_gradients_are_the_mean_over_all_the_batches_images():
         engine.accumulate_gradients(run, images[half], labels[half], part=part, parts=2)
     for p, expected in zip(model.parameters(), whole, strict=True):
         torch.testing.assert_close(p.grad, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_the_batches_left_after_an_epochs_last_full_accumulation_step_with_their_mean_gradient():
+    """6 batches of 4 with --grad-accum-steps 4: two optimizer steps, the second over the two
+    batches left, its gradient their 8 images' mean-loss gradient (not half of it, as a
+    divisor of 4 would make it)."""
+    cfg = TrainConfig(
+        model_kwargs={"depth": 1, "embed_dim": 32, "num_heads": 2}, drop_path=0.0,
+        grad_accum_steps=4, mixup=0.0, cutmix=0.0, model_ema=False, clip_grad=None,
+    )  # fmt: skip
+    batches = [(torch.randn(4, 3, 32, 32), torch.arange(4) % 3) for _ in range(6)]
+    run = tiny_run(cfg, train_loader=batches, steps_per_epoch=2)
+    model = run.model
+    steps = []  # at each optimizer step: (the head's bias gradient, the weights it steps from)
+
+    def record(optimizer, args, kwargs):
+        steps.append((model.head.bias.grad.clone(), copy.deepcopy(model.state_dict())))
+
+    run.state.optimizer.register_step_pre_hook(record)
+    engine.train_one_epoch(run, 0)
+    assert len(steps) == 2 and run.state.scheduler.last_epoch == 2
+    grad, weights = steps[1]
+    model.load_state_dict(weights)
+    model.zero_grad()
+    images, labels = (torch.cat(parts) for parts in zip(*batches[4:], strict=True))  # (8, ...)
+    run.forward_loss(images, labels)[1].backward()
+    assert grad.abs().max() > 1e-3  # a gradient to compare
+    torch.testing.assert_close(grad, model.head.bias.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_two_batches_of_8_accumulated_step_as_one_batch_of_16(image_folder, tmp_path, train_script):

@@ -15,10 +15,12 @@ import vit
 from vit.inference.probe import (
     check_ks,
     dataset_features,
+    fit_logistic_regression,
     knn_accuracy,
     knn_rankings,
     linear_probe,
     stratified_holdout,
+    topk_accuracy,
 )
 
 
@@ -56,6 +58,19 @@ def test_knn_votes_are_weighted_by_exp_similarity_over_temperature():
     assert knn_rankings(train, labels, test, ks=(1,), temperature=1.0)[1].tolist() == [[0, 1]]
 
 
+def test_knn_similarity_is_the_cosine_whatever_the_test_features_norm():
+    """Weights are exp(cos / T): training images at cosine 1 (class 0), 0.9 and 0.8 (class 1),
+    T = 1, give class 1 (e^1 < e^0.9 + e^0.8) at any norm of the test feature; unnormalised,
+    one of norm 10 would give class 0 (e^10 > e^9 + e^8)."""
+    angles = np.arccos([1.0, 0.9, 0.8])
+    train = np.stack([np.cos(angles), np.sin(angles)], axis=1)
+    labels = np.array([0, 1, 1])
+    for norm in (0.1, 1.0, 10.0):
+        test = np.array([[norm, 0.0]])
+        ranking = knn_rankings(train, labels, test, ks=(3,), temperature=1.0)[3]
+        assert ranking.tolist() == [[1, 0]], norm
+
+
 def test_knn_equal_votes_go_to_the_lower_class_index():
     train = np.array([[0.0, 1.0], [0.0, -1.0]])  # both at cosine 0 to the test image
     test = np.array([[1.0, 0.0]])
@@ -75,6 +90,12 @@ def test_knn_blocks_of_any_size_give_the_same_answers():
     assert expected[10].shape == (37, 5)
 
 
+def test_top5_counts_a_label_ranked_fifth_and_not_one_ranked_sixth():
+    ranking = torch.tensor([[9, 8, 7, 6, 5, 4], [9, 8, 7, 6, 5, 4]])  # (2, 6), best first
+    assert topk_accuracy(ranking, torch.tensor([5, 4])) == (0.0, 0.5)  # 5th: in; 6th: out
+    assert topk_accuracy(ranking, torch.tensor([9, 6])) == (0.5, 1.0)
+
+
 def test_k_larger_than_the_training_set_is_refused():
     with pytest.raises(
         ValueError,
@@ -92,6 +113,21 @@ def test_the_held_out_part_is_stratified_and_seeded():
     assert sorted([*fit, *held]) == list(range(35))
     assert np.array_equal(held, stratified_holdout(labels, 0.2, seed=0)[1])
     assert not np.array_equal(held, stratified_holdout(labels, 0.2, seed=1)[1])
+
+
+def test_logistic_regression_minimises_summed_cross_entropy_plus_half_the_l2_norm():
+    """At the minimum of sum CE + l2/2 ||W||^2 (scikit-learn's C = 1/l2) the gradient is zero:
+    X^T (P - Y) + l2 W = 0, and for the unpenalised bias sum(P - Y) = 0."""
+    rng = np.random.default_rng(0)
+    x = torch.as_tensor(rng.normal(size=(60, 5)))  # (N, D) float64
+    y = torch.as_tensor(rng.integers(0, 3, 60))
+    l2 = 4.0
+    weight, bias = fit_logistic_regression(x, y, num_classes=3, l2=l2)
+    residual = torch.softmax(x @ weight.T + bias, dim=1) - torch.nn.functional.one_hot(y, 3)
+    assert weight.abs().max() > 0.05  # not a trivial fit
+    zeros = torch.zeros(3, 5, dtype=torch.float64)
+    torch.testing.assert_close(residual.T @ x + l2 * weight, zeros, atol=3e-2, rtol=0)
+    torch.testing.assert_close(residual.sum(0), zeros[:, 0], atol=3e-2, rtol=0)
 
 
 def test_linear_probe_separates_separable_data_and_reports_its_search(one_thread):

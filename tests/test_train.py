@@ -655,6 +655,13 @@ def test_warmup_cosine_schedule():
     assert factor(110) == pytest.approx(0.01)
 
 
+def test_the_rate_is_at_its_peak_on_the_first_step_after_warmup_and_never_above_it():
+    factor = warmup_cosine(total_steps=110, warmup_steps=10, min_ratio=0.01)
+    assert factor(10) == pytest.approx(1.0)  # the cosine starts at its top
+    assert max(factor(step) for step in range(110)) == pytest.approx(1.0)
+    assert factor(11) < 1.0
+
+
 def test_no_weight_decay_on_biases_norms_and_embeddings():
     model = vit.create_model("vit_cifar_patch4_32", depth=1, embed_dim=32, num_heads=2)
     decay, no_decay = param_groups(model, 0.05)

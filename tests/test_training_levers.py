@@ -288,6 +288,19 @@ def test_progressive_size_resizes_the_batch(images):
     assert batch.shape == (4, 3, 4, 4)
 
 
+def test_progressive_resizing_averages_detail_too_fine_for_the_smaller_size():
+    """A one-pixel checkerboard shrunk from 32 to 12 pixels is its mean grey (antialiased),
+    not a pattern of the checkerboard's samples (aliased)."""
+    board = ((np.indices((32, 32)).sum(0) % 2) * 255).astype(np.uint8)  # (32, 32)
+    boards = np.repeat(board[None, :, :, None], 3, axis=3).repeat(4, axis=0)  # (4, 32, 32, 3)
+    loader = _batches(boards, mean=(0, 0, 0), std=(1, 1, 1), pad=0, hflip=0.0)
+    loader.set_epoch(0, size=12)
+    batch, _ = next(iter(loader))  # (4, 3, 12, 12), 0..1
+    assert batch.shape == (4, 3, 12, 12)
+    inner = batch[..., 1:-1, 1:-1]  # the border pixels' filters reach past the image
+    assert (inner - 0.5).abs().max() < 0.1, (inner - 0.5).abs().max()
+
+
 def test_batch_larger_than_the_data_is_explained(images):
     with pytest.raises(ValueError, match="batch size <= 6"):
         _batches(images, batch_size=8, world_size=2)
