@@ -519,3 +519,22 @@ def test_benchmark_reads_cifar_as_evaluate_does(
         assert "on the 4 test images of cifar10" in out
         evaluate = evaluate_script.build_parser().parse_args(printed_commands(out)["vit.evaluate"])
         assert (evaluate.data, Path(evaluate.data_root)) == ("cifar10", root)
+
+
+def test_an_onnx_dir_that_cannot_be_written_is_one_line_before_any_work(tmp_path, monkeypatch):
+    """A read-only location was a traceback from mkdir (or the export's temporary file) after
+    the timings: refused first, as every command's outputs are."""
+    (tmp_path / "file").write_text("mine")
+    assert benchmark.onnx_dir_problem(tmp_path / "file") == (
+        f"--onnx-dir {tmp_path / 'file'}: exists and is not a folder"
+    )
+    read_only = tmp_path / "mounted"
+    read_only.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(  # as a read-only mount answers, even to root
+        os, "access", lambda path, mode: Path(path) != read_only and real_access(path, mode)
+    )
+    for folder in (read_only, read_only / "new"):
+        problem = benchmark.onnx_dir_problem(folder)
+        assert problem.startswith(f"--onnx-dir {folder}: ") and "write" in problem, problem
+    assert benchmark.onnx_dir_problem(tmp_path / "new") is None

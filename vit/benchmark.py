@@ -32,6 +32,7 @@ from .cli.flags import (
     module_parser,
     number_in,
     runs_as_command,
+    unwritable,
 )
 from .factory.timm_weights import TIMM_WEIGHTS
 from .utils.ranges import AT_LEAST_1, POSITIVE
@@ -106,11 +107,13 @@ from .inference.precision import fast_bfloat16
 
 
 def onnx_dir_problem(folder: Path | None) -> str | None:
-    """Why --onnx-dir cannot take the files: one of them is there already (never overwritten)."""
+    """Why --onnx-dir cannot take the files: it cannot be written, or one of them is there
+    already (never overwritten)."""
     if folder is None:
         return None
-    if folder.exists() and not folder.is_dir():
-        return f"--onnx-dir {folder}: a file, not a folder"
+    problem = unwritable("--onnx-dir", folder, folder=True)  # a file, or no write permission
+    if problem:
+        return problem
     taken = [name for name, _ in ONNX_FILES.values() if (folder / name).exists()]
     if taken:
         return f"--onnx-dir {folder}: {taken[0]} is there already; name an empty or new folder"
