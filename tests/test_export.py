@@ -572,8 +572,13 @@ def test_command_line_writes_all_three(model, tmp_path, one_thread, capsys):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     lines = [line for line in captured.out.splitlines() if line.startswith("--")]
-    assert [line.split(":")[0] for line in lines] == ["--onnx", "--hf", "--torchvision"]
-    differences = [float(line.rsplit(" ", 1)[1]) for line in lines]
+    names = ["--onnx", "--hf", "--torchvision", "--torchvision"]  # the last: its note
+    assert [line.split(":")[0] for line in lines] == names
+    *checks, note = lines
+    differences = [float(line.rsplit(" ", 1)[1]) for line in checks]
+    # what a torchvision file cannot hold, and the preprocessing its users must apply
+    mean = ", ".join(f"{v:g}" for v in model.preprocess.mean)
+    assert "the file holds the weights alone" in note and f"mean ({mean})" in note, note
     assert all(0 <= d <= RTOL for d in differences)
     tv = torchvision.models.VisionTransformer(
         image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=128,

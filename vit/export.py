@@ -125,6 +125,7 @@ from .interop.onnx_export import OnnxOptions, export_onnx, require_onnx_packages
 from .interop.torchvision_export import export_torchvision
 from .interop.transformers_export import FOLDER_FILES, export_transformers
 from .models.class_names import class_names_for
+from .models.registry import model_preprocess
 from .models.vision_transformer import VisionTransformer
 from .utils import locks
 from .utils.locks import LOCK_NAME
@@ -179,6 +180,18 @@ def not_an_export(folder: Path) -> str | None:
         f"--hf {folder}: holds files an export does not write ({', '.join(others[:3])}"
         f"{', ...' if len(others) > 3 else ''}), which replacing the folder would delete; "
         f"choose another folder, or remove them"
+    )
+
+
+def weights_only_note(model: VisionTransformer) -> str:
+    """What a torchvision file leaves out, and the preprocessing its users must apply."""
+    pre = model_preprocess(model)
+    mean, std = (", ".join(f"{v:g}" for v in values) for values in (pre.mean, pre.std))
+    return (
+        f"the file holds the weights alone (no class names, no preprocessing; read back, "
+        f"torchvision's ImageNet preprocessing is assumed): prepare images as this model "
+        f"was, {pre.interpolation} resize and crop to {pre.input_size[0]}x{pre.input_size[1]} "
+        f"(crop_pct {pre.crop_pct:g}), mean ({mean}), std ({std})"
     )
 
 
@@ -286,6 +299,8 @@ def export_targets(
                 try:
                     print(f"--{flag}: {exporters[flag](model, path, tolerance=args.tolerance)}")
                     written.append(str(path))
+                    if flag == "torchvision":
+                        print(f"--torchvision: {weights_only_note(model)}")
                 except (MissingExtraError, ValueError, OSError) as e:
                     print(f"error: --{flag} {path}: {e}", file=sys.stderr)
                     failed += 1
