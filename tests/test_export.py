@@ -758,3 +758,35 @@ def test_sigterm_or_ctrl_c_during_an_export_is_one_line_and_leaves_no_file(
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was the command's
+
+
+@pytest.mark.parametrize("target", ["torchvision", "transformers"])
+def test_a_backbone_written_wrong_is_caught_under_a_head_never_trained(
+    model, tmp_path, monkeypatch, target, one_thread
+):
+    """A new model's head starts at zero: its logits are zero whatever the backbone, and an
+    export whose blocks were written wrong passed the logits check (0.0e+00). The features
+    before the head are compared too."""
+    torch.nn.init.zeros_(model.head.weight)
+    torch.nn.init.zeros_(model.head.bias)
+    if target == "torchvision":
+        module, name, export_to = torchvision_export.torchvision_layout, "from_timm", "tv.pth"
+        write = export_torchvision
+    else:
+        module, name, export_to = transformers_export.huggingface, "state_to_hf", "hf"
+        write = export_transformers
+    convert = getattr(module, name)
+
+    def one_tensor_wrong(*args, **kwargs):
+        state = dict(convert(*args, **kwargs))
+        key = next(k for k in state if "mlp" in k or "intermediate" in k)
+        # noise, not a constant: a constant added to a weight after a LayerNorm cancels out
+        noise = torch.randn(state[key].shape, generator=torch.Generator().manual_seed(0))
+        state[key] = state[key] + 0.1 * noise
+        return state
+
+    assert write(model, tmp_path / "right" / export_to).max_relative_difference < RTOL
+    monkeypatch.setattr(module, name, one_tensor_wrong)
+    with pytest.raises(ValueError, match="does not reproduce our (features|final tokens)"):
+        write(model, tmp_path / export_to)
+    assert not (tmp_path / export_to).exists()

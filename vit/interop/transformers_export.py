@@ -90,4 +90,12 @@ def _verify_transformers(transformers, folder: Path, model, config: dict, tolera
     target = f"transformers {name}"
     difference = relative_difference(found, ours)
     check(difference, tolerance, target, COMPARED[output])
+    if output == "logits":  # the tokens too: an untrained (zero) head's logits prove nothing
+        with torch.no_grad():
+            tokens = getattr(theirs, theirs.base_model_prefix)(**inputs).last_hidden_state
+            difference = max(
+                difference, relative_difference(tokens, model.forward_features(images))
+            )
+        check(difference, tolerance, target, "final tokens")
+        return ExportCheck(folder, target, difference, "logits and final tokens")
     return ExportCheck(folder, target, difference, COMPARED[output])
