@@ -193,6 +193,23 @@ def test_the_lock_holder_removes_what_a_killed_writer_left_beside_its_output(tmp
     assert all(path.exists() for path in kept)
 
 
+def test_a_lock_file_that_cannot_be_made_is_one_line_from_the_commands(checkpoint, capsys):
+    """/proc passes os.access for root but takes no file: making the lock file there was
+    export's traceback (FileNotFoundError) and predict's line named the lock file."""
+    from vit import export
+
+    target = Path("/proc/vit-lock-test.onnx")
+    with pytest.raises(locks.CannotLockError, match=f"^{target}: cannot write there \\("):
+        with locks.hold(target, folder=False):
+            pass
+    try:
+        status = export.main([str(checkpoint), "--onnx", str(target)])
+    except SystemExit as refused:  # a user's os.access already says no: argparse's line
+        status = refused.code
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and f"--onnx {target}: cannot write there" in err
+
+
 def test_a_refused_or_failed_start_leaves_no_folder(tmp_path):
     folder = tmp_path / "new"
     with pytest.raises(ValueError, match="boom"), locks.hold(folder, folder=True):

@@ -369,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_as_ctrl_c(), one_writer(out_dir, json_path):
             report = run(args, out_dir, json_path)
-    except (CorruptImageError, FileNotFoundError, ValueError, locks.InUseError) as e:
+    except (CorruptImageError, FileNotFoundError, ValueError, locks.LockError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, what was kept, how to go on

@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         for flag, path in targets:  # one writer per output: another export of it is refused
             try:
                 held.enter_context(locks.hold(path, folder=False))
-            except locks.InUseError as e:
+            except locks.LockError as e:
                 print(f"error: --{flag} {e}; nothing was written", file=sys.stderr)
                 return 2
         return export_targets(parser, args, targets)

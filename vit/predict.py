@@ -344,7 +344,7 @@ def hold_output(flag: str, path: Path, folder: bool = False):
     try:
         with locks.hold(path, folder=folder):
             yield
-    except locks.InUseError as e:
+    except locks.LockError as e:
         raise InputError(f"--{flag} {e}") from None
 
 

@@ -584,7 +584,7 @@ def run(cfg: TrainConfig, overwrite: bool) -> int:
         return said(info.is_main, f"{PROG}: stopped: {e}", status=1)
     except TrainingError as e:  # this process's own: it says so
         return said(True, f"{PROG}: error: {e}", status=2)
-    except locks.InUseError as e:  # another start took the folder since folder_in_use looked
+    except locks.LockError as e:  # another start took the folder since folder_in_use looked
         flag = "--resume" if cfg.resume else "--output-dir"
         return said(info.is_main, f"{PROG}: error: {flag} {e}", status=2)
     except START_ERRORS as e:  # met by every process alike: rank 0 says so

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..utils.locks import InUseError
+from ..utils.locks import LockError
 
 
 class NonFiniteLossError(RuntimeError):
@@ -38,7 +38,7 @@ class PeerGone(Exception):
 # What a start can find wrong in the settings, the data, the model, a resumed state or the run
 # folder (another process writing there): one line for the user (train.py exits with status 2),
 # raised by every process together.
-START_ERRORS = (ValueError, FileNotFoundError, InUseError)
+START_ERRORS = (ValueError, FileNotFoundError, LockError)
 
 
 class TrainingError(ValueError):

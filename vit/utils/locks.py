@@ -28,7 +28,21 @@ except ImportError:  # Windows: no flock; the commands run without the lock ther
 LOCK_NAME = ".lock"  # inside a locked folder
 
 
-class InUseError(RuntimeError):
+class LockError(RuntimeError):
+    """The lock of a path could not be taken: another process holds it (InUseError), or its
+    lock file cannot be made there (CannotLockError)."""
+
+
+class CannotLockError(LockError):
+    """The lock file cannot be made beside (or in) `path`: a location that cannot be written
+    though it looked writable (/proc, a root's view of a read-only place)."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        self.path = path
+        super().__init__(f"{path}: cannot write there ({error.strerror or error})")
+
+
+class InUseError(LockError):
     """Another process holds the lock: `path` (the folder or file), `pid` and `command` (its
     command line, when known)."""
 
@@ -79,8 +93,11 @@ def hold(path: Path, folder: bool) -> Iterator[None]:
         return
     target = lock_file(path, folder)
     made = [d for d in [target.parent, *target.parent.parents] if not d.exists()]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd = _acquire(path, target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = _acquire(path, target)
+    except OSError as e:
+        raise CannotLockError(path, e) from e
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n{' '.join(sys.argv)}\n".encode())
