@@ -201,6 +201,10 @@ def test_openvino_runs_the_file_as_onnxruntime_does(exported, tmp_path, one_thre
         ort.to(torch.bfloat16)
     with pytest.raises(ValueError, match="--device cuda: OpenVINO runs ONNX files on the CPU"):
         ov.to("cuda")
+    # OpenVINO's reason, not the first of its lines, which names its own source file
+    (tmp_path / "bad.onnx").write_bytes(b"not an ONNX graph")
+    with pytest.raises(ValueError, match="^OpenVINO cannot run it: Unable to read the model"):
+        OnnxModel(tmp_path / "bad.onnx", runtime="openvino")
 
 
 @openvino_case

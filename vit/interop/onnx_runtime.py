@@ -74,8 +74,10 @@ class OpenvinoSession:
                     "PERFORMANCE_HINT": "LATENCY",
                 },
             )
-        except Exception as e:  # OpenVINO's own errors, several lines: the first says it
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        except Exception as e:  # OpenVINO's own errors, several lines under source locations
+            lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+            said = [line for line in lines if not line.startswith("Exception from ")]
+            first = (said or lines or [type(e).__name__])[0]
             raise ValueError(f"OpenVINO cannot run it: {first}") from None
         info = graph.get_rt_info()
         # the ONNX file's metadata_props, kept by OpenVINO's reader under "framework"
