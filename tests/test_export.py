@@ -358,6 +358,8 @@ def test_transformers_export_of_every_family_round_trips(family, tmp_path, one_t
         (FAMILIES["deit3 (LayerScale, no_embed_class)"], "DeiT III"),
         ({**FAMILIES["deit3 (LayerScale, no_embed_class)"], "num_classes": 0}, "DeiT III"),
         ({"init_values": 1e-5}, "DINOv2 classifiers read the class token and the mean patch"),
+        # and what it can hold instead
+        ({"init_values": 1e-5}, "its backbone can be written, without the head (num_classes=0)"),
         ({**FAMILIES["siglip (attention pool)"], "num_classes": 3}, "SiglipForImageClassif"),
         ({"global_pool": "avg"}, "global_pool='avg'"),
         ({"no_embed_class": True}, "no_embed_class=True"),

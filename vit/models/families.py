@@ -89,6 +89,8 @@ class Family:
         if chosen is None:
             kind = "with a classifier head" if num_classes else "without a head (num_classes=0)"
             why = self.hf_refusal or f"no transformers class holds a {self.title} {kind}"
+            if num_classes and self.hf_headless is not None:  # what it can hold instead
+                why += "; its backbone can be written, without the head (num_classes=0)"
             raise ValueError(f"transformers cannot hold this {self.title} model: {why}")
         return chosen
 
