@@ -181,6 +181,10 @@ def test_a_value_out_of_range_names_the_file_that_set_it(
         ("num_classes=100", "the number of classes is the data's"),
         ("img_size=64", "the input size is --img-size's"),
         ("pretrained=weights.pth", "the weights are --pretrained's"),
+        # given twice (--drop-path's default and the kwarg), the kwarg silently won
+        ("drop_path_rate=0.1", "stochastic depth is --drop-path's"),
+        ("drop_rate=0.1", "dropout is --drop's"),
+        ("patch_drop_rate=0.5", "patch dropout is --patch-drop's"),
     ],
 )
 def test_model_kwargs_of_create_models_own_arguments_are_named(
@@ -193,6 +197,32 @@ def test_model_kwargs_of_create_models_own_arguments_are_named(
     err = capsys.readouterr().err
     assert refused.value.code == 2 and err.count("\n") == 1
     assert err.startswith(f"train.py: error: --model-kwargs {item}: {instead}")
+
+
+def test_model_kwargs_values_are_read_as_timm_reads_them(train_script):
+    """As Python literals first (timm's train.py: ast.literal_eval), YAML after: YAML alone
+    read 1e-5 as the string '1e-5' (a traceback from torch.full for init_values) and None as
+    'None'."""
+    items = ["init_values=1e-5", "class_token=False", "qkv_bias=true"]
+    items += ["global_pool='avg'", "depth=2", "mlp_ratio=2.5", "act_layer=gelu", "reg_tokens=null"]
+    cfg = train_script.parse_config(["--model-kwargs", *items])
+    assert cfg.model_kwargs == {
+        "init_values": 1e-5, "global_pool": "avg", "class_token": False, "qkv_bias": True,
+        "depth": 2, "mlp_ratio": 2.5, "act_layer": "gelu", "reg_tokens": None,
+    }  # fmt: skip
+    assert train_script.parse_config(["--model-kwargs", "global_pool=None"]).model_kwargs == {
+        "global_pool": None
+    }
+
+
+@pytest.mark.parametrize("prefix", ["--output", "--warmup", "--model-ema-d", "--clip"])
+def test_a_flag_is_never_taken_from_a_prefix_of_its_name(train_script, capsys, prefix):
+    """argparse took timm's --output DIR (a parent of run folders) as --output-dir DIR: the
+    run went into DIR itself. A prefix is an unknown flag now."""
+    with pytest.raises(SystemExit) as refused:
+        train_script.main([prefix, "1"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and f"unrecognized arguments: {prefix} 1" in err, err
 
 
 def test_config_values_are_read_as_their_flags_read_text(tmp_path, train_script):

@@ -27,7 +27,12 @@ from ..utils.signals import handled
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line on stderr (exit status 2) instead of the whole
-    usage text: `train.py: error: --epochs 0: training epochs; accepted: an integer >= 1`."""
+    usage text: `train.py: error: --epochs 0: training epochs; accepted: an integer >= 1`; and
+    no flag by a prefix of its name: timm's `--output DIR` (a parent of run folders) was taken
+    as `--output-dir DIR`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -129,14 +134,23 @@ def module_parser(prog: str, doc: str) -> ArgumentParser:
 
 def key_value(item: str) -> tuple[str, object]:
     """'depth=6' -> ('depth', 6): an argparse type for KEY=VALUE items (--model-kwargs), the
-    value read as YAML, an empty one as the empty string (a shell passes `global_pool=''` on
-    as `global_pool=`; `KEY=null` is None); argparse names the flag in its error."""
+    value read as a Python literal, as timm's train.py reads it (1e-5, None, True, 'avg'), else
+    as YAML (null, true, avg; YAML alone read 1e-5 as a string); an empty one as the empty
+    string (a shell passes `global_pool=''` on as `global_pool=`); argparse names the flag in
+    its error."""
+    import ast
+
     import yaml  # here, not at the top: `import vit` and --help stay light
 
     key, sep, value = item.partition("=")
     if not sep:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
-    return key, yaml.safe_load(value) if value else ""
+    if not value:
+        return key, ""
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return key, yaml.safe_load(value)
 
 
 def train_setting(item: str) -> tuple[str, object]:

@@ -253,6 +253,10 @@ MODEL_KWARGS_OF_THEIR_OWN = {
     "num_classes": "the number of classes is the data's (the class folders of --data)",
     "img_size": "the input size is --img-size's",
     "pretrained": "the weights are --pretrained's",
+    # the rates train.py's own flags set: given twice, the model's silently won
+    "drop_path_rate": "stochastic depth is --drop-path's",
+    "drop_rate": "dropout is --drop's",
+    "patch_drop_rate": "patch dropout is --patch-drop's",
 }
 
 
