@@ -101,7 +101,7 @@ class TrainConfig:
     grad_checkpointing: bool = setting(False, "optimisation", "recompute each block's activations in the backward pass instead of keeping them (timm's flag): less memory for more time (ViT-B/16 on a CPU: 37% less peak memory, 21% more time a step), the same gradients")
     label_smoothing: float = setting(0.1, "optimisation", "label smoothing")
     model_ema: bool = setting(True, "optimisation", "keep an EMA of the weights")
-    model_ema_decay: float | None = setting(None, "optimisation", "EMA decay (default: averages over the last ~2% of the optimizer steps)")
+    model_ema_decay: float | None = setting(None, "optimisation", "EMA decay per optimizer step, reached after a warm-up of min(decay, (1 + n) / (10 + n)) at step n, unlike timm's (default: averages over the last ~2% of the steps)")
     amp: bool = setting(False, "optimisation", "mixed precision")
     amp_dtype: str = setting("bfloat16", "optimisation", "autocast dtype", choices=("bfloat16", "float16"))
     compile: bool = setting(False, "optimisation", "torch.compile the model and the loss into one graph (and, off the CPU, --batch-augment's RandAugment)")
