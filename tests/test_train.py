@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import random
@@ -223,6 +224,25 @@ def test_a_flag_is_never_taken_from_a_prefix_of_its_name(train_script, capsys, p
         train_script.main([prefix, "1"])
     err = capsys.readouterr().err
     assert refused.value.code == 2 and f"unrecognized arguments: {prefix} 1" in err, err
+
+
+def test_timms_names_for_our_settings_are_named_where_given(tmp_path, train_script, capsys):
+    """--smoothing (timm's) was "unrecognized arguments" alone, and a config file's data_dir
+    got "did you mean data_root?" (where CIFAR downloads to): each names the setting here."""
+    from vit.training.settings import TrainConfig
+
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert {ours.split()[0] for ours in train_script.OTHER_NAMES.values()} <= known
+    with pytest.raises(SystemExit):
+        train_script.main(["--smoothing", "0.1", "--sched", "cosine", "--data-dir", "d"])
+    assert capsys.readouterr().err == (
+        "train.py: error: unrecognized arguments: --smoothing 0.1 --sched cosine --data-dir d "
+        "(here: --smoothing is --label-smoothing; --data-dir is --data)\n"
+    )
+    config = tmp_path / "c.yaml"
+    config.write_text("data_dir: images\n")
+    assert train_script.main(["--config", str(config)]) == 2
+    assert "unknown key 'data_dir'; did you mean data? " in capsys.readouterr().err
 
 
 def test_config_values_are_read_as_their_flags_read_text(tmp_path, train_script):

@@ -121,11 +121,45 @@ def shell_path(path: str | Path) -> str:
     return shlex.quote(f"./{text}" if text.startswith("-") else text)
 
 
+# timm's and torchvision's train.py names of settings this one has under another name: said where
+# one is given (a flag, a config file's key)
+OTHER_NAMES = {
+    "smoothing": "label_smoothing",
+    "data_dir": "data",
+    "data_path": "data",
+    "output": "output_dir (the run's own folder, not a parent of runs)",
+    "experiment": "output_dir",
+    "torchcompile": "compile",
+    "initial_checkpoint": "pretrained",
+    "input_size": "img_size",
+    "mixup_alpha": "mixup",
+    "cutmix_alpha": "cutmix",
+    "lr_warmup_epochs": "warmup_epochs",
+    "lr_min": "min_lr",
+    "clip_grad_norm": "clip_grad",
+    "auto_augment": "aa",
+    "random_erase": "reprob",
+    "ra_reps": "aug_repeats",
+    "wd": "weight_decay",
+}
+
+
+def other_flag_names() -> dict[str, str]:
+    """OTHER_NAMES as flags: '--smoothing' -> '--label-smoothing'."""
+    return {
+        f"--{theirs.replace('_', '-')}": "--" + ours.replace("_", "-")
+        for theirs, ours in OTHER_NAMES.items()
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     """One flag per TrainConfig field (`--batch-size` for batch_size), plus --config and
     --overwrite (what to do, not how to train: they are not saved with the run)."""
     parser = ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=PROG,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        other_names=other_flag_names(),
     )
     groups = {name: parser.add_argument_group(name) for name in GROUPS}
     hints = typing.get_type_hints(TrainConfig)
@@ -194,7 +228,8 @@ def read_yaml_config(path: Path, run_folder: bool = False) -> dict:
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
         if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
+            close = [OTHER_NAMES[key]] if key in OTHER_NAMES else []  # timm's name for it
+            close = close or difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {close[0]}? " if close else ""
             raise SystemExit(
                 f"{PROG}: error: config file {path}: unknown key {raw_key!r}; {hint}the keys "

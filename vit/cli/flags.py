@@ -31,10 +31,20 @@ class ArgumentParser(argparse.ArgumentParser):
     no flag by a prefix of its name: timm's `--output DIR` (a parent of run folders) was taken
     as `--output-dir DIR`."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, other_names: dict[str, str] | None = None, **kwargs) -> None:
         super().__init__(*args, allow_abbrev=False, **kwargs)
+        # another program's flag -> ours ("--smoothing" -> "--label-smoothing"), named when
+        # it is given: "unrecognized arguments" alone leaves a timm user to search --help
+        self.other_names = other_names or {}
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            given = message.split(":", 1)[1].split()
+            ours = [
+                f"{flag} is {self.other_names[flag]}" for flag in given if flag in self.other_names
+            ]
+            if ours:
+                message += f" (here: {'; '.join(ours)})"
         self.exit(2, f"{self.prog}: error: {message}\n")
 
     def print_help(self, file=None) -> None:
