@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from ..models.initializers import mimetic_init_, sincos_pos_embed_, whiten_patch
 from ..models.registry import Preprocess
 from ..models.vision_transformer import VisionTransformer
 from ..utils import process_group
+from ..utils.files import temporary_folder_beside
 from ..utils.messages import one_line
 from ..utils.process_group import DistInfo
 from .checkpoint import (
@@ -655,10 +655,7 @@ def init_head_by_probe(
     # in a folder they all see, beside the run folder (whose lock's next holder removes a killed
     # start's). In a temporary folder of each process's own, a process read a file never written
     # there and the others waited for it for ever.
-    run = Path(cfg.output_dir)
-    made = None
-    if info.is_main:
-        made = tempfile.mkdtemp(dir=run.parent, prefix=f".{run.name}.", suffix=".tmp")
+    made = temporary_folder_beside(Path(cfg.output_dir)) if info.is_main else None
     work = Path(process_group.broadcast_from_rank0(info, made))
     try:
         fit = probe_head(

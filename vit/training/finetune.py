@@ -20,6 +20,7 @@ fine-tuning from a head that already reads them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 from collections.abc import Collection
@@ -112,11 +113,12 @@ def probe_head(
             "--head-init probe fits a linear head; this model has none (num_classes=0)"
         )
     model.eval()
-    with tempfile.TemporaryDirectory() as folder:
+    given = contextlib.nullcontext(work_dir) if work_dir else tempfile.TemporaryDirectory()
+    with given as folder:
         features, labels = extract_features(
             model,
             train_set,
-            Path(work_dir or folder) / "features.npz",
+            Path(folder) / "features.npz",
             batch_size=batch_size,
             workers=workers,
             device=device,

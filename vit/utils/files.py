@@ -96,6 +96,12 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
+def temporary_folder_beside(path: Path, suffix: str = ".tmp") -> Path:
+    """A fresh folder `.NAME.XXXXXXXX.tmp` (or `.old`) beside `path`: a name
+    `remove_temporaries` sweeps once the writer that made it is gone."""
+    return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix))
+
+
 def atomic_write_dir(path: Path, write: Callable[[Path], object]) -> None:
     """Call `write(tmp_dir)` to fill a fresh folder, then put it in place of `path`.
 
@@ -107,7 +113,7 @@ def atomic_write_dir(path: Path, write: Callable[[Path], object]) -> None:
     if path.exists() and not path.is_dir():
         raise NotADirectoryError(f"{path} exists and is not a folder; choose a folder path")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    tmp = temporary_folder_beside(path)
     old = None
     try:
         write(tmp)
@@ -115,7 +121,7 @@ def atomic_write_dir(path: Path, write: Callable[[Path], object]) -> None:
         for inner in tmp.rglob("*"):  # some writers (safetensors) create owner-only files
             _normal_permissions(inner, directory=inner.is_dir())
         if path.exists():
-            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            old = temporary_folder_beside(path, suffix=".old")
             os.replace(path, old / path.name)
         os.replace(tmp, path)
     except BaseException as e:
@@ -143,7 +149,7 @@ def atomic_write_files(paths: list[Path], write: Callable[[Path], object]) -> No
     if any(p.parent != folder for p in paths):
         raise ValueError(f"files written together must share one folder: {paths}")
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".{paths[0].name}.", suffix=".tmp"))
+    tmp = temporary_folder_beside(paths[0])  # paths[0].parent is folder
     try:
         write(tmp)
         for path in paths:
