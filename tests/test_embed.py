@@ -68,6 +68,30 @@ def subprocess_env() -> dict:
     return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 
+# `python -c HOLD HELD RELEASE ARGS...`: `python -m vit.predict ARGS` with the image HELD slow to
+# arrive: its decode waits until the file RELEASE exists, so that a test can stop a run between
+# two shards (a named pipe did this until open_image refused to wait on one)
+HOLD = """
+import runpy, sys, time
+from pathlib import Path
+import vit.inference.predict_job as job
+held, release = Path(sys.argv[1]).resolve(), Path(sys.argv[2])
+read = job.open_image
+def open_image(path):
+    while Path(path).resolve() == held and not release.exists():
+        time.sleep(0.05)
+    return read(path)
+job.open_image = open_image
+sys.argv = ["vit.predict", *sys.argv[3:]]
+runpy.run_module("vit.predict", run_name="__main__", alter_sys=True)
+"""
+
+
+def held_back(image: Path, release: Path, *args: str) -> list[str]:
+    """The command of `python -m vit.predict ARGS` with `image` held back until `release` exists."""
+    return [sys.executable, "-c", HOLD, str(image), str(release), *args]
+
+
 # -- memory that does not grow with the number of images ---------------------------------------
 @pytest.mark.parametrize(
     "embedding", ["pooled", "clstoken", "clstoken_avgpool", "last2_clstoken", "output"]
@@ -311,12 +335,12 @@ def test_ctrl_c_says_in_one_line_what_was_kept_and_how_to_go_on(backbone, tmp_pa
     """Ctrl-C in the middle of --features: one line (not a traceback) naming the finished
     shards and the command that continues from them; exit status 130, the shards kept."""
     write_images(tmp_path / "a", 20)
-    pipe = tmp_path / "0020.png"  # an image that never arrives: the run waits there
-    os.mkfifo(pipe)
+    write_images(tmp_path, 1, start=20)
+    held, release = tmp_path / "0020.png", tmp_path / "release"  # the run waits on 0020.png
     out = tmp_path / "f.npz"
-    command = [sys.executable, "-m", "vit.predict", str(tmp_path / "a"), str(pipe),
-               "--checkpoint", str(backbone), "--features", str(out), "--shard-size", "10",
-               "--batch-size", "4", "--workers", "1"]  # fmt: skip
+    command = held_back(held, release, str(tmp_path / "a"), str(held), "--checkpoint",
+                        str(backbone), "--features", str(out), "--shard-size", "10",
+                        "--batch-size", "4", "--workers", "1")  # fmt: skip
     process = subprocess.Popen(
         command,
         env=subprocess_env(),
@@ -331,8 +355,7 @@ def test_ctrl_c_says_in_one_line_what_was_kept_and_how_to_go_on(backbone, tmp_pa
         assert time.monotonic() < deadline, "no shard was written"
         time.sleep(0.1)
     process.send_signal(signal.SIGINT)
-    with open(pipe, "wb"):  # the image's decode, waited for, ends (an empty file): the run stops
-        pass
+    release.touch()  # the image's decode, waited for, ends: the run stops
     _, err = process.communicate(timeout=60)
     assert process.returncode == 130
     assert err.splitlines()[-1] == (
@@ -346,17 +369,17 @@ def test_a_killed_run_continues_from_its_last_shard_to_the_uninterrupted_file(
     backbone, tmp_path, one_thread, capsys
 ):
     """A run killed in the middle, run again, writes the file an uninterrupted run writes: the
-    same rows in the same order, the same values. The kill comes while the run waits on a named
-    pipe (an image that never arrives), after the shards before it were written."""
+    same rows in the same order, the same values. The kill comes while the run waits for an
+    image that is slow to arrive, after the shards before it were written."""
     write_images(tmp_path / "a", 30)
     write_images(tmp_path / "b", 69, seed=1, start=31)
-    pipe = tmp_path / "0030.png"
-    os.mkfifo(pipe)
+    write_images(tmp_path, 1, seed=2, start=30)
+    held = tmp_path / "0030.png"
     out = tmp_path / "f.npz"
-    job = [str(tmp_path / "a"), str(pipe), str(tmp_path / "b"), "--checkpoint", str(backbone),
+    job = [str(tmp_path / "a"), str(held), str(tmp_path / "b"), "--checkpoint", str(backbone),
            "--shard-size", "10", "--batch-size", "4", "--workers", "1"]  # fmt: skip
     args = [*job, "--features", str(out)]
-    command = [sys.executable, "-m", "vit.predict", *args]
+    command = held_back(held, tmp_path / "never", *args)
     process = subprocess.Popen(command, env=subprocess_env(), stderr=subprocess.PIPE)
     parts = parts_folder(out)
     deadline = time.monotonic() + 120
@@ -368,8 +391,6 @@ def test_a_killed_run_continues_from_its_last_shard_to_the_uninterrupted_file(
     process.wait()
     process.stderr.close()
     assert not out.exists() and len(list(parts.glob("shard-*.npz"))) == 3
-    pipe.unlink()
-    write_images(tmp_path, 1, seed=2, start=30)  # the image arrives: 0030.png
 
     # another job's parts are refused in one line, and left as they are
     assert main([*args, "--embedding", "clstoken"]) == 2

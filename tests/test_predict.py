@@ -109,6 +109,30 @@ def test_grayscale_and_transparent_images_become_rgb(images, tmp_path):
     assert load_image(deep)[..., 1].tolist() == [[0, 100], [200, 255]]
 
 
+def test_a_pipe_named_as_an_image_is_refused_not_waited_on(tmp_path):
+    """Opening a FIFO for reading waits until something writes to it: predict hung."""
+    import threading
+
+    pipe = tmp_path / "camera.jpg"
+    os.mkfifo(pipe)
+    said = []
+
+    def read() -> None:
+        with pytest.raises(CorruptImageError) as error:
+            open_image(pipe)
+        said.append(str(error.value))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    waited = reader.is_alive()
+    if waited:  # free the reader: a writer that opens and closes the pipe gives it an end
+        os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=10)
+    assert not waited, "open_image waited on the pipe"
+    assert said == [f"cannot read image {pipe}: not a regular file (a pipe, socket or device)"]
+
+
 def test_a_folder_is_searched_as_torchvisions_image_folder_finds_files(tmp_path):
     """Linked folders are followed (Path.rglob did not go into them: a class's linked folder
     of images was silently left out of training), a link back up is walked once, hidden

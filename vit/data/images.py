@@ -45,6 +45,10 @@ def open_image(path: str | Path) -> Image.Image:
         raise CorruptImageError(f"cannot read image {path}: it is a folder, not an image file")
     if not path.exists():
         raise CorruptImageError(f"cannot read image {path}: no such file")
+    if not path.is_file():  # a pipe would be waited on for ever, a device read without end
+        raise CorruptImageError(
+            f"cannot read image {path}: not a regular file (a pipe, socket or device)"
+        )
     try:
         with Image.open(path) as image:
             image.load()
