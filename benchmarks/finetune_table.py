@@ -1,6 +1,7 @@
 """Fine-tuning a pretrained backbone, side by side on the same images and budget: the linear
-probe, the head alone, every weight, every weight with layer decay, probe then fine-tune, and
-the same architecture from scratch as the floor. Each row is one train.py command (printed);
+probe, the head alone, every weight, every weight with layer decay, probe then fine-tune (by
+AdamW, or by SGD with momentum as the ViT paper did), and the same architecture from scratch as
+the floor. Each row is one train.py command (printed);
 the table gives each row's top-1 on the test images after its last epoch.
 
     python benchmarks/finetune_table.py --backbone ../shared/data/dinov2-small \\
@@ -46,6 +47,13 @@ ROWS = {
         "--head-init",
         "probe",
     ],  # fmt: skip
+    # the ViT paper's way (Dosovitskiy et al. 2021): SGD, momentum 0.9, no weight decay
+    "probe, then full with SGD momentum, lr 3e-3": (
+        "--opt momentum --weight-decay 0 --lr 3e-3 --head-init probe".split()
+    ),
+    "probe, then full with SGD momentum, lr 1e-2": (
+        "--opt momentum --weight-decay 0 --lr 1e-2 --head-init probe".split()
+    ),
     "from scratch (the floor)": ["--lr", "1e-3", "--no-pretrained"],
 }
 PROBE_LINE = re.compile(r"epoch 0/\d+ \(--head-init probe.*?top-1 ([\d.]+)%")

@@ -47,7 +47,7 @@ from vit.training.build import build_mixup
 from vit.training.ema import ModelEma
 from vit.training.engine import tally
 from vit.training.optimizers import build_optimizer
-from vit.training.settings import TrainConfig
+from vit.training.settings import TrainConfig, resolve_weight_decay
 from vit.training.update_graph import UpdateGraph
 
 
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         model,
         opt,
         lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
+        weight_decay=resolve_weight_decay(cfg),
         # float32: a CPU without bfloat16 products emulates them, arithmetic this does not time
         muon_ns_dtype="float32",
     )

@@ -127,6 +127,45 @@ def test_the_logged_rate_under_layer_decay_is_the_first_groups_rate_at_the_top(o
     assert top_lr(optimizer) == pytest.approx(top)
 
 
+@pytest.mark.parametrize("opt", ["sgd", "momentum"])
+def test_sgd_steps_as_by_hand_with_decay_on_matrices_only_and_layer_decay(opt):
+    """--opt sgd (Nesterov) and momentum (plain), timm's names, over layer decay's groups: two
+    steps of every trainable tensor as SGD's formulas give them by hand, the weight decay added
+    to the matrices' gradients only, each group at its depth's rate."""
+    from vit.training import settings
+
+    model = tiny()
+    scales = layer_lr_scales(model, 0.7)
+    lr, decay, momentum = 0.1, 0.01, 0.9
+    optimizer = build_optimizer(
+        model, opt, lr=lr, weight_decay=decay, momentum=momentum, lr_scales=scales
+    )
+    assert isinstance(optimizer, torch.optim.SGD)
+    names = {id(p): n for n, p in model.named_parameters()}
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    buffers: dict[str, torch.Tensor] = {}
+    for step in range(2):
+        torch.manual_seed(step)
+        for param in model.parameters():
+            param.grad = torch.randn_like(param)
+        for group in optimizer.param_groups:  # by hand, before the step moves the weights
+            for param in group["params"]:
+                name = names[id(param)]
+                decayed = param.ndim > 1 and name not in ("pos_embed", "cls_token")
+                grad = param.grad + (decay * weights[name] if decayed else 0)
+                # torch's buffer starts as the first gradient, then m b + g
+                buffers[name] = grad if step == 0 else momentum * buffers[name] + grad
+                update = grad + momentum * buffers[name] if opt == "sgd" else buffers[name]
+                weights[name] = weights[name] - lr * scales[name] * update
+        optimizer.step()
+        for name, param in model.named_parameters():
+            torch.testing.assert_close(param.detach(), weights[name], msg=name)
+    # the weight decay's default follows the optimizer: SGD's is added to the gradient
+    for name, expected in (("sgd", 0.0), ("momentum", 0.0), ("adamw", 0.05), ("muon", 0.05)):
+        assert settings.resolve_weight_decay(settings.TrainConfig(opt=name)) == expected
+    assert settings.resolve_weight_decay(settings.TrainConfig(opt="sgd", weight_decay=1e-4)) == 1e-4
+
+
 def test_without_layer_decay_the_groups_are_the_saved_runs_two():
     """Runs saved before layer decay hold AdamW's two groups (decayed, then not): the grouping
     without it must stay that, or their optimizer state would not load on --resume."""
@@ -255,6 +294,29 @@ def test_finetuning_run_logs_its_rates_and_probe_and_resumes_exactly(
         read_rows(stopped / "metrics.csv")[-1]["test_top1"]
         == read_rows(straight / "metrics.csv")[-1]["test_top1"]
     )
+
+
+def test_an_sgd_fine_tuning_resumes_to_the_uninterrupted_runs_weights(
+    image_folder, pretrained, tmp_path, train_script, monkeypatch
+):
+    """--opt sgd, the ViT paper's way of fine-tuning: the momentum buffers are saved with the
+    run, so a run stopped after epoch 1 resumes to the weights of one that was not; config.yaml
+    keeps the optimizer and its momentum, and the weight decay unset (none, SGD's default)."""
+    sgd = ("--opt", "sgd", "--lr", "3e-2", "--layer-decay", "0.7")
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert train_script.main(finetune_args(image_folder, straight, pretrained, 2, *sgd)) == 0
+    config = (straight / "config.yaml").read_text()
+    assert "opt: sgd" in config and "momentum: 0.9" in config and "weight_decay: null" in config
+    with monkeypatch.context() as patch:
+        stop_after_first_save(patch)
+        assert train_script.main(finetune_args(image_folder, stopped, pretrained, 2, *sgd)) == 130
+    assert train_script.main(["--resume", str(stopped)]) == 0
+    end, resumed = (load_file(run / "model.safetensors") for run in (straight, stopped))
+    assert end.keys() == resumed.keys()
+    for name, value in end.items():
+        assert torch.equal(resumed[name], value), name
+    start = load_file(pretrained)["blocks.0.mlp.fc1.weight"]
+    assert not torch.equal(end["blocks.0.mlp.fc1.weight"], start)  # every block trained
 
 
 def test_muon_layer_decay_logs_the_rates_muon_and_adamw_apply(

@@ -1072,11 +1072,13 @@ def test_a_flag_that_changes_nothing_with_the_others_is_said(train_script, capsy
     for a flag that turns them on are not (the speedrun's teacher, its fallback without one)."""
     flags = ["--opt", "adamw", "--muon-lr", "0.01", "--teacher-epochs", "3", "--compile-mode"]
     train_script.parse_config(
-        [*flags, "max-autotune", "--model-ema-decay", "0.9", "--no-model-ema"]
+        [*flags, "max-autotune", "--model-ema-decay", "0.9", "--no-model-ema", "--momentum", "0.8"]
     )
     assert capsys.readouterr().err.splitlines() == [
         "train.py: warning: --muon-lr acts with --opt muon (the optimizer here: adamw); as "
         "given, it changes nothing",
+        "train.py: warning: --momentum acts with --opt sgd or momentum (the optimizer here: "
+        "adamw); as given, it changes nothing",
         "train.py: warning: --model-ema-decay acts with --model-ema; as given, it changes nothing",
         "train.py: warning: --compile-mode acts with --compile; as given, it changes nothing",
         "train.py: warning: --teacher-epochs acts with --distillation-type soft or hard; as "

@@ -209,6 +209,12 @@ def test_settings_at_odds_with_each_other_are_refused(
     err = refused(train_script, args + nested, capsys)
     assert "--graph-step with --compile-mode reduce-overhead" in err
     assert "use --compile-mode default" in err
+    err = refused(train_script, args + ["--graph-update", "--opt", "momentum"], capsys)
+    assert "--graph-update with --opt momentum: the graph captures AdamW's and Muon's" in err
+    err = refused(train_script, args + ["--opt", "sgd", "--momentum", "0"], capsys)  # torch's error
+    assert "--opt sgd is SGD with Nesterov momentum, which needs a --momentum above 0" in err
+    err = refused(train_script, args + ["--opt", "sgd", "--momentum", "1"], capsys)
+    assert "--momentum 1.0" in err and "[0, 1)" in err
     for flag in (["--patch-embed-init", "whiten"], ["--mimetic-init"], ["--pos-embed", "sincos"]):
         # the last two were ignored with --pretrained, without a word (config.yaml saying them)
         err = refused(train_script, args + [*flag, "--pretrained"], capsys)

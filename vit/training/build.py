@@ -74,6 +74,7 @@ from .settings import (
     resolve_ema_decay,
     resolve_optimizer,
     resolve_warmup_epochs,
+    resolve_weight_decay,
 )
 from .step_graph import StepGraph
 from .teacher_recipe import RECIPES, TeacherRecipe
@@ -399,14 +400,15 @@ def make_teacher(
 def build_training_state(
     cfg: TrainConfig, model: nn.Module, steps_per_epoch: int, device: torch.device, info: DistInfo
 ) -> TrainingState:
-    """AdamW, or Muon + AdamW (no decay on biases, norms, embeddings), warmup + cosine per
+    """AdamW, Muon + AdamW or SGD (no decay on biases, norms, embeddings), warmup + cosine per
     step, a gradient scaler for float16 autocast, and the EMA, around `model`; nothing trained
     yet."""
     optimizer = build_optimizer(
         model,
         resolve_optimizer(cfg),
         lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
+        weight_decay=resolve_weight_decay(cfg),
+        momentum=cfg.momentum,
         muon_lr=cfg.muon_lr,
         muon_ns_dtype=cfg.muon_ns_dtype,
         # On a GPU one kernel updates every tensor, where the foreach update launches a few per

@@ -1,4 +1,5 @@
-"""Optimizers: AdamW everywhere, or Muon for the hidden weight matrices and AdamW for the rest.
+"""Optimizers: AdamW everywhere, or Muon for the hidden weight matrices and AdamW for the rest
+(or torch's SGD, for fine-tuning as the ViT paper did).
 
 Muon (Jordan et al. 2024, "Muon: an optimizer for hidden layers in neural networks") takes
 SGD-momentum's update for a weight matrix and replaces it by the nearest semi-orthogonal
@@ -333,22 +334,28 @@ def build_optimizer(
     muon_ns_dtype: str = "float32",
     fused: bool = False,
     lr_scales: dict[str, float] | None = None,
+    momentum: float = 0.9,
 ) -> torch.optim.Optimizer:
     """`name` "adamw": AdamW on every trainable parameter; "muon": Muon (lr `muon_lr`, default
     `lr`; its Newton-Schulz iteration in `muon_ns_dtype`) for the blocks' weight matrices and
-    AdamW for the rest. `fused`: torch's fused AdamW, one kernel for every tensor (for a GPU).
-    `lr_scales`: each parameter's learning rate is its group's times its factor (layer decay)."""
-    if name == "adamw":
-        groups = param_groups(model, weight_decay, lr_scales)
-    elif name == "muon":
+    AdamW for the rest; "sgd": SGD with Nesterov `momentum`, "momentum": with plain momentum
+    (timm's names; torch's SGD, its weight decay added to the gradient). `fused`: torch's fused
+    AdamW or SGD, one kernel for every tensor (for a GPU). `lr_scales`: each parameter's learning
+    rate is its group's times its factor (layer decay)."""
+    if name == "muon":
         groups = muon_param_groups(
             model, weight_decay, lr if muon_lr is None else muon_lr, lr_scales
         )
+    elif name in ("adamw", "sgd", "momentum"):
+        groups = param_groups(model, weight_decay, lr_scales)
     else:
-        raise ValueError(f"unknown optimizer {name!r}; accepted: adamw, muon")
-    for group in groups:  # each group's base rate (Muon's its own, AdamW's --lr) times its factor
+        raise ValueError(f"unknown optimizer {name!r}; accepted: adamw, muon, sgd, momentum")
+    for group in groups:  # each group's base rate (Muon's own, --lr the rest's) times its factor
         if "lr_scale" in group:
             group["lr"] = group.get("lr", lr) * group["lr_scale"]
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
-    return Muon(groups, lr=lr, ns_dtype=getattr(torch, muon_ns_dtype))
+    if name == "muon":
+        return Muon(groups, lr=lr, ns_dtype=getattr(torch, muon_ns_dtype))
+    nesterov = name == "sgd"
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov, fused=fused or None)

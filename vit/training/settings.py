@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from ..data.transforms import AugmentConfig
 
 DEFAULT_MODEL = "vit_cifar_patch4_32"
+# --opt's choices, timm's names: sgd is SGD with Nesterov momentum, momentum with plain momentum
+OPTIMIZERS = ("adamw", "muon", "sgd", "momentum")
+SGD_OPTIMIZERS = ("sgd", "momentum")
 
 
 def setting(default: Any, group: str, help: str, factory=None, **flag) -> Any:
@@ -87,12 +90,13 @@ class TrainConfig:
     epochs: int = setting(200, "optimisation", "training epochs")
     time_budget: float | None = setting(None, "optimisation", "seconds of wall time the whole command may take, from its start: at the end of the fifth epoch (the epochs timed, and an evaluation and a checkpoint) --epochs becomes as many as fit, its given value the first guess (the five epochs must be warmup: --warmup-epochs 5 or more, or a first guess of 100 or more; a warmup given or ended by then and the final epochs without MixUp/CutMix keep their length); config.yaml records the count, which --resume keeps (none: train --epochs)", metavar="SECONDS")
     batch_size: int = setting(64, "optimisation", "images per step, per process (the 200-epoch recipes use 128)")
-    opt: str | None = setting(None, "optimisation", "adamw, or muon: Muon for the blocks' weight matrices, AdamW for the rest (default: muon from scratch, adamw when fine-tuning --pretrained weights)", choices=("adamw", "muon"))
-    lr: float = setting(1e-3, "optimisation", "peak learning rate (AdamW's)")
+    opt: str | None = setting(None, "optimisation", "adamw; muon: Muon for the blocks' weight matrices, AdamW for the rest; sgd: SGD with Nesterov momentum, or momentum: with plain momentum, timm's names (the ViT paper fine-tunes with SGD, momentum 0.9, no weight decay, a peak rate of 0.003-0.03 for batches of 512) (default: muon from scratch, adamw when fine-tuning --pretrained weights)", choices=OPTIMIZERS)
+    momentum: float = setting(0.9, "optimisation", "SGD's momentum with --opt sgd or momentum (timm's flag)")
+    lr: float = setting(1e-3, "optimisation", "peak learning rate (AdamW's or SGD's; Muon's too, but for --muon-lr)")
     muon_lr: float | None = setting(None, "optimisation", "peak Muon learning rate with --opt muon (default: --lr)")
     muon_ns_dtype: str = setting("float32", "optimisation", "dtype of Muon's Newton-Schulz iteration: bfloat16 takes ~half the time where the CPU has AVX512-BF16 or AMX (benchmarks/muon_step.py), and longer without", choices=("float32", "bfloat16"))
     min_lr: float = setting(1e-5, "optimisation", "cosine floor")
-    weight_decay: float = setting(0.05, "optimisation", "AdamW weight decay (weight matrices only)")
+    weight_decay: float | None = setting(None, "optimisation", "weight decay of the weight matrices (not of biases, norms, embeddings): AdamW's and Muon's decoupled, SGD's added to the gradient, as torch's (default: 0.05; 0 with --opt sgd or momentum)")
     warmup_epochs: float | None = setting(None, "optimisation", "linear warmup (default: 5% of --epochs)")
     progressive_size: int | None = setting(None, "optimisation", "train the first epochs at this image size, growing linearly to --img-size (needs --batch-augment; default off)")
     progressive_epochs: float | None = setting(None, "optimisation", "epochs over which the image size grows (default: half of --epochs)")
@@ -198,6 +202,7 @@ LIMITS: dict[str, Range] = {
     "muon_lr": POSITIVE,
     "min_lr": NON_NEGATIVE,
     "weight_decay": NON_NEGATIVE,
+    "momentum": Range(0, 1, high_open=True),  # 1 would never forget a gradient
     "warmup_epochs": NON_NEGATIVE,
     "progressive_size": AT_LEAST_1,
     "progressive_epochs": POSITIVE,
@@ -272,6 +277,11 @@ def check_settings(cfg: TrainConfig) -> None:
         raise ValueError(
             f"--min-lr {cfg.min_lr} is above --lr {cfg.lr}: the cosine schedule decays from "
             f"--lr down to --min-lr; give a --min-lr <= --lr"
+        )
+    if resolve_optimizer(cfg) == "sgd" and cfg.momentum == 0:  # torch refuses it, in a traceback
+        raise ValueError(
+            "--opt sgd is SGD with Nesterov momentum, which needs a --momentum above 0; for "
+            "SGD without momentum give --opt momentum --momentum 0"
         )
     check_time_budget(cfg, warmup=resolve_warmup_epochs(cfg))  # warmup ends before the run
     check_graphs(cfg)
@@ -370,6 +380,11 @@ def check_graphs(cfg: TrainConfig) -> None:
             f"on the host, which the graph cannot; use --amp-dtype bfloat16, or "
             f"leave out {graphed}"
         )
+    if graphed and resolve_optimizer(cfg) in SGD_OPTIMIZERS:
+        raise ValueError(
+            f"{graphed} with --opt {resolve_optimizer(cfg)}: the graph captures AdamW's and "
+            f"Muon's updates, not SGD's; use --opt adamw or muon, or leave out {graphed}"
+        )
     if graphed and cfg.grad_accum_steps > 1:
         raise ValueError(
             f"{graphed} with --grad-accum-steps {cfg.grad_accum_steps}: the graph runs a "
@@ -395,6 +410,10 @@ def idle_settings(cfg: TrainConfig, given: set[str]) -> list[str]:
     needs = {
         "muon_lr": muon,
         "muon_ns_dtype": muon,
+        "momentum": (
+            optimizer in SGD_OPTIMIZERS,
+            f"--opt sgd or momentum (the optimizer here: {optimizer})",
+        ),
         "distillation_alpha": teacher,
         "distillation_tau": (cfg.distillation_type == "soft", "--distillation-type soft"),
         "mixup_prob": (mixing, "--mixup or --cutmix above 0"),
@@ -455,6 +474,15 @@ def resolve_optimizer(cfg: TrainConfig) -> str:
     if cfg.opt is not None:
         return cfg.opt
     return "adamw" if cfg.pretrained_weights is not False else "muon"
+
+
+def resolve_weight_decay(cfg: TrainConfig) -> float:
+    """The weight decay: as given, or 0.05 (DeiT's, decoupled) for AdamW and Muon, and none for
+    SGD, whose decay is added to the gradient (so that 0.05 would pull the weights to zero) and
+    which the ViT paper fine-tunes without."""
+    if cfg.weight_decay is not None:
+        return cfg.weight_decay
+    return 0.0 if resolve_optimizer(cfg) in SGD_OPTIMIZERS else 0.05
 
 
 def resolve_warmup_epochs(cfg: TrainConfig) -> float:
