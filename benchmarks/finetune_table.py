@@ -47,12 +47,15 @@ ROWS = {
         "--head-init",
         "probe",
     ],  # fmt: skip
-    # the ViT paper's way (Dosovitskiy et al. 2021): SGD, momentum 0.9, no weight decay
+    # the ViT paper's optimizer (Dosovitskiy et al. 2021): SGD, momentum 0.9, no weight decay
     "probe, then full with SGD momentum, lr 3e-3": (
         "--opt momentum --weight-decay 0 --lr 3e-3 --head-init probe".split()
     ),
-    "probe, then full with SGD momentum, lr 1e-2": (
-        "--opt momentum --weight-decay 0 --lr 1e-2 --head-init probe".split()
+    "probe, then full with SGD momentum, layer decay 0.65, lr 1e-2": (
+        "--opt momentum --weight-decay 0 --lr 1e-2 --layer-decay 0.65 --head-init probe".split()
+    ),
+    "probe, then full with SGD momentum, layer decay 0.65, lr 3e-2": (
+        "--opt momentum --weight-decay 0 --lr 3e-2 --layer-decay 0.65 --head-init probe".split()
     ),
     "from scratch (the floor)": ["--lr", "1e-3", "--no-pretrained"],
 }
@@ -147,7 +150,8 @@ def main() -> None:
     print(
         f"\n{args.model} from {args.backbone} at {args.img_size} px: {args.train_images} training "
         f"images, {args.test_images} test images (both stratified, seed {args.seed}), "
-        f"{args.epochs} epochs, batch {args.batch_size}, AdamW, device {args.device}\n"
+        f"{args.epochs} epochs, batch {args.batch_size}, AdamW but where a row's --opt says "
+        f"otherwise, device {args.device}\n"
     )
     print("| row | test top-1 | EMA top-1 | minutes | flags |\n|---|---:|---:|---:|---|")
     for r in results:
