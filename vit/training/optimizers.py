@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..models.vision_transformer import Attention
+from .settings import OPTIMIZERS, SGD_OPTIMIZERS
 
 # Quintic Newton-Schulz coefficients with a steep slope at zero (Jordan et al.): a few steps push
 # every singular value up toward 1 (at most ~1.2), which is all Muon needs; those far below the
@@ -346,16 +347,18 @@ def build_optimizer(
         groups = muon_param_groups(
             model, weight_decay, lr if muon_lr is None else muon_lr, lr_scales
         )
-    elif name in ("adamw", "sgd", "momentum"):
+    elif name in OPTIMIZERS:
         groups = param_groups(model, weight_decay, lr_scales)
     else:
-        raise ValueError(f"unknown optimizer {name!r}; accepted: adamw, muon, sgd, momentum")
+        raise ValueError(f"unknown optimizer {name!r}; accepted: {', '.join(OPTIMIZERS)}")
     for group in groups:  # each group's base rate (Muon's own, --lr the rest's) times its factor
         if "lr_scale" in group:
             group["lr"] = group.get("lr", lr) * group["lr_scale"]
     if name == "adamw":
         return torch.optim.AdamW(groups, lr=lr, fused=fused or None)
-    if name == "muon":
-        return Muon(groups, lr=lr, ns_dtype=getattr(torch, muon_ns_dtype))
-    nesterov = name == "sgd"
-    return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov, fused=fused or None)
+    if name in SGD_OPTIMIZERS:
+        nesterov = name == "sgd"
+        return torch.optim.SGD(
+            groups, lr=lr, momentum=momentum, nesterov=nesterov, fused=fused or None
+        )
+    return Muon(groups, lr=lr, ns_dtype=getattr(torch, muon_ns_dtype))

@@ -380,9 +380,10 @@ def check_graphs(cfg: TrainConfig) -> None:
             f"on the host, which the graph cannot; use --amp-dtype bfloat16, or "
             f"leave out {graphed}"
         )
-    if graphed and resolve_optimizer(cfg) in SGD_OPTIMIZERS:
+    optimizer = resolve_optimizer(cfg)
+    if graphed and optimizer in SGD_OPTIMIZERS:
         raise ValueError(
-            f"{graphed} with --opt {resolve_optimizer(cfg)}: the graph captures AdamW's and "
+            f"{graphed} with --opt {optimizer}: the graph captures AdamW's and "
             f"Muon's updates, not SGD's; use --opt adamw or muon, or leave out {graphed}"
         )
     if graphed and cfg.grad_accum_steps > 1:
