@@ -117,8 +117,10 @@ def test_onnx_of_a_headless_backbone_outputs_its_embeddings(tmp_path, one_thread
 
 
 # Every family's switches (timm's names) on the tiny model; each exports and runs in onnxruntime.
+SWIGLU = {"mlp_layer": "swiglu_packed", "act_layer": "silu"}  # DINOv2 ViT-g/14's gated MLP
 FAMILIES = {
     "dinov2 (LayerScale, headless)": {"init_values": 1e-5, "num_classes": 0},
+    "dinov2 giant (gated MLP)": {"init_values": 1e-5, **SWIGLU, "mlp_ratio": 5.5},
     "dinov2 with registers": {"init_values": 1e-5, "reg_tokens": 4, "no_embed_class": True},
     "clip (pre_norm, QuickGELU)": {"pre_norm": True, "act_layer": "quick_gelu"},
     "siglip (attention pool)": {
@@ -249,6 +251,7 @@ def test_onnx_flags_without_onnx_are_refused_in_one_line(flag, model, tmp_path, 
         ("siglip (attention pool)", "global_pool='map'"),
         ("deit distilled", "distilled=True"),
         ("deit3 (LayerScale, no_embed_class)", "init_values=0.0001, no_embed_class=True"),
+        ("dinov2 giant (gated MLP)", "act_layer='silu', mlp_layer='swiglu_packed'"),
     ],
 )
 def test_torchvision_refuses_family_switches_by_name(family, named, tmp_path):
@@ -284,6 +287,12 @@ HF_FAMILIES = {
         {"init_values": 1e-5, "reg_tokens": 2, "no_embed_class": True, "num_classes": 0},
         None,
         "Dinov2WithRegistersModel",
+        "last_hidden_state",
+    ),
+    "dinov2 with a gated MLP (ViT-g/14)": (  # 176 rows: the gate's 88 and the value's
+        {"init_values": 1e-5, "num_classes": 0, **SWIGLU, "mlp_ratio": 5.5},
+        None,
+        "Dinov2Model",
         "last_hidden_state",
     ),
     "clip with projection": (
@@ -364,6 +373,10 @@ def test_transformers_export_of_every_family_round_trips(family, tmp_path, one_t
         ({"global_pool": "avg"}, "global_pool='avg'"),
         ({"no_embed_class": True}, "no_embed_class=True"),
         ({"pre_norm": True, "qkv_bias": False}, "qkv_bias=False"),
+        ({**SWIGLU, "mlp_ratio": 5.5}, "mlp_layer='swiglu_packed'"),  # no gated MLP in ViT
+        # transformers' DINOv2: a SiLU gate, a width from a whole mlp_ratio
+        ({"init_values": 1e-5, "num_classes": 0, **SWIGLU, "act_layer": "gelu"}, "a SiLU"),
+        ({"init_values": 1e-5, "num_classes": 0, **SWIGLU, "mlp_ratio": 2}, "width 32"),
     ],
 )
 def test_transformers_refuses_what_no_class_holds_in_one_line(switches, named, tmp_path):

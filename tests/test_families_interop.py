@@ -68,6 +68,12 @@ FAMILIES = {
         dict(TINY, image_size=28, patch_size=14, num_register_tokens=2),
         _pooled,
     ),
+    "Dinov2Model-swiglu": (  # ViT-g/14's gated MLP
+        "Dinov2Model",
+        "Dinov2Config",
+        dict(TINY, image_size=28, patch_size=14, use_swiglu_ffn=True),
+        _pooled,
+    ),
     "CLIPVisionModel": ("CLIPVisionModel", "CLIPVisionConfig", CLIP, _pooled),
     "CLIPVisionModelWithProjection": (
         "CLIPVisionModelWithProjection",
@@ -189,9 +195,10 @@ def test_two_tower_clip_and_siglip_folders_load_their_image_tower(tmp_path, one_
             assert relative_error(ours(x), reference) <= RTOL
 
 
-def dinov2(image_size: int, registers: int) -> torch.nn.Module:
-    """A tiny perturbed transformers DINOv2 (patch 14), with registers if `registers`."""
-    arguments = dict(TINY, image_size=image_size, patch_size=14)
+def dinov2(image_size: int, registers: int, swiglu: bool = False) -> torch.nn.Module:
+    """A tiny perturbed transformers DINOv2 (patch 14), with registers if `registers`, with
+    ViT-g/14's gated MLP if `swiglu`."""
+    arguments = dict(TINY, image_size=image_size, patch_size=14, use_swiglu_ffn=swiglu)
     torch.manual_seed(0)
     if registers:
         config = transformers.Dinov2WithRegistersConfig(**arguments, num_register_tokens=registers)
@@ -343,6 +350,8 @@ def original_dinov2_state_dict(hf_state: dict) -> dict:
         ("attention.output.dense", "attn.proj"),
         ("layer_scale1.lambda1", "ls1.gamma"),
         ("layer_scale2.lambda1", "ls2.gamma"),
+        ("mlp.weights_in", "mlp.w12"),  # ViT-g/14's SwiGLUFFNFused
+        ("mlp.weights_out", "mlp.w3"),
         ("layernorm.", "norm."),
     ]
     for key, value in hf_state.items():
@@ -361,18 +370,27 @@ def original_dinov2_state_dict(hf_state: dict) -> dict:
     return out
 
 
-@pytest.mark.parametrize("registers", [0, 4], ids=["dinov2", "dinov2-reg4"])
-def test_original_dinov2_checkpoint_gives_the_same_features(tmp_path, one_thread, registers):
-    theirs = dinov2(image_size=28, registers=registers)
+@pytest.mark.parametrize(
+    ("registers", "swiglu"),
+    [(0, False), (4, False), (4, True)],
+    ids=["dinov2", "dinov2-reg4", "dinov2-giant-reg4"],
+)
+def test_original_dinov2_checkpoint_gives_the_same_features(
+    tmp_path, one_thread, registers, swiglu
+):
+    theirs = dinov2(image_size=28, registers=registers, swiglu=swiglu)
     theirs.save_pretrained(tmp_path / "hf")
     original = original_dinov2_state_dict(load_file(str(tmp_path / "hf" / "model.safetensors")))
     assert {"mask_token", "blocks.0.ls1.gamma"} <= set(original)
     assert ("register_tokens" in original) == bool(registers)
+    assert ("blocks.1.mlp.w12.weight" in original) == swiglu
     path = tmp_path / ("dinov2_vits14_reg4_pretrain.pth" if registers else "dinov2.pth")
     torch.save(original, path)
+    # the gated MLP: 88 channels (two thirds of 4 x 32, rounded up to 8), fc1 packing two
+    mlp = dict(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=176 / 32) if swiglu else {}
     ours = vit.VisionTransformer(
         img_size=28, patch_size=14, embed_dim=32, depth=2, num_heads=4, num_classes=0,
-        init_values=1.0, reg_tokens=registers, no_embed_class=bool(registers),
+        init_values=1.0, reg_tokens=registers, no_embed_class=bool(registers), **mlp,
     )  # fmt: skip
     report = vit.load_weights(ours, path)
     assert report.layout == "dinov2" and report.missing == [] and report.unexpected == []
@@ -550,10 +568,6 @@ def test_other_transformers_models_and_heads_are_refused_naming_them(tmp_path):
             "holds a Dinov2ForImageClassification",
         ),
         (
-            {"model_type": "dinov2", "use_swiglu_ffn": True},
-            r"SwiGLU MLP \(use_swiglu_ffn, ViT-g/14\)",
-        ),
-        (
             {"model_type": "deit", "architectures": ["DeiTForImageClassification"]},
             "only DeiTForImageClassificationWithTeacher",
         ),
@@ -562,9 +576,6 @@ def test_other_transformers_models_and_heads_are_refused_naming_them(tmp_path):
         with pytest.raises(ValueError, match=message):
             vit.load_model(refused_folder(tmp_path / str(len(message)), config))
     model = vit.VisionTransformer(img_size=28, patch_size=14, embed_dim=8, depth=1, num_heads=2)
-    swiglu = {"mask_token": torch.zeros(1, 8), "blocks.0.mlp.w12.weight": torch.zeros(1)}
-    with pytest.raises(ValueError, match="DINOv2 with a SwiGLU MLP"):
-        vit.load_weights(model, swiglu)
     coca = {"visual.conv1.weight": torch.zeros(1), "visual.attn_pool.query": torch.zeros(1)}
     with pytest.raises(ValueError, match=r"CLIP ViT does not \(\['visual\.attn_pool\.query'\]"):
         vit.load_weights(model, coca)
@@ -586,6 +597,17 @@ def test_weights_that_do_not_fit_the_models_switches_name_the_tensors(tmp_path, 
     )  # fmt: skip
     with pytest.raises(KeyError, match=r"missing keys \[\], unexpected keys \['reg_token'\]"):
         vit.load_weights(no_registers, tmp_path / "reg")
+    # ViT-g/14's gated MLP into a plain one of the same width, and the reverse
+    gated, _ = build("Dinov2Model-swiglu")
+    gated.save_pretrained(tmp_path / "gated")
+    dinov2 = dict(img_size=28, patch_size=14, embed_dim=32, depth=2, num_heads=4, num_classes=0)
+    ungated = vit.VisionTransformer(**dinov2, init_values=1.0, mlp_ratio=5.5)
+    with pytest.raises(ValueError, match=r"(?s)fc2.*MLP is gated.*mlp_layer='swiglu_packed'"):
+        vit.load_weights(ungated, tmp_path / "gated")
+    swiglu = dict(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=5.5)
+    gated_model = vit.VisionTransformer(**dinov2, init_values=1.0, **swiglu)
+    with pytest.raises(ValueError, match=r"MLP is not gated: build the model with mlp_layer='mlp'"):
+        vit.load_weights(gated_model, tmp_path / "hf")
 
 
 # -- bare files by timm's names ------------------------------------------------------------------

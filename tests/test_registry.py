@@ -182,6 +182,5 @@ def test_families_offer_timms_sizes():
         ours = {n for n, spec in MODELS.items() if spec.family == family}
         theirs = set(timm.list_models(pattern, pretrained=True, exclude_filters=["*gap*"]))
         theirs = {n.split(".")[0] for n in theirs}
-        # every size timm has, except what needs a layer this model lacks (SwiGLU: giant)
-        # or weights only at sizes/names not listed here
+        # timm's sizes, except weights only at sizes/names not listed here
         assert ours <= theirs and len(ours) >= 4, family

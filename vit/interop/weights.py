@@ -371,6 +371,23 @@ def head_classes(state_dict: Mapping) -> int:
     return 0 if head is None else head.shape[0]
 
 
+def _mlp_hint(state_dict: Mapping[str, torch.Tensor], mlp_layer: str) -> str:
+    """The mlp_layer that fits the weights, where the model has the other one: a gated MLP's
+    fc1 packs a gate and a value, twice as many rows as fc2 takes in; a plain one's as many."""
+    fc1, fc2 = state_dict.get("blocks.0.mlp.fc1.weight"), state_dict.get("blocks.0.mlp.fc2.weight")
+    if fc1 is None or fc2 is None:
+        return ""
+    gated = fc1.shape[0] == 2 * fc2.shape[1]
+    if gated == (mlp_layer == "swiglu_packed"):
+        return ""
+    if gated:
+        return (
+            "\n  the weights' MLP is gated (fc1 holds a gate and a value, twice fc2's input): "
+            "build the model with mlp_layer='swiglu_packed', act_layer='silu' (DINOv2 ViT-g/14)"
+        )
+    return "\n  the weights' MLP is not gated: build the model with mlp_layer='mlp'"
+
+
 def _switch_hint(report: LoadReport) -> str:
     """Which model switches (`vit.models.families.SWITCH_TENSORS`) the missing or unexpected keys
     belong to, if any."""
@@ -542,6 +559,7 @@ def load_weights(
         raise ArchitectureMismatchError(
             f"weights from {checkpoint.description} do not fit this model; shape mismatches:\n  "
             + "\n  ".join(wrong_shape)
+            + _mlp_hint(state_dict, model.config.mlp_layer)
         )
     fresh = set(HEAD_KEYS) & set(target) if report.fresh_head else set()
     if report.fresh_pool:

@@ -42,6 +42,7 @@ PLAIN = dict(
     no_embed_class=False,
     pre_norm=False,
     act_layer="gelu",
+    mlp_layer="mlp",
     global_pool="token",
     class_token=True,
     distilled=False,

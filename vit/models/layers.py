@@ -23,6 +23,7 @@ ACT_LAYERS = {
     "gelu": nn.GELU,  # exact (erf) GELU: ViT, DeiT, DINOv2, timm's CLIP and SigLIP
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # transformers' SigLIP
     "quick_gelu": QuickGELU,  # OpenAI CLIP
+    "silu": nn.SiLU,  # the gate of DINOv2 ViT-g/14's SwiGLU MLP
 }
 
 

@@ -156,6 +156,7 @@ _SIZES = {
     "base": (768, 12, 12),
     "large": (1024, 24, 16),
     "huge": (1280, 32, 16),
+    "giant": (1536, 40, 24),  # DINOv2's ViT-g/14
     "so400m": (1152, 27, 16),
 }
 
@@ -284,6 +285,9 @@ def _half(crop_pct: float, num_classes: int, image: int = 224) -> Weights:
 # et al. 2024): 4 register tokens, position embeddings on the patches only.
 _DINOV2 = dict(families.DINOV2.switches)
 _DINOV2_REG = dict(families.DINOV2_REG.switches)
+# ViT-g/14: a gated MLP of 4096 channels (DINOv2's two thirds of 4 x 1536, rounded up to a
+# multiple of 8), packed with its gate into fc1's 8192 rows; timm's mlp_ratio, 2.66667 * 2
+_SWIGLU = dict(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=2.66667 * 2)
 _LVD = _in(1.0, 0, image=518)
 # CLIP image towers (Radford et al. 2021): a LayerNorm before the blocks, eps 1e-5. The
 # zero-shot tags' head is CLIP's image projection into the text space (its width, no classes);
@@ -301,7 +305,9 @@ MODELS.update(
         "vit_small_patch14_dinov2": _family("dinov2", "small", 14, 518, _DINOV2, lvd142m=_LVD),
         "vit_base_patch14_dinov2": _family("dinov2", "base", 14, 518, _DINOV2, lvd142m=_LVD),
         "vit_large_patch14_dinov2": _family("dinov2", "large", 14, 518, _DINOV2, lvd142m=_LVD),
-        # (vit_giant_patch14_dinov2 has a SwiGLU MLP, which this model does not implement)
+        "vit_giant_patch14_dinov2": _family(
+            "dinov2", "giant", 14, 518, dict(_DINOV2, **_SWIGLU), lvd142m=_LVD
+        ),
         "vit_small_patch14_reg4_dinov2": _family(
             "dinov2", "small", 14, 518, _DINOV2_REG, lvd142m=_LVD
         ),
@@ -310,6 +316,9 @@ MODELS.update(
         ),
         "vit_large_patch14_reg4_dinov2": _family(
             "dinov2", "large", 14, 518, _DINOV2_REG, lvd142m=_LVD
+        ),
+        "vit_giant_patch14_reg4_dinov2": _family(
+            "dinov2", "giant", 14, 518, dict(_DINOV2_REG, **_SWIGLU), lvd142m=_LVD
         ),
         "vit_base_patch32_clip_224": _family(
             "clip",

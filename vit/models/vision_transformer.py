@@ -9,10 +9,11 @@ The ViT families in use today are this model with a few switches (timm's names),
 module (here or in `vit.models.layers`) or a few lines: LayerScale `init_values` (DINOv2, DeiT III),
 register tokens `reg_tokens` and patch-only position embeddings `no_embed_class` (DINOv2 with
 registers, DeiT III), a LayerNorm before the blocks `pre_norm` (CLIP), the MLP activation
-`act_layer` (QuickGELU: OpenAI CLIP) and an attention-pool readout `global_pool="map"`
-(SigLIP). DeiT's distillation token with its own head (`distilled`) is more than a switch: the
-small subclass `VisionTransformerDistilled` at the end, as timm's. `vit.models.families` says which
-switches make which family.
+`act_layer` (QuickGELU: OpenAI CLIP), a gated MLP `mlp_layer="swiglu_packed"` (DINOv2
+ViT-g/14) and an attention-pool readout `global_pool="map"` (SigLIP). DeiT's distillation token
+with its own head (`distilled`) is more than a switch: the small subclass
+`VisionTransformerDistilled` at the end, as timm's. `vit.models.families` says which switches
+make which family.
 
 Parameter names are timm's (`patch_embed.proj`, `blocks.{i}.attn.qkv`, `blocks.{i}.ls1.gamma`,
 `reg_token`, `norm_pre`, `attn_pool.*`, `dist_token`, `head_dist`, ...), so a timm
@@ -91,7 +92,10 @@ class ViTConfig:
     reg_tokens: int = 0  # register tokens after the class token (DINOv2 with registers)
     no_embed_class: bool = False  # position embeddings for the patches only (DeiT III, DINOv2-reg)
     pre_norm: bool = False  # LayerNorm before the blocks, patch projection without bias (CLIP)
-    act_layer: Literal["gelu", "gelu_tanh", "quick_gelu"] = "gelu"  # quick_gelu: OpenAI CLIP
+    act_layer: Literal["gelu", "gelu_tanh", "quick_gelu", "silu"] = "gelu"  # quick_gelu: CLIP
+    # "mlp": Linear, activation, Linear; "swiglu_packed": a gated MLP whose first Linear packs
+    # the gate and the value (timm's SwiGLUPacked, with act_layer="silu": DINOv2 ViT-g/14)
+    mlp_layer: Literal["mlp", "swiglu_packed"] = "mlp"
     distilled: bool = False  # a distillation token with its own head (DeiT distilled)
     # LayerNorm epsilon everywhere: 1e-6 as in the JAX ViT and timm (PyTorch's default is 1e-5,
     # transformers' ViT uses 1e-12); a checkpoint's own value is needed to reproduce its logits.
@@ -251,6 +255,38 @@ class Mlp(nn.Module):
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
+class SwiGLUPacked(nn.Module):
+    """A gated MLP (Shazeer 2020, "GLU variants improve Transformer"): D -> hidden -> the
+    product of its two halves, act(gate) * value -> D. timm's `SwiGLUPacked` (its `GluMlp` with
+    the gate first), the DINOv2 code's `SwiGLUFFNFused` (`w12`, `w3`) under timm's names: fc1
+    holds the gate's rows, then the value's."""
+
+    def __init__(
+        self, dim: int, hidden_dim: int, drop: float = 0.0, act_layer: str = "silu"
+    ) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)  # gate and value side by side: (2 * hidden/2, D)
+        self.act = ACT_LAYERS[act_layer]()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_dim // 2, dim)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.fc1(x).chunk(2, dim=-1)  # each (B, N, hidden / 2)
+        return self.drop2(self.fc2(self.drop1(self.act(gate) * value)))
+
+    @torch.no_grad()
+    def init_gate_(self) -> None:
+        """timm's start: the value's weights near zero and its bias one, so that the block
+        begins as a plain MLP, fc2(act(gate))."""
+        half = self.fc1.out_features // 2
+        nn.init.normal_(self.fc1.weight[half:], std=1e-6)
+        nn.init.ones_(self.fc1.bias[half:])
+
+
+MLP_LAYERS = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked}  # ViTConfig.mlp_layer -> its module
+
+
 class AttentionPoolLatent(nn.Module):
     """SigLIP's readout ("map", multihead attention pooling): one learned query attends to the
     patch tokens, then a residual MLP. timm's `AttentionPoolLatent` names and maths.
@@ -307,6 +343,7 @@ class Block(nn.Module):
         norm_eps: float = 1e-6,
         init_values: float | None = None,
         act_layer: str = "gelu",
+        mlp_layer: str = "mlp",
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -316,7 +353,9 @@ class Block(nn.Module):
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=proj_drop, act_layer=act_layer)
+        self.mlp = MLP_LAYERS[mlp_layer](
+            dim, int(dim * mlp_ratio), drop=proj_drop, act_layer=act_layer
+        )
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
@@ -428,7 +467,8 @@ class VisionTransformer(nn.Module):
         (timm leaves it at PyTorch's default, std 1/sqrt(3 C p^2): 0.083 at patch 4), zero
         biases, and the ViT paper's zero head (timm's default head is trunc_normal(0.02)) so
         that training starts from uniform predictions; near-zero class and register tokens,
-        LayerScale at init_values, the attention pool's query at std D**-0.5."""
+        LayerScale at init_values, the attention pool's query at std D**-0.5, a gated MLP's
+        value at timm's start (`SwiGLUPacked.init_gate_`)."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Conv2d)):
                 nn.init.trunc_normal_(module.weight, std=0.02)
@@ -439,6 +479,9 @@ class VisionTransformer(nn.Module):
                 nn.init.zeros_(module.bias)
             elif isinstance(module, LayerScale):
                 nn.init.constant_(module.gamma, module.init_values)
+        for module in self.modules():
+            if isinstance(module, SwiGLUPacked):
+                module.init_gate_()
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         for token in (self.cls_token, self.reg_token):
             if token is not None:
@@ -914,6 +957,15 @@ def _check_config(cfg: ViTConfig) -> None:
     _check_pool(cfg.global_pool, cfg.class_token)
     if cfg.act_layer not in ACT_LAYERS:
         raise ValueError(f"act_layer must be one of {sorted(ACT_LAYERS)}, got {cfg.act_layer!r}")
+    if cfg.mlp_layer not in MLP_LAYERS:
+        raise ValueError(f"mlp_layer must be one of {sorted(MLP_LAYERS)}, got {cfg.mlp_layer!r}")
+    hidden = int(cfg.embed_dim * cfg.mlp_ratio)
+    if cfg.mlp_layer == "swiglu_packed" and hidden % 2:
+        raise ConfigValueError(
+            f"mlp_layer='swiglu_packed' splits its hidden width int(embed_dim * mlp_ratio) = "
+            f"{hidden} into a gate and a value; accepted: an mlp_ratio that makes it even",
+            "mlp_ratio",
+        )
     if cfg.pos_embed_resample not in RESAMPLERS:
         raise ValueError(
             f"pos_embed_resample must be one of {sorted(RESAMPLERS)}, got "
@@ -943,6 +995,7 @@ def _make_blocks(cfg: ViTConfig) -> nn.Sequential:
                 norm_eps=cfg.norm_eps,
                 init_values=cfg.init_values,
                 act_layer=cfg.act_layer,
+                mlp_layer=cfg.mlp_layer,
             )
             for rate in rates
         ]

@@ -27,9 +27,15 @@ ACT_LAYERS = {
     "gelu_pytorch_tanh": "gelu_tanh",
     "gelu_new": "gelu_tanh",
     "quick_gelu": "quick_gelu",
+    "silu": "silu",
 }
 # our act_layer -> the hidden_act transformers' configs write for it
-HIDDEN_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "quick_gelu": "quick_gelu"}
+HIDDEN_ACTS = {
+    "gelu": "gelu",
+    "gelu_tanh": "gelu_pytorch_tanh",
+    "quick_gelu": "quick_gelu",
+    "silu": "silu",
+}
 
 
 def prefixed(prefix: str, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -91,7 +97,7 @@ def act_layer(hf: dict, source: str) -> str:
     if act not in ACT_LAYERS:
         raise ValueError(
             f"{source} uses hidden_act={act!r}; accepted: {sorted(ACT_LAYERS)} (exact GELU, "
-            f"tanh-approximated GELU, QuickGELU)"
+            f"tanh-approximated GELU, QuickGELU, SiLU)"
         )
     return ACT_LAYERS[act]
 

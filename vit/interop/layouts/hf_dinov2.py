@@ -10,10 +10,15 @@ DINOv2 conversion does.
 Position embeddings are stored for 518 px (37x37 patches) and resampled to the input in every
 forward: plain DINOv2 bicubic without antialiasing, DINOv2 with registers bicubic with it
 (timm's). Loading records which, so a model built at 224 px gives transformers' numbers.
+
+ViT-g/14's gated MLP (`use_swiglu_ffn`) is stored as `mlp.weights_in` (the gate's rows, then the
+value's) and `mlp.weights_out`, timm's `SwiGLUPacked` `mlp.fc1` and `mlp.fc2`; transformers 5
+splits `weights_in` in memory into `gate_proj` and `up_proj`, which are packed again on reading.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Collection, Mapping
 
@@ -40,6 +45,17 @@ KEYS = KeyMap(
         ("layernorm.", "norm."),
     ]
 )
+# ViT-g/14's gated MLP, the file's names first: those are what `write_state` writes
+SWIGLU_PAIRS = [
+    (BLOCK + "mlp.weights_in.", "blocks.{i}.mlp.fc1."),
+    (BLOCK + "mlp.weights_out.", "blocks.{i}.mlp.fc2."),
+]
+READ_KEYS = KeyMap([*KEYS.pairs, *SWIGLU_PAIRS])
+SWIGLU_KEYS = KeyMap([*SWIGLU_PAIRS, *KEYS.pairs])
+# transformers 5's in-memory halves of weights_in (gate first) and its weights_out
+IN_MEMORY_SWIGLU = re.compile(
+    r"^(?P<mlp>.*\.mlp\.)(?P<part>gate|up|down)_proj\.(?P<kind>weight|bias)$"
+)
 IGNORED = {"embeddings.mask_token": "DINOv2's masked-patch token (used in training only)"}
 # transformers' Dinov2Config defaults (intermediate_size is not used: mlp_ratio is)
 DEFAULTS = {**hf.DEFAULTS, "patch_size": 14, "layer_norm_eps": 1e-6}
@@ -62,15 +78,31 @@ def to_timm(state: Mapping[str, torch.Tensor], source: str) -> tuple[dict, list[
             f"the class token and the mean patch token together: not supported; supported: "
             f"{SUPPORTED}"
         )
-    if any(".mlp.weights_in." in key for key in state):
-        raise ValueError(
-            f"{source} is a DINOv2 with a SwiGLU MLP (ViT-g/14, use_swiglu_ffn): not "
-            f"supported; supported: {SUPPORTED}"
-        )
-    out, notes = hf.convert(state, source, "DINOv2", KEYS, vit_layout.QKV_BODY, IGNORED)
+    state = pack_swiglu(state)
+    out, notes = hf.convert(state, source, "DINOv2", READ_KEYS, vit_layout.QKV_BODY, IGNORED)
     if "reg_token" in out:
         notes.append(f"{source}: {fold_class_position(out)}")
     return out, notes
+
+
+def pack_swiglu(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5's in-memory gated MLP (`gate_proj`, `up_proj`, `down_proj`) -> its
+    file's `weights_in` (the gate's rows, then the value's) and `weights_out`."""
+    out, halves = {}, {}
+    for key, value in state.items():
+        found = IN_MEMORY_SWIGLU.match(key)
+        if not found:
+            out[key] = value
+        elif found["part"] == "down":
+            out[f"{found['mlp']}weights_out.{found['kind']}"] = value
+        else:
+            packed = f"{found['mlp']}weights_in.{found['kind']}"
+            halves.setdefault(packed, {})[found["part"]] = value
+    for key, parts in halves.items():
+        if sorted(parts) != ["gate", "up"]:
+            raise ValueError(f"{key} has {sorted(parts)} only of gate_proj and up_proj")
+        out[key] = torch.cat([parts["gate"], parts["up"]])  # (2 * hidden, D) or (2 * hidden,)
+    return out
 
 
 def fold_class_position(out: dict[str, torch.Tensor]) -> str:
@@ -90,29 +122,44 @@ def config_from_hf(hf_config: dict, source: str) -> tuple[dict, None]:
     other = [a for a in architectures if a not in ARCHITECTURES]
     if other:
         raise ValueError(f"{source} holds a {other[0]}; supported: {SUPPORTED}")
-    if hf_config.get("use_swiglu_ffn"):
-        raise ValueError(
-            f"{source} is a DINOv2 with a SwiGLU MLP (use_swiglu_ffn, ViT-g/14): not supported; "
-            f"supported: {SUPPORTED}"
-        )
     config = hf.backbone_config(hf_config, source, DEFAULTS)
     registers = int(hf_config.get("num_register_tokens", 4))  # Dinov2WithRegistersConfig default
+    mlp_ratio = float(hf_config.get("mlp_ratio", 4))  # DINOv2 ignores intermediate_size
     config.update(
         num_classes=0,
-        mlp_ratio=float(hf_config.get("mlp_ratio", 4)),  # DINOv2 ignores intermediate_size
+        mlp_ratio=mlp_ratio,
         qkv_bias=bool(hf_config.get("qkv_bias", True)),
         init_values=float(hf_config.get("layerscale_value", 1.0)),
     )
+    if hf_config.get("use_swiglu_ffn"):  # hidden_act is not used: the gate is a SiLU
+        dim = config["embed_dim"]
+        packed = 2 * swiglu_width(dim, mlp_ratio)  # fc1's rows: the gate's and the value's
+        config.update(mlp_layer="swiglu_packed", act_layer="silu", mlp_ratio=ratio_of(dim, packed))
     if hf_config.get("model_type") == "dinov2_with_registers":
         config.update(reg_tokens=registers, no_embed_class=True)
     return config, None
 
 
+def swiglu_width(dim: int, mlp_ratio: float) -> int:
+    """The gated MLP's width in DINOv2 (its code and transformers'): two thirds of the plain
+    MLP's, rounded up to a multiple of 8 (4096 for ViT-g/14: 1536 x 4 x 2/3)."""
+    return (int(int(dim * mlp_ratio) * 2 / 3) + 7) // 8 * 8
+
+
+def ratio_of(dim: int, hidden: int) -> float:
+    """An mlp_ratio whose int(dim * mlp_ratio) is `hidden`, as the model computes its width."""
+    ratio = hidden / dim
+    return ratio if int(dim * ratio) == hidden else math.nextafter(ratio, math.inf)
+
+
 def write_state(state: Mapping[str, torch.Tensor], hf_class: str) -> dict[str, torch.Tensor]:
     """timm names -> Dinov2Model's or Dinov2WithRegistersModel's. With registers the class
     token's position embedding, folded into the class token on reading, is written as zero:
-    transformers adds it to the class token, which then equals ours."""
-    out = hf.from_timm(state, KEYS, vit_layout.QKV_FILE, vit_layout.QKV_PARTS, hf_class)
+    transformers adds it to the class token, which then equals ours. A gated MLP (fc1 twice
+    as wide as fc2's input: the gate and the value) is written as weights_in and weights_out."""
+    fc1, fc2 = state["blocks.0.mlp.fc1.weight"], state["blocks.0.mlp.fc2.weight"]
+    keys = SWIGLU_KEYS if fc1.shape[0] == 2 * fc2.shape[1] else KEYS
+    out = hf.from_timm(state, keys, vit_layout.QKV_FILE, vit_layout.QKV_PARTS, hf_class)
     pos = out["embeddings.position_embeddings"]  # (1, gh*gw or 1 + gh*gw, D)
     if "embeddings.register_tokens" in out:
         out["embeddings.position_embeddings"] = torch.cat([torch.zeros_like(pos[:, :1]), pos], 1)
@@ -125,8 +172,10 @@ def write_config(config, hf_class: str, class_names: list[str] | None) -> dict:
     registers = hf_class == "Dinov2WithRegistersModel"
     why = "transformers' DINOv2 has LayerScale and reads the class token after the final norm"
     expected = dict(reg_tokens=hf.ANY, no_embed_class=True) if registers else {}
-    hf.check_switches(config, "DINOv2", why, init_values=hf.ANY, **expected)
-    if config.mlp_ratio != int(config.mlp_ratio):
+    hf.check_switches(config, "DINOv2", why, init_values=hf.ANY, mlp_layer=hf.ANY, **expected)
+    swiglu = config.mlp_layer == "swiglu_packed"
+    mlp_ratio = hf_mlp_ratio(config) if swiglu else config.mlp_ratio
+    if mlp_ratio != int(mlp_ratio):
         raise ValueError(
             f"transformers' DINOv2 cannot hold this model: its mlp_ratio {config.mlp_ratio} is "
             f"not a whole number"
@@ -135,10 +184,10 @@ def write_config(config, hf_class: str, class_names: list[str] | None) -> dict:
         "architectures": [hf_class],
         "model_type": "dinov2_with_registers" if registers else "dinov2",
         **hf.backbone_to_hf(config),
-        "mlp_ratio": int(config.mlp_ratio),
+        "mlp_ratio": int(mlp_ratio),
         "layerscale_value": config.init_values,
         "qkv_bias": config.qkv_bias,
-        "use_swiglu_ffn": False,
+        "use_swiglu_ffn": swiglu,
         "hidden_dropout_prob": 0.0,
         "attention_probs_dropout_prob": 0.0,
         "drop_path_rate": 0.0,
@@ -146,6 +195,24 @@ def write_config(config, hf_class: str, class_names: list[str] | None) -> dict:
     if registers:
         out["num_register_tokens"] = config.reg_tokens
     return out
+
+
+def hf_mlp_ratio(config) -> int:
+    """The whole-number mlp_ratio from which transformers' DINOv2 derives a gated MLP of this
+    model's width (`swiglu_width`), or a ValueError: transformers' gate is always a SiLU."""
+    width = int(config.embed_dim * config.mlp_ratio) // 2
+    if config.act_layer != "silu":
+        raise ValueError(
+            f"transformers' DINOv2 cannot hold this model: its gated MLP's gate is a SiLU, "
+            f"this model's act_layer is {config.act_layer!r}"
+        )
+    ratio = next((r for r in range(1, 17) if swiglu_width(config.embed_dim, r) == width), None)
+    if ratio is None:
+        raise ValueError(
+            f"transformers' DINOv2 cannot hold this model: no whole mlp_ratio gives its gated "
+            f"MLP's width {width} (two thirds of embed_dim x mlp_ratio, rounded up to 8)"
+        )
+    return ratio
 
 
 # transformers' Dinov2Model (and with registers) resamples its position embeddings to the input
