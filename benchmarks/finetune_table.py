@@ -1,7 +1,7 @@
 """Fine-tuning a pretrained backbone, side by side on the same images and budget: the linear
 probe, the head alone, every weight, every weight with layer decay, probe then fine-tune (by
-AdamW, or by SGD with momentum as the ViT paper did), and the same architecture from scratch as
-the floor. Each row is one train.py command (printed);
+AdamW, by SGD with momentum as the ViT paper did, by timm's LAMB or Lion), and the same
+architecture from scratch as the floor. Each row is one train.py command (printed);
 the table gives each row's top-1 on the test images after its last epoch.
 
     python benchmarks/finetune_table.py --backbone ../shared/data/dinov2-small \\
@@ -56,6 +56,13 @@ ROWS = {
     ),
     "probe, then full with SGD momentum, layer decay 0.65, lr 3e-2": (
         "--opt momentum --weight-decay 0 --lr 3e-2 --layer-decay 0.65 --head-init probe".split()
+    ),
+    # timm's LAMB (DeiT III's optimizer) and Lion (at a tenth of AdamW's rate, its decay 0.5)
+    "probe, then full with LAMB, layer decay 0.65, lr 1e-3": (
+        "--opt lamb --lr 1e-3 --layer-decay 0.65 --head-init probe".split()
+    ),
+    "probe, then full with Lion, layer decay 0.65, lr 2e-5": (
+        "--opt lion --lr 2e-5 --layer-decay 0.65 --head-init probe".split()
     ),
     "from scratch (the floor)": ["--lr", "1e-3", "--no-pretrained"],
 }

@@ -160,10 +160,70 @@ def test_sgd_steps_as_by_hand_with_decay_on_matrices_only_and_layer_decay(opt):
         optimizer.step()
         for name, param in model.named_parameters():
             torch.testing.assert_close(param.detach(), weights[name], msg=name)
-    # the weight decay's default follows the optimizer: SGD's is added to the gradient
-    for name, expected in (("sgd", 0.0), ("momentum", 0.0), ("adamw", 0.05), ("muon", 0.05)):
+    # the weight decay's default follows the optimizer: SGD's is added to the gradient, Lion's
+    # is taken at rates 10x below AdamW's
+    defaults = {"sgd": 0.0, "momentum": 0.0, "adamw": 0.05, "muon": 0.05, "lamb": 0.05, "lion": 0.5}
+    for name, expected in defaults.items():
         assert settings.resolve_weight_decay(settings.TrainConfig(opt=name)) == expected
     assert settings.resolve_weight_decay(settings.TrainConfig(opt="sgd", weight_decay=1e-4)) == 1e-4
+
+
+def by_hand_lion(weight, grad, momentum, lr, decay, betas=(0.9, 0.99)):
+    """One Lion step (Chen et al. 2023): the sign of a blend of momentum and gradient, the
+    weight decay decoupled. (new weight, new momentum)."""
+    update = torch.sign(betas[0] * momentum + (1 - betas[0]) * grad)
+    weight = weight * (1 - lr * decay) - lr * update
+    return weight, betas[1] * momentum + (1 - betas[1]) * grad
+
+
+def by_hand_lamb(weight, grad, moments, step, lr, decay, betas=(0.9, 0.999), eps=1e-6):
+    """One LAMB step (You et al. 2020) as timm's defaults take it, `grad` already clipped: Adam's
+    update plus the decay, scaled for a decayed tensor to the ratio of its norm to the update's.
+    (new weight, new moments)."""
+    mean = betas[0] * moments[0] + (1 - betas[0]) * grad
+    square = betas[1] * moments[1] + (1 - betas[1]) * grad**2
+    adam = (mean / (1 - betas[0] ** step)) / ((square / (1 - betas[1] ** step)).sqrt() + eps)
+    update = adam + decay * weight
+    if decay and weight.norm() > 0:  # a zero tensor (the ViT paper's head) takes Adam's step
+        update = update * (weight.norm() / update.norm())
+    return weight - lr * update, (mean, square)
+
+
+@pytest.mark.parametrize("opt", ["lamb", "lion"])
+def test_lamb_and_lion_step_as_by_hand_with_decay_on_matrices_only_and_layer_decay(opt):
+    """--opt lamb and lion, timm's optimizers over layer decay's groups: two steps of every
+    trainable tensor by their formulas by hand (LAMB's gradients clipped to a global norm of
+    1 first), the weight decay on the matrices only, each group at its depth's rate."""
+    model = tiny()
+    scales = layer_lr_scales(model, 0.7)
+    lr, decay = 0.01, 0.1
+    optimizer = build_optimizer(model, opt, lr=lr, weight_decay=decay, lr_scales=scales)
+    assert type(optimizer).__name__ == opt.capitalize()
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    state = {n: (torch.zeros_like(w), torch.zeros_like(w)) for n, w in weights.items()}
+    for step in (1, 2):
+        torch.manual_seed(step)
+        grads = {n: torch.randn_like(p) for n, p in model.named_parameters()}
+        for name, param in model.named_parameters():
+            param.grad = grads[name].clone()
+        norm = torch.cat([g.flatten() for g in grads.values()]).norm()
+        for name, weight in weights.items():
+            rate = lr * scales[name]
+            decayed = weight.ndim > 1 and name not in ("pos_embed", "cls_token")
+            tensor_decay = decay if decayed else 0
+            if opt == "lion":
+                weights[name], momentum = by_hand_lion(
+                    weight, grads[name], state[name][0], rate, tensor_decay
+                )
+                state[name] = (momentum, state[name][1])
+            else:
+                grad = grads[name] / max(norm.item(), 1.0)
+                weights[name], state[name] = by_hand_lamb(
+                    weight, grad, state[name], step, rate, tensor_decay
+                )
+        optimizer.step()
+        for name, param in model.named_parameters():
+            torch.testing.assert_close(param.detach(), weights[name], msg=name)
 
 
 def test_without_layer_decay_the_groups_are_the_saved_runs_two():
@@ -296,17 +356,20 @@ def test_finetuning_run_logs_its_rates_and_probe_and_resumes_exactly(
     )
 
 
-def test_an_sgd_fine_tuning_resumes_to_the_uninterrupted_runs_weights(
-    image_folder, pretrained, tmp_path, train_script, monkeypatch
+@pytest.mark.parametrize(("opt", "lr"), [("sgd", "3e-2"), ("lamb", "1e-3")])
+def test_an_sgd_or_lamb_fine_tuning_resumes_to_the_uninterrupted_runs_weights(
+    image_folder, pretrained, tmp_path, train_script, monkeypatch, opt, lr
 ):
-    """--opt sgd, the ViT paper's way of fine-tuning: the momentum buffers are saved with the
-    run, so a run stopped after epoch 1 resumes to the weights of one that was not; config.yaml
-    keeps the optimizer and its momentum, and the weight decay unset (none, SGD's default)."""
-    sgd = ("--opt", "sgd", "--lr", "3e-2", "--layer-decay", "0.7")
+    """--opt sgd, the ViT paper's way of fine-tuning, and timm's LAMB: the momentum buffers
+    (LAMB's moments and its groups' step counts) are saved with the run, so a run stopped after
+    epoch 1 resumes to the weights of one that was not; config.yaml keeps the optimizer and its
+    momentum, and the weight decay unset (the optimizer's default)."""
+    sgd = ("--opt", opt, "--lr", lr, "--layer-decay", "0.7")
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert train_script.main(finetune_args(image_folder, straight, pretrained, 2, *sgd)) == 0
     config = (straight / "config.yaml").read_text()
-    assert "opt: sgd" in config and "momentum: 0.9" in config and "weight_decay: null" in config
+    assert f"opt: {opt}" in config and "momentum: 0.9" in config
+    assert "weight_decay: null" in config
     with monkeypatch.context() as patch:
         stop_after_first_save(patch)
         assert train_script.main(finetune_args(image_folder, stopped, pretrained, 2, *sgd)) == 130

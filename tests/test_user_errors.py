@@ -211,6 +211,8 @@ def test_settings_at_odds_with_each_other_are_refused(
     assert "use --compile-mode default" in err
     err = refused(train_script, args + ["--graph-update", "--opt", "momentum"], capsys)
     assert "--graph-update with --opt momentum: the graph captures AdamW's and Muon's" in err
+    err = refused(train_script, args + ["--graph-update", "--opt", "lion"], capsys)
+    assert "--graph-update with --opt lion: the graph captures AdamW's and Muon's" in err
     err = refused(train_script, args + ["--opt", "sgd", "--momentum", "0"], capsys)  # torch's error
     assert "--opt sgd is SGD with Nesterov momentum, which needs a --momentum above 0" in err
     err = refused(train_script, args + ["--opt", "sgd", "--momentum", "1"], capsys)

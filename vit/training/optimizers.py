@@ -340,7 +340,9 @@ def build_optimizer(
     """`name` "adamw": AdamW on every trainable parameter; "muon": Muon (lr `muon_lr`, default
     `lr`; its Newton-Schulz iteration in `muon_ns_dtype`) for the blocks' weight matrices and
     AdamW for the rest; "sgd": SGD with Nesterov `momentum`, "momentum": with plain momentum
-    (timm's names; torch's SGD, its weight decay added to the gradient). `fused`: torch's fused
+    (timm's names; torch's SGD, its weight decay added to the gradient); "lamb" and "lion":
+    timm's LAMB (betas 0.9 and 0.999, the gradients' global norm clipped at 1, the decayed
+    tensors' updates scaled to their norms) and Lion (betas 0.9 and 0.99). `fused`: torch's fused
     AdamW or SGD, one kernel for every tensor (for a GPU). `lr_scales`: each parameter's learning
     rate is its group's times its factor (layer decay)."""
     if name == "muon":
@@ -361,4 +363,8 @@ def build_optimizer(
         return torch.optim.SGD(
             groups, lr=lr, momentum=momentum, nesterov=nesterov, fused=fused or None
         )
+    if name in ("lamb", "lion"):  # timm's, with its defaults; each group brings its decay
+        from timm.optim import Lamb, Lion
+
+        return Lamb(groups, lr=lr) if name == "lamb" else Lion(groups, lr=lr)
     return Muon(groups, lr=lr, ns_dtype=getattr(torch, muon_ns_dtype))

@@ -37,8 +37,15 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL = "vit_cifar_patch4_32"
 # --opt's choices, timm's names: sgd is SGD with Nesterov momentum, momentum with plain momentum
-OPTIMIZERS = ("adamw", "muon", "sgd", "momentum")
+OPTIMIZERS = ("adamw", "muon", "sgd", "momentum", "lamb", "lion")
 SGD_OPTIMIZERS = ("sgd", "momentum")
+GRAPHED_OPTIMIZERS = ("adamw", "muon")  # the updates --graph-update and --graph-step capture
+# --weight-decay's default by optimizer (0.05, DeiT's, for the rest): SGD's decay is added to
+# the gradient, so 0.05 would pull every weight to zero (the ViT paper fine-tunes without);
+# Lion's takes lr x decay off each weight as AdamW's does, at rates 3-10x below AdamW's, so
+# 10x AdamW's keeps the decay's strength (Chen et al. 2023, "Symbolic discovery of
+# optimization algorithms")
+WEIGHT_DECAY = {"sgd": 0.0, "momentum": 0.0, "lion": 0.5}
 
 
 def setting(default: Any, group: str, help: str, factory=None, **flag) -> Any:
@@ -90,13 +97,13 @@ class TrainConfig:
     epochs: int = setting(200, "optimisation", "training epochs")
     time_budget: float | None = setting(None, "optimisation", "seconds of wall time the whole command may take, from its start: at the end of the fifth epoch (the epochs timed, and an evaluation and a checkpoint) --epochs becomes as many as fit, its given value the first guess (the five epochs must be warmup: --warmup-epochs 5 or more, or a first guess of 100 or more; a warmup given or ended by then and the final epochs without MixUp/CutMix keep their length); config.yaml records the count, which --resume keeps (none: train --epochs)", metavar="SECONDS")
     batch_size: int = setting(64, "optimisation", "images per step, per process (the 200-epoch recipes use 128)")
-    opt: str | None = setting(None, "optimisation", "adamw; muon: Muon for the blocks' weight matrices, AdamW for the rest; sgd: SGD with Nesterov momentum, or momentum: with plain momentum, timm's names (the ViT paper fine-tunes with SGD, momentum 0.9, no weight decay, a peak rate of 0.003-0.03 for batches of 512) (default: muon from scratch, adamw when fine-tuning --pretrained weights)", choices=OPTIMIZERS)
+    opt: str | None = setting(None, "optimisation", "adamw; muon: Muon for the blocks' weight matrices, AdamW for the rest; sgd: SGD with Nesterov momentum, or momentum: with plain momentum (the ViT paper fine-tunes with SGD, momentum 0.9, no weight decay, a peak rate of 0.003-0.03 for batches of 512); lamb: timm's LAMB (each weight matrix's update scaled to its norm, the gradients' global norm clipped at 1; DeiT III's); lion: timm's Lion (the sign of a momentum, at a rate 3-10x below AdamW's); timm's names (default: muon from scratch, adamw when fine-tuning --pretrained weights)", choices=OPTIMIZERS)
     momentum: float = setting(0.9, "optimisation", "SGD's momentum with --opt sgd or momentum (timm's flag)")
     lr: float = setting(1e-3, "optimisation", "peak learning rate (AdamW's or SGD's; Muon's too, but for --muon-lr)")
     muon_lr: float | None = setting(None, "optimisation", "peak Muon learning rate with --opt muon (default: --lr)")
     muon_ns_dtype: str = setting("float32", "optimisation", "dtype of Muon's Newton-Schulz iteration: bfloat16 takes ~half the time where the CPU has AVX512-BF16 or AMX (benchmarks/muon_step.py), and longer without", choices=("float32", "bfloat16"))
     min_lr: float = setting(1e-5, "optimisation", "cosine floor")
-    weight_decay: float | None = setting(None, "optimisation", "weight decay of the weight matrices (not of biases, norms, embeddings): AdamW's and Muon's decoupled, SGD's added to the gradient, as torch's (default: 0.05; 0 with --opt sgd or momentum)")
+    weight_decay: float | None = setting(None, "optimisation", "weight decay of the weight matrices (not of biases, norms, embeddings): AdamW's, Muon's and Lion's decoupled, SGD's added to the gradient, as torch's, LAMB's added to its update (default: 0.05; 0 with --opt sgd or momentum; 0.5 with --opt lion)")
     warmup_epochs: float | None = setting(None, "optimisation", "linear warmup (default: 5% of --epochs)")
     progressive_size: int | None = setting(None, "optimisation", "train the first epochs at this image size, growing linearly to --img-size (needs --batch-augment; default off)")
     progressive_epochs: float | None = setting(None, "optimisation", "epochs over which the image size grows (default: half of --epochs)")
@@ -381,10 +388,10 @@ def check_graphs(cfg: TrainConfig) -> None:
             f"leave out {graphed}"
         )
     optimizer = resolve_optimizer(cfg)
-    if graphed and optimizer in SGD_OPTIMIZERS:
+    if graphed and optimizer not in GRAPHED_OPTIMIZERS:
         raise ValueError(
             f"{graphed} with --opt {optimizer}: the graph captures AdamW's and "
-            f"Muon's updates, not SGD's; use --opt adamw or muon, or leave out {graphed}"
+            f"Muon's updates only; use --opt adamw or muon, or leave out {graphed}"
         )
     if graphed and cfg.grad_accum_steps > 1:
         raise ValueError(
@@ -478,12 +485,11 @@ def resolve_optimizer(cfg: TrainConfig) -> str:
 
 
 def resolve_weight_decay(cfg: TrainConfig) -> float:
-    """The weight decay: as given, or 0.05 (DeiT's, decoupled) for AdamW and Muon, and none for
-    SGD, whose decay is added to the gradient (so that 0.05 would pull the weights to zero) and
-    which the ViT paper fine-tunes without."""
+    """The weight decay: as given, or the optimizer's default (`WEIGHT_DECAY`; 0.05, DeiT's, for
+    AdamW, Muon and LAMB)."""
     if cfg.weight_decay is not None:
         return cfg.weight_decay
-    return 0.0 if resolve_optimizer(cfg) in SGD_OPTIMIZERS else 0.05
+    return WEIGHT_DECAY.get(resolve_optimizer(cfg), 0.05)
 
 
 def resolve_warmup_epochs(cfg: TrainConfig) -> float:
