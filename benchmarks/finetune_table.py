@@ -62,7 +62,7 @@ ROWS = {
         "--opt lamb --lr 1e-3 --layer-decay 0.65 --head-init probe".split()
     ),
     "probe, then full with Lion, layer decay 0.65, lr 2e-5": (
-        "--opt lion --lr 2e-5 --layer-decay 0.65 --head-init probe".split()
+        "--opt lion --weight-decay 0.5 --lr 2e-5 --layer-decay 0.65 --head-init probe".split()
     ),
     "from scratch (the floor)": ["--lr", "1e-3", "--no-pretrained"],
 }
