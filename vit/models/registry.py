@@ -157,6 +157,7 @@ _SIZES = {
     "large": (1024, 24, 16),
     "huge": (1280, 32, 16),
     "giant": (1536, 40, 24),  # DINOv2's ViT-g/14
+    "giantopt": (1536, 40, 16),  # SigLIP 2's shape-optimised giant
     "so400m": (1152, 27, 16),
 }
 
@@ -297,6 +298,33 @@ _CLIP_QUICKGELU = dict(_CLIP, act_layer="quick_gelu")
 # SigLIP (Zhai et al. 2023): no class token, an attention-pool readout, headless.
 _SIGLIP = dict(families.SIGLIP.switches)
 _SO400M = dict(_SIGLIP, mlp_ratio=3.7362)
+# SigLIP's gap towers: no class token, the final norm, then the patch tokens' mean (no fc_norm)
+_SIGLIP_GAP = dict(class_token=False, global_pool="avg", fc_norm=False)
+# PaliGemma's towers (Beyer et al. 2024; 2: Steiner et al. 2024), the default (timm's) first
+_PALI_224 = ("pali2_3b_pt", "pali2_10b_pt", "pali_mix", "pali_pt")
+_PALI_448 = ("pali_mix", "pali2_3b_docci", "pali2_3b_pt", "pali2_10b_docci", "pali2_10b_pt")
+_PALI_448 += ("pali_ocrvqa", "pali_pt", "pali_refcoco_seg")
+_PALI_896 = ("pali_pt", "pali2_3b_pt", "pali2_10b_pt", "pali_ocrvqa", "pali_refcoco_seg")
+
+
+def _headless(image: int, crop_pct: float, *tags: str) -> dict[str, Weights]:
+    """SigLIP's headless tags at `image` px (mean = std = 0.5), in timm's order."""
+    return {tag: _half(crop_pct, 0, image=image) for tag in tags}
+
+
+def _siglip_gap(size: str, patch: int, image: int, act: str, tags: dict[str, Weights]):
+    """A SigLIP gap tower (timm's `_gap_` names); `act`: the tanh GELU where timm gives it."""
+    arch = dict(_SIGLIP_GAP, act_layer=act)
+    if size == "so400m":
+        arch["mlp_ratio"] = _SO400M["mlp_ratio"]
+    return _family("siglip", size, patch, image, arch, **tags)
+
+
+_IN1K_378 = _half(1.0, 1000, image=378)  # so400m's ImageNet fine-tune: squashed, not cropped
+_IN1K_378 = Weights(replace(_IN1K_378.preprocess, crop_mode="squash"), 1000)
+_WEBLI = ("v2_webli", "webli")
+
+
 # DeiT III (Touvron et al. 2022): LayerScale, position embeddings on the patches only.
 _DEIT3 = dict(families.DEIT3.switches)
 
@@ -408,6 +436,43 @@ MODELS.update(
                 ("so400m", 14, 224, ("v2_webli", "webli")),
                 # (timm's so400m at 384 px cuts a 27x27 grid of 14-px patches, leaving a 6-px
                 # margin unseen; this PatchEmbed refuses sizes that are not patch multiples)
+            )
+        },
+        # SigLIP's "gap" towers (timm's _gap_ names): the patch tokens' mean after the final
+        # norm in place of the attention pool, PaliGemma's image encoder (the pali tags)
+        **{
+            f"vit_{size}_patch{patch}_siglip_gap_{image}": _siglip_gap(
+                size, patch, image, act, tags
+            )
+            for size, patch, image, act, tags in (
+                ("base", 16, 224, "gelu", _headless(224, 0.9, *_WEBLI)),
+                ("base", 16, 256, "gelu", _headless(256, 0.9, *_WEBLI, "webli_i18n")),
+                ("base", 16, 384, "gelu", _headless(384, 0.9, *_WEBLI)),
+                ("base", 16, 512, "gelu", _headless(512, 0.9, *_WEBLI)),
+                ("base", 32, 256, "gelu_tanh", _headless(256, 0.9, "v2_webli")),
+                ("large", 16, 256, "gelu", _headless(256, 0.9, *_WEBLI)),
+                ("large", 16, 384, "gelu", _headless(384, 0.9, *_WEBLI)),
+                ("large", 16, 512, "gelu_tanh", _headless(512, 0.9, "v2_webli")),
+                ("giantopt", 16, 256, "gelu_tanh", _headless(256, 0.9, "v2_webli")),
+                ("giantopt", 16, 384, "gelu_tanh", _headless(384, 0.9, "v2_webli")),
+                ("so400m", 14, 224, "gelu", _headless(224, 0.9, *_WEBLI, *_PALI_224)),
+                (
+                    "so400m",
+                    14,
+                    378,
+                    "gelu",
+                    {
+                        **_headless(378, 0.9, "v2_webli"),
+                        **_headless(378, 1.0, "webli"),
+                        "webli_ft_in1k": _IN1K_378,
+                    },
+                ),
+                ("so400m", 14, 448, "gelu", _headless(448, 1.0, *_PALI_448)),
+                ("so400m", 14, 896, "gelu", _headless(896, 1.0, *_PALI_896)),
+                ("so400m", 16, 256, "gelu_tanh", _headless(256, 0.9, "v2_webli", "webli_i18n")),
+                ("so400m", 16, 384, "gelu_tanh", _headless(384, 0.9, "v2_webli")),
+                ("so400m", 16, 512, "gelu_tanh", _headless(512, 0.9, "v2_webli")),
+                # (so400m at patch 14 and 384 px: not a patch multiple, as above)
             )
         },
         # DeiT (Touvron et al. 2021): the plain ViT trained on ImageNet-1k alone; the distilled
