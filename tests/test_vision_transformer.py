@@ -227,6 +227,27 @@ def test_init_follows_the_vit_paper():
     assert model.cls_token.abs().max() < 1e-4
 
 
+def test_a_gated_mlp_starts_as_timms_and_as_a_plain_mlp():
+    """DINOv2 ViT-g/14's MLP (mlp_layer="swiglu_packed"): timm's GluMlp start, the value's rows
+    near zero with a bias of one, so that each block begins as fc2(silu(gate)); the outputs
+    equal timm's SwiGLUPacked on the same weights."""
+    from timm.layers import SwiGLUPacked
+
+    kwargs = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, mlp_ratio=4.0)
+    torch.manual_seed(0)
+    model = vit.VisionTransformer(**kwargs, mlp_layer="swiglu_packed", act_layer="silu")
+    fc1 = model.blocks[0].mlp.fc1  # (128, 32): the gate's 64 rows, then the value's
+    assert model.blocks[0].mlp.fc2.in_features == 64
+    assert abs(fc1.weight[:64].std().item() - 0.02) < 0.002 and fc1.weight[64:].std() < 2e-6
+    assert torch.count_nonzero(fc1.bias[:64]) == 0 and torch.equal(fc1.bias[64:], torch.ones(64))
+    torch.manual_seed(1)
+    theirs = TimmViT(**kwargs, mlp_layer=SwiGLUPacked, act_layer=torch.nn.SiLU)
+    with torch.no_grad():  # every weight off its start: the values count
+        for parameter in theirs.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    assert_same_logits_as_timm(model, theirs)
+
+
 def test_a_fresh_model_learns():
     """The init must let training start: a few AdamW steps fit a tiny random batch."""
     torch.manual_seed(0)
@@ -327,6 +348,10 @@ def test_bad_arguments_are_named():
         ({"num_classes": -1}, "num_classes -1: classes of the head (0: no head); accepted:"),
         ({"drop_path_rate": 1.0}, "drop_path_rate 1.0: a fraction dropped; accepted: a number"),
         ({"embed_dim": 30, "num_heads": 4}, "embed_dim 30 is not divisible by num_heads 4"),
+        (  # a gate and a value of half the width each
+            {"mlp_layer": "swiglu_packed", "mlp_ratio": 1.53125},
+            "mlp_layer='swiglu_packed' splits its hidden width int(embed_dim * mlp_ratio) = 49",
+        ),
     ],
 )
 def test_architecture_numbers_out_of_range_are_named(kwargs, message):
