@@ -57,12 +57,15 @@ ROWS = {
     "probe, then full with SGD momentum, layer decay 0.65, lr 3e-2": (
         "--opt momentum --weight-decay 0 --lr 3e-2 --layer-decay 0.65 --head-init probe".split()
     ),
-    # timm's LAMB (DeiT III's optimizer) and Lion (at a tenth of AdamW's rate, its decay 0.5)
+    # timm's LAMB (DeiT III's optimizer) and Lion (its rates below AdamW's, its decay 0.5)
+    "probe, then full with LAMB, layer decay 0.65, lr 3e-4": (
+        "--opt lamb --lr 3e-4 --layer-decay 0.65 --head-init probe".split()
+    ),
     "probe, then full with LAMB, layer decay 0.65, lr 1e-3": (
         "--opt lamb --lr 1e-3 --layer-decay 0.65 --head-init probe".split()
     ),
-    "probe, then full with LAMB, layer decay 0.65, lr 3e-4": (
-        "--opt lamb --lr 3e-4 --layer-decay 0.65 --head-init probe".split()
+    "probe, then full with LAMB, layer decay 0.65, lr 3e-3": (
+        "--opt lamb --lr 3e-3 --layer-decay 0.65 --head-init probe".split()
     ),
     "probe, then full with Lion, layer decay 0.65, lr 2e-5": (
         "--opt lion --weight-decay 0.5 --lr 2e-5 --layer-decay 0.65 --head-init probe".split()
