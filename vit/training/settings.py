@@ -99,7 +99,7 @@ class TrainConfig:
     batch_size: int = setting(64, "optimisation", "images per step, per process (the 200-epoch recipes use 128)")
     opt: str | None = setting(None, "optimisation", "adamw; muon: Muon for the blocks' weight matrices, AdamW for the rest; sgd: SGD with Nesterov momentum, or momentum: with plain momentum (the ViT paper fine-tunes with SGD, momentum 0.9, no weight decay, a peak rate of 0.003-0.03 for batches of 512); lamb: timm's LAMB (each weight matrix's update scaled to its norm, the gradients' global norm clipped at 1; DeiT III's); lion: timm's Lion (the sign of a momentum, at a rate 3-10x below AdamW's); timm's names (default: muon from scratch, adamw when fine-tuning --pretrained weights)", choices=OPTIMIZERS)
     momentum: float = setting(0.9, "optimisation", "SGD's momentum with --opt sgd or momentum (timm's flag)")
-    lr: float = setting(1e-3, "optimisation", "peak learning rate (AdamW's or SGD's; Muon's too, but for --muon-lr)")
+    lr: float = setting(1e-3, "optimisation", "peak learning rate of --opt's optimizer (Muon's too, but for --muon-lr)")
     muon_lr: float | None = setting(None, "optimisation", "peak Muon learning rate with --opt muon (default: --lr)")
     muon_ns_dtype: str = setting("float32", "optimisation", "dtype of Muon's Newton-Schulz iteration: bfloat16 takes ~half the time where the CPU has AVX512-BF16 or AMX (benchmarks/muon_step.py), and longer without", choices=("float32", "bfloat16"))
     min_lr: float = setting(1e-5, "optimisation", "cosine floor")
