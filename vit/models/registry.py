@@ -158,6 +158,8 @@ _SIZES = {
     "huge": (1280, 32, 16),
     "giant": (1536, 40, 24),  # DINOv2's ViT-g/14
     "giantopt": (1536, 40, 16),  # SigLIP 2's shape-optimised giant
+    "clip_giant": (1408, 40, 16),  # OpenCLIP's ViT-g/14 (mlp_ratio 48/11), timm's "giant" CLIP
+    "gigantic": (1664, 48, 16),  # OpenCLIP's ViT-bigG/14 (mlp_ratio 64/13)
     "so400m": (1152, 27, 16),
 }
 
@@ -269,16 +271,23 @@ def _in(crop_pct: float, num_classes: int = 1000, image: int = 224) -> Weights:
     return Weights(_preprocess(image, crop_pct), num_classes)
 
 
-def _openai(crop_pct: float, num_classes: int, image: int = 224) -> Weights:
-    """Weights expecting OpenAI CLIP's mean/std (the CLIP family's usual)."""
+def _openai(
+    crop_pct: float, num_classes: int, image: int = 224, crop_mode: str = "center"
+) -> Weights:
+    """Weights expecting OpenAI CLIP's mean/std (the CLIP family's usual); `crop_mode` "squash":
+    resized to the input size whole, not cropped (timm's ImageNet fine-tunes above 224 px)."""
     clip = families.CLIP
-    return Weights(_preprocess(image, crop_pct, clip.mean, clip.std), num_classes)
+    preprocess = _preprocess(image, crop_pct, clip.mean, clip.std)
+    return Weights(replace(preprocess, crop_mode=crop_mode), num_classes)
 
 
-def _half(crop_pct: float, num_classes: int, image: int = 224) -> Weights:
+def _half(
+    crop_pct: float, num_classes: int, image: int = 224, crop_mode: str = "center"
+) -> Weights:
     """Weights expecting mean = std = 0.5 (inputs in [-1, 1]: SigLIP's usual, some LAION CLIPs)."""
     siglip = families.SIGLIP
-    return Weights(_preprocess(image, crop_pct, siglip.mean, siglip.std), num_classes)
+    preprocess = _preprocess(image, crop_pct, siglip.mean, siglip.std)
+    return Weights(replace(preprocess, crop_mode=crop_mode), num_classes)
 
 
 # The families' switches are their records' (`vit.models.families`).
@@ -295,6 +304,109 @@ _LVD = _in(1.0, 0, image=518)
 # the _ft_ tags classify ImageNet. The _quickgelu_ names keep OpenAI's original activation.
 _CLIP = dict(families.CLIP.switches)
 _CLIP_QUICKGELU = dict(_CLIP, act_layer="quick_gelu")
+# CLIP towers above 224 px, ViT-g/14 and ViT-bigG/14 (OpenCLIP), DFN5B and MetaCLIP 2's
+# ViT-H/14: timm's names and tags; its ImageNet fine-tunes above 224 px are squashed, not cropped
+_SQUASH = dict(crop_mode="squash")
+_CLIP_GIANT = dict(_CLIP, mlp_ratio=48 / 11)
+_GIGANTIC = dict(_CLIP, mlp_ratio=64 / 13)
+_LARGER_CLIPS = {
+    "vit_base_patch16_clip_384": _family(
+        "clip",
+        "base",
+        16,
+        384,
+        _CLIP,
+        laion2b_ft_in12k_in1k=_openai(1.0, 1000, image=384, **_SQUASH),
+        laion2b_ft_in1k=_openai(1.0, 1000, image=384, **_SQUASH),
+        openai_ft_in1k=_openai(1.0, 1000, image=384, **_SQUASH),
+        openai_ft_in12k_in1k=_openai(0.95, 1000, image=384, **_SQUASH),
+    ),
+    "vit_base_patch32_clip_256": _family(
+        "clip", "base", 32, 256, _CLIP, datacompxl=_openai(1.0, 512, image=256)
+    ),
+    "vit_base_patch32_clip_384": _family(
+        "clip",
+        "base",
+        32,
+        384,
+        _CLIP,
+        laion2b_ft_in12k_in1k=_openai(1.0, 1000, image=384),
+        openai_ft_in12k_in1k=_openai(0.95, 1000, image=384, **_SQUASH),
+    ),
+    "vit_base_patch32_clip_448": _family(
+        "clip", "base", 32, 448, _CLIP, laion2b_ft_in12k_in1k=_openai(1.0, 1000, image=448)
+    ),
+    "vit_large_patch14_clip_336": _family(
+        "clip",
+        "large",
+        14,
+        336,
+        _CLIP,
+        laion2b_ft_in12k_in1k=_half(1.0, 1000, image=336, **_SQUASH),
+        laion2b_ft_in1k=_half(1.0, 1000, image=336, **_SQUASH),
+        openai=_openai(1.0, 768, image=336),
+        openai_ft_in12k_in1k=_openai(1.0, 1000, image=336, **_SQUASH),
+    ),
+    "vit_huge_patch14_clip_336": _family(
+        "clip",
+        "huge",
+        14,
+        336,
+        _CLIP,
+        laion2b_ft_in12k_in1k=_openai(1.0, 1000, image=336, **_SQUASH),
+    ),
+    "vit_huge_patch14_clip_378": _family(
+        "clip",
+        "huge",
+        14,
+        378,
+        _CLIP,
+        dfn5b=_openai(1.0, 1024, image=378),
+        metaclip2_worldwide=_openai(1.0, 1024, image=378, **_SQUASH),
+    ),
+    "vit_huge_patch14_clip_quickgelu_224": _family(
+        "clip",
+        "huge",
+        14,
+        224,
+        _CLIP_QUICKGELU,
+        dfn5b=_openai(1.0, 1024),
+        metaclip2_worldwide=_openai(1.0, 1024),
+        metaclip_2pt5b=_openai(1.0, 1024),
+    ),
+    "vit_huge_patch14_clip_quickgelu_378": _family(
+        "clip", "huge", 14, 378, _CLIP_QUICKGELU, dfn5b=_openai(1.0, 1024, image=378)
+    ),
+    "vit_giant_patch14_clip_224": _family(
+        "clip", "clip_giant", 14, 224, _CLIP_GIANT, laion2b=_openai(1.0, 1024)
+    ),
+    "vit_gigantic_patch14_clip_224": _family(
+        "clip",
+        "gigantic",
+        14,
+        224,
+        _GIGANTIC,
+        laion2b=_openai(1.0, 1280),
+        metaclip2_worldwide=_openai(1.0, 1280),
+        metaclip_2pt5b=_openai(1.0, 1280),
+    ),
+    "vit_gigantic_patch14_clip_378": _family(
+        "clip",
+        "gigantic",
+        14,
+        378,
+        _GIGANTIC,
+        metaclip2_worldwide=_openai(1.0, 1280, image=378, **_SQUASH),
+    ),
+    "vit_gigantic_patch14_clip_quickgelu_224": _family(
+        "clip",
+        "gigantic",
+        14,
+        224,
+        dict(_GIGANTIC, act_layer="quick_gelu"),
+        metaclip_2pt5b=_openai(1.0, 1280),
+    ),
+}
 # SigLIP (Zhai et al. 2023): no class token, an attention-pool readout, headless.
 _SIGLIP = dict(families.SIGLIP.switches)
 _SO400M = dict(_SIGLIP, mlp_ratio=3.7362)
@@ -320,8 +432,7 @@ def _siglip_gap(size: str, patch: int, image: int, act: str, tags: dict[str, Wei
     return _family("siglip", size, patch, image, arch, **tags)
 
 
-_IN1K_378 = _half(1.0, 1000, image=378)  # so400m's ImageNet fine-tune: squashed, not cropped
-_IN1K_378 = Weights(replace(_IN1K_378.preprocess, crop_mode="squash"), 1000)
+_IN1K_378 = _half(1.0, 1000, image=378, crop_mode="squash")  # so400m's ImageNet fine-tune
 _WEBLI = ("v2_webli", "webli")
 
 
@@ -417,6 +528,7 @@ MODELS.update(
         "vit_large_patch14_clip_quickgelu_336": _family(
             "clip", "large", 14, 336, _CLIP_QUICKGELU, openai=_openai(1.0, 768, image=336)
         ),
+        **_LARGER_CLIPS,
         **{
             f"vit_{size}_patch{patch}_siglip_{image}": _family(
                 "siglip",
