@@ -34,7 +34,7 @@ from torch import nn
 
 from ..models.families import SWITCH_TENSORS
 from ..models.pos_embed import RESAMPLERS, resample_abs_pos_embed, resample_pos_embed
-from ..models.vision_transformer import VisionTransformer, to_pair
+from ..models.vision_transformer import VisionTransformer, holds_gated_mlp, to_pair
 from ..utils.files import atomic_write
 from . import layouts
 from .layouts import hf_common
@@ -372,13 +372,9 @@ def head_classes(state_dict: Mapping) -> int:
 
 
 def _mlp_hint(state_dict: Mapping[str, torch.Tensor], mlp_layer: str) -> str:
-    """The mlp_layer that fits the weights, where the model has the other one: a gated MLP's
-    fc1 packs a gate and a value, twice as many rows as fc2 takes in; a plain one's as many."""
-    fc1, fc2 = state_dict.get("blocks.0.mlp.fc1.weight"), state_dict.get("blocks.0.mlp.fc2.weight")
-    if fc1 is None or fc2 is None:
-        return ""
-    gated = fc1.shape[0] == 2 * fc2.shape[1]
-    if gated == (mlp_layer == "swiglu_packed"):
+    """The mlp_layer that fits the weights, where the model has the other one."""
+    gated = holds_gated_mlp(state_dict)
+    if gated is None or gated == (mlp_layer == "swiglu_packed"):
         return ""
     if gated:
         return (

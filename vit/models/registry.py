@@ -164,8 +164,16 @@ _SIZES = {
 }
 
 
-def _preprocess(image: int, crop_pct: float, mean=IMAGENET_DEFAULT_MEAN, std=IMAGENET_DEFAULT_STD):
-    return Preprocess(input_size=(image, image), mean=mean, std=std, crop_pct=crop_pct)
+def _preprocess(
+    image: int,
+    crop_pct: float,
+    mean=IMAGENET_DEFAULT_MEAN,
+    std=IMAGENET_DEFAULT_STD,
+    crop_mode: str = "center",
+):
+    return Preprocess(
+        input_size=(image, image), mean=mean, std=std, crop_pct=crop_pct, crop_mode=crop_mode
+    )
 
 
 def _spec(size: str, patch: int, image: int, tag: str | None, **spec) -> ModelSpec:
@@ -277,8 +285,7 @@ def _openai(
     """Weights expecting OpenAI CLIP's mean/std (the CLIP family's usual); `crop_mode` "squash":
     resized to the input size whole, not cropped (timm's ImageNet fine-tunes above 224 px)."""
     clip = families.CLIP
-    preprocess = _preprocess(image, crop_pct, clip.mean, clip.std)
-    return Weights(replace(preprocess, crop_mode=crop_mode), num_classes)
+    return Weights(_preprocess(image, crop_pct, clip.mean, clip.std, crop_mode), num_classes)
 
 
 def _half(
@@ -286,8 +293,7 @@ def _half(
 ) -> Weights:
     """Weights expecting mean = std = 0.5 (inputs in [-1, 1]: SigLIP's usual, some LAION CLIPs)."""
     siglip = families.SIGLIP
-    preprocess = _preprocess(image, crop_pct, siglip.mean, siglip.std)
-    return Weights(replace(preprocess, crop_mode=crop_mode), num_classes)
+    return Weights(_preprocess(image, crop_pct, siglip.mean, siglip.std, crop_mode), num_classes)
 
 
 # The families' switches are their records' (`vit.models.families`).

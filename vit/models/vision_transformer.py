@@ -287,6 +287,15 @@ class SwiGLUPacked(nn.Module):
 MLP_LAYERS = {"mlp": Mlp, "swiglu_packed": SwiGLUPacked}  # ViTConfig.mlp_layer -> its module
 
 
+def holds_gated_mlp(state_dict) -> bool | None:
+    """Whether timm-named weights hold a gated MLP (`SwiGLUPacked`: fc1 has twice as many rows
+    as fc2 takes in, the gate's and the value's; a plain MLP as many); None without block 0's."""
+    fc1, fc2 = state_dict.get("blocks.0.mlp.fc1.weight"), state_dict.get("blocks.0.mlp.fc2.weight")
+    if fc1 is None or fc2 is None:
+        return None
+    return fc1.shape[0] == 2 * fc2.shape[1]
+
+
 class AttentionPoolLatent(nn.Module):
     """SigLIP's readout ("map", multihead attention pooling): one learned query attends to the
     patch tokens, then a residual MLP. timm's `AttentionPoolLatent` names and maths.
@@ -479,7 +488,7 @@ class VisionTransformer(nn.Module):
                 nn.init.zeros_(module.bias)
             elif isinstance(module, LayerScale):
                 nn.init.constant_(module.gamma, module.init_values)
-        for module in self.modules():
+        for module in self.modules():  # after the loop above, which visits fc1 after its MLP
             if isinstance(module, SwiGLUPacked):
                 module.init_gate_()
         nn.init.trunc_normal_(self.pos_embed, std=0.02)

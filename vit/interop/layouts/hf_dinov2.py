@@ -24,6 +24,7 @@ from collections.abc import Collection, Mapping
 
 import torch
 
+from ...models.vision_transformer import holds_gated_mlp
 from . import hf_common as hf
 from . import huggingface as vit_layout
 from .keymap import KeyMap
@@ -157,8 +158,7 @@ def write_state(state: Mapping[str, torch.Tensor], hf_class: str) -> dict[str, t
     token's position embedding, folded into the class token on reading, is written as zero:
     transformers adds it to the class token, which then equals ours. A gated MLP (fc1 twice
     as wide as fc2's input: the gate and the value) is written as weights_in and weights_out."""
-    fc1, fc2 = state["blocks.0.mlp.fc1.weight"], state["blocks.0.mlp.fc2.weight"]
-    keys = SWIGLU_KEYS if fc1.shape[0] == 2 * fc2.shape[1] else KEYS
+    keys = SWIGLU_KEYS if holds_gated_mlp(state) else KEYS
     out = hf.from_timm(state, keys, vit_layout.QKV_FILE, vit_layout.QKV_PARTS, hf_class)
     pos = out["embeddings.position_embeddings"]  # (1, gh*gw or 1 + gh*gw, D)
     if "embeddings.register_tokens" in out:
