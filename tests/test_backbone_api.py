@@ -461,11 +461,11 @@ def test_set_input_size_equals_timms(one_thread):
 
 
 def test_set_input_size_refused_leaves_the_model_as_it_was(one_thread):
-    """A size the patch does not divide is refused, and the model still runs at its own size
-    (it used to keep the refused size and refuse every input after)."""
+    """A size smaller than a patch is refused, and the model still runs at its own size (it
+    used to keep the refused size and refuse every input after)."""
     model = vit.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, depth=1).eval()
-    with pytest.raises(ValueError, match="not a multiple of patch_size"):
-        model.set_input_size(img_size=30)
+    with pytest.raises(ValueError, match="img_size height 3 is smaller than patch_size"):
+        model.set_input_size(img_size=3)
     assert model.patch_embed.img_size == (32, 32) and model.grid_size == (8, 8)
     with torch.no_grad():
         assert model(images(32, 32)).shape == (2, 1000)

@@ -101,6 +101,19 @@ def test_static_size_onnx_keeps_the_model_input_size(model, tmp_path, one_thread
     assert session.get_inputs()[0].shape[1:] == [3, 32, 32]
 
 
+def test_onnx_of_a_model_whose_patches_leave_a_margin_is_fixed_at_its_size(tmp_path, one_thread):
+    """A dynamic graph takes multiples of the patch, which 38 px in 16-px patches (so400m's 384
+    in 14s) is not: the file is exported at the model's own size, said, its int8 copy too."""
+    torch.manual_seed(0)
+    margin = vit.VisionTransformer(img_size=38, patch_size=16, embed_dim=32, depth=1, num_heads=2)
+    torch.nn.init.normal_(margin.head.weight, std=0.5)
+    path = tmp_path / "model.onnx"
+    result = export_onnx(margin, path, options=OnnxOptions(int8=True))
+    assert "fixed size: the patches leave a margin" in str(result)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape[1:] == [3, 38, 38]
+
+
 def test_onnx_of_a_headless_backbone_outputs_its_embeddings(tmp_path, one_thread):
     torch.manual_seed(0)
     headless = vit.VisionTransformer(**{**TINY, "num_classes": 0}).eval()

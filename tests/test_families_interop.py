@@ -82,6 +82,13 @@ FAMILIES = {
         lambda output: output.image_embeds,
     ),
     "SiglipVisionModel": ("SiglipVisionModel", "SiglipVisionConfig", CLIP, _pooled),
+    # google/siglip-so400m-patch14-384's geometry: patches that leave a margin (38 px in 16s)
+    "SiglipVisionModel-margin": (
+        "SiglipVisionModel",
+        "SiglipVisionConfig",
+        dict(CLIP, image_size=38),
+        _pooled,
+    ),
     "SiglipVisionModel-no-head": (
         "SiglipVisionModel",
         "SiglipVisionConfig",

@@ -342,3 +342,11 @@ def test_torchvision_variants_it_cannot_hold_are_refused():
     stem = {"conv_proj.conv_bn_relu_0.weight": torch.zeros(1), "encoder.ln.weight": torch.ones(1)}
     with pytest.raises(ValueError, match="convolutional stem"):
         vit.load_weights(model, stem)
+
+
+def test_a_model_whose_patches_leave_a_margin_is_not_exported_to_torchvision():
+    """torchvision's ViT asserts that its patches tile the image (a traceback): named in one
+    line instead, beside the rest of what it cannot hold."""
+    model = vit.VisionTransformer(img_size=38, patch_size=16, embed_dim=8, depth=1, num_heads=2)
+    with pytest.raises(ValueError, match="it has 38-px images its 16-px patches do not tile"):
+        torchvision_layout.constructor_args(model.config)

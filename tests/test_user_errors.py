@@ -412,7 +412,7 @@ def test_unknown_model_kwargs_key_leaves_no_run_folder(
     [
         (("--pretrained", "nope.safetensors"), "weights file not found: nope.safetensors"),
         (("--model", "vit_nope"), "--model vit_nope: unknown model name 'vit_nope'"),
-        (("--img-size", "30"), "--img-size 30: img_size height 30 is not a multiple"),
+        (("--img-size", "3"), "--img-size 3: img_size height 3 is smaller than patch_size"),
         (
             ("--model-kwargs", "depth=abc"),
             "--model-kwargs: depth 'abc': transformer blocks; accepted: an integer >= 1",
@@ -430,8 +430,8 @@ def test_unknown_model_kwargs_key_leaves_no_run_folder(
             "--model-kwargs: embed_dim 0: token width; accepted: an integer >= 1",
         ),
         (
-            ("--model-kwargs", "patch_size=5"),  # blamed on --model before
-            "--model-kwargs: img_size height 32 is not a multiple of patch_size height 5",
+            ("--model-kwargs", "patch_size=40"),  # blamed on --model before
+            "--model-kwargs: img_size height 32 is smaller than patch_size height 40",
         ),
         (
             ("--batch-augment", "--aa", "none", "--progressive-size", "64"),

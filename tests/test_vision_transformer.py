@@ -82,8 +82,17 @@ def test_logits_match_timm_for_every_standard_config(name):
             qkv_bias=False,
             in_chans=1,
         ),
+        # a size the patch does not divide: a 2-px margin no patch sees (timm's so400m at 384)
+        dict(img_size=(30, 34), patch_size=4, embed_dim=32, depth=1, num_heads=2),
     ],
-    ids=["cifar", "non-square", "avg-pool", "no-class-token", "rect-patch-1ch-no-qkv-bias"],
+    ids=[
+        "cifar",
+        "non-square",
+        "avg-pool",
+        "no-class-token",
+        "rect-patch-1ch-no-qkv-bias",
+        "margin",
+    ],
 )
 def test_logits_match_timm_for_other_geometries(kwargs):
     torch.manual_seed(0)
@@ -165,6 +174,22 @@ def test_patch_grid_tokens_and_shapes():
         assert model.forward_head(tokens, pre_logits=True).shape == (3, 192)
         assert model.forward_head(tokens).shape == (3, 1000)
         assert model(x).shape == (3, 1000)
+
+
+def test_a_fixed_size_the_patch_does_not_divide_leaves_its_margin_unseen():
+    """30 x 34 px in patches of 4: a 7 x 8 grid over the top-left 28 x 32 px, as timm's and
+    transformers' strided Conv2d cut it; what the margin holds changes nothing."""
+    model = vit.VisionTransformer(
+        img_size=(30, 34), patch_size=4, embed_dim=32, depth=1, num_heads=2
+    )
+    randomise_head(model.eval())
+    assert model.grid_size == (7, 8) and model.pos_embed.shape == (1, 1 + 7 * 8, 32)
+    x = torch.randn(2, 3, 30, 34)
+    other = x.clone()
+    other[:, :, 28:, :] = 5.0  # the bottom margin
+    other[:, :, :, 32:] = -5.0  # the right margin
+    with torch.no_grad():
+        torch.testing.assert_close(model(other), model(x), rtol=0, atol=0)
 
 
 def test_attention_paths_agree_in_training_mode_without_dropout():
@@ -322,7 +347,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match=r"input image size \(32x32\).*224x224"):
         vit.create_model("vit_tiny_patch16_224")(torch.randn(1, 3, 32, 32))
     with pytest.raises(ValueError, match="not a multiple of patch_size"):
-        vit.VisionTransformer(img_size=30, patch_size=4)
+        vit.VisionTransformer(img_size=30, patch_size=4, dynamic_img_size=True)
     with pytest.raises(ValueError, match="not divisible by num_heads"):
         vit.VisionTransformer(embed_dim=100, num_heads=3)
     with pytest.raises(TypeError, match="unknown VisionTransformer argument.*'depht'"):

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .capture import _eval_mode
@@ -20,14 +21,19 @@ DEFAULT_FRACTIONS = tuple(i / 10 for i in range(11))  # 0%, 10%, ..., 100% of pa
 
 
 def remove_patches(
-    images: torch.Tensor, relevance_map: torch.Tensor, fraction: float, most_relevant: bool
+    images: torch.Tensor,
+    relevance_map: torch.Tensor,
+    fraction: float,
+    most_relevant: bool,
+    patch_size: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Blank the `fraction` most (or least) relevant patches of each image.
 
     images: (B, C, H, W), normalised. relevance_map: (B, gh, gw). Blanked patches are set to 0
     in normalised space, i.e. to the dataset's mean colour: the "no information" value the
     model saw least surprise from in training, and the same replacement for every method.
-    Returns a new (B, C, H, W) tensor.
+    patch_size: (ph, pw) pixels, where the patches leave a margin (a size they do not divide);
+    None: (H / gh, W / gw). Returns a new (B, C, H, W) tensor.
     """
     batch, _, height, width = images.shape
     gh, gw = relevance_map.shape[-2:]
@@ -40,8 +46,11 @@ def remove_patches(
     keep = torch.ones(batch, num_patches, device=images.device, dtype=images.dtype)
     keep.scatter_(1, order[:, :k], 0.0)
     keep = keep.reshape(batch, 1, gh, gw)
-    # Patches are (H/gh) x (W/gw) pixels: expand each grid cell to its pixels.
-    keep = keep.repeat_interleave(height // gh, dim=2).repeat_interleave(width // gw, dim=3)
+    # Expand each grid cell to its patch's pixels; a margin the patches leave (a size they do
+    # not divide) is seen by no patch, and kept as it is.
+    ph, pw = patch_size or (height // gh, width // gw)
+    keep = keep.repeat_interleave(ph, dim=2).repeat_interleave(pw, dim=3)
+    keep = F.pad(keep, (0, width - keep.shape[-1], 0, height - keep.shape[-2]), value=1.0)
     return images * keep
 
 
@@ -59,10 +68,13 @@ def perturbation_curve(
     positive=True removes the most relevant patches first (a faithful map makes accuracy fall
     fast); False removes the least relevant first (accuracy should hold).
     """
+    patch_size = getattr(getattr(model, "patch_embed", None), "patch_size", None)
     with _eval_mode(model):
         accuracies = []
         for fraction in fractions:
-            perturbed = remove_patches(images, relevance_map, fraction, most_relevant=positive)
+            perturbed = remove_patches(
+                images, relevance_map, fraction, most_relevant=positive, patch_size=patch_size
+            )
             predictions = model(perturbed).argmax(dim=1)
             accuracies.append((predictions == labels).float().mean())
     return torch.stack(accuracies)

@@ -108,6 +108,10 @@ def export_onnx(
         # (onnxruntime then fails at any other size): such a model is exported at its own size.
         options = dataclasses.replace(options, dynamic_size=False)
         notes.append("fixed size: the original DINOv2's scale-factor resampling is not dynamic")
+    if options.dynamic_size and any(model.patch_embed.margin):
+        # a dynamic size is a multiple of the patch, which this model's own size is not
+        options = dataclasses.replace(options, dynamic_size=False)
+        notes.append("fixed size: the patches leave a margin of the model's input size")
     if options.dynamic_size:
         model = dynamic_size_copy(model)
     program = torch.onnx.export(
@@ -168,8 +172,9 @@ def require_onnx_packages(opset: int = ONNX_OPSET):
 
 
 def dynamic_size_copy(model: VisionTransformer) -> VisionTransformer:
-    """The model taking any multiple of its patch size (a shallow copy sharing the weights)."""
-    if model.patch_embed.dynamic_img_size:
+    """The model taking any multiple of its patch size (a shallow copy sharing the weights); a
+    model whose patches leave a margin of its own size stays as it is, fixed at that size."""
+    if model.patch_embed.dynamic_img_size or any(model.patch_embed.margin):
         return model
     dynamic = copy.copy(model)
     dynamic._modules = dict(model._modules)

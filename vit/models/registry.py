@@ -415,7 +415,7 @@ _LARGER_CLIPS = {
 }
 # SigLIP (Zhai et al. 2023): no class token, an attention-pool readout, headless.
 _SIGLIP = dict(families.SIGLIP.switches)
-_SO400M = dict(_SIGLIP, mlp_ratio=3.7362)
+_SO400M_MLP_RATIO = 3.7362  # the shape-optimised 400M's MLP: 4304 wide at 1152
 # SigLIP's gap towers: no class token, the final norm, then the patch tokens' mean (no fc_norm)
 _SIGLIP_GAP = dict(class_token=False, global_pool="avg", fc_norm=False)
 # PaliGemma's towers (Beyer et al. 2024; 2: Steiner et al. 2024), the default (timm's) first
@@ -430,16 +430,36 @@ def _headless(image: int, crop_pct: float, *tags: str) -> dict[str, Weights]:
     return {tag: _half(crop_pct, 0, image=image) for tag in tags}
 
 
-def _siglip_gap(size: str, patch: int, image: int, act: str, tags: dict[str, Weights]):
-    """A SigLIP gap tower (timm's `_gap_` names); `act`: the tanh GELU where timm gives it."""
-    arch = dict(_SIGLIP_GAP, act_layer=act)
+def _siglip(
+    size: str, patch: int, image: int, act: str, tags: dict[str, Weights], gap: bool = False
+) -> ModelSpec:
+    """A SigLIP tower by timm's `_siglip_` name (the attention pool) or its `_siglip_gap_` one
+    (gap=True); `act`: the tanh GELU where timm gives it (SigLIP 2's new shapes)."""
+    arch = dict(_SIGLIP_GAP if gap else _SIGLIP, act_layer=act)
     if size == "so400m":
-        arch["mlp_ratio"] = _SO400M["mlp_ratio"]
+        arch["mlp_ratio"] = _SO400M_MLP_RATIO
     return _family("siglip", size, patch, image, arch, **tags)
 
 
-_IN1K_378 = _half(1.0, 1000, image=378, crop_mode="squash")  # so400m's ImageNet fine-tune
+# so400m's ImageNet fine-tune
+_IN1K_378 = {"webli_ft_in1k": _half(1.0, 1000, image=378, crop_mode="squash")}
 _WEBLI = ("v2_webli", "webli")
+# The SigLIP shapes timm names with the same tags under both readouts (the attention pool, gap)
+_SIGLIP_SHAPES = (
+    ("base", 16, 224, "gelu", _headless(224, 0.9, *_WEBLI)),
+    ("base", 16, 256, "gelu", _headless(256, 0.9, *_WEBLI, "webli_i18n")),
+    ("base", 16, 384, "gelu", _headless(384, 0.9, *_WEBLI)),
+    ("base", 16, 512, "gelu", _headless(512, 0.9, *_WEBLI)),
+    ("base", 32, 256, "gelu_tanh", _headless(256, 0.9, "v2_webli")),
+    ("large", 16, 256, "gelu", _headless(256, 0.9, *_WEBLI)),
+    ("large", 16, 384, "gelu", _headless(384, 0.9, *_WEBLI)),
+    ("large", 16, 512, "gelu_tanh", _headless(512, 0.9, "v2_webli")),
+    ("giantopt", 16, 256, "gelu_tanh", _headless(256, 0.9, "v2_webli")),
+    ("giantopt", 16, 384, "gelu_tanh", _headless(384, 0.9, "v2_webli")),
+    ("so400m", 16, 256, "gelu_tanh", _headless(256, 0.9, "v2_webli", "webli_i18n")),
+    ("so400m", 16, 384, "gelu_tanh", _headless(384, 0.9, "v2_webli")),
+    ("so400m", 16, 512, "gelu_tanh", _headless(512, 0.9, "v2_webli")),
+)
 
 
 # DeiT III (Touvron et al. 2022): LayerScale, position embeddings on the patches only.
@@ -536,43 +556,23 @@ MODELS.update(
         ),
         **_LARGER_CLIPS,
         **{
-            f"vit_{size}_patch{patch}_siglip_{image}": _family(
-                "siglip",
-                size,
-                patch,
-                image,
-                _SO400M if size == "so400m" else _SIGLIP,
-                **{tag: _half(0.9, 0, image=image) for tag in tags},
-            )
-            for size, patch, image, tags in (
-                ("base", 16, 224, ("v2_webli", "webli")),
-                ("base", 16, 256, ("v2_webli", "webli")),
-                ("base", 16, 384, ("v2_webli", "webli")),
-                ("base", 16, 512, ("v2_webli", "webli")),
-                ("large", 16, 256, ("v2_webli", "webli")),
-                ("large", 16, 384, ("v2_webli", "webli")),
-                ("so400m", 14, 224, ("v2_webli", "webli")),
-                # (timm's so400m at 384 px cuts a 27x27 grid of 14-px patches, leaving a 6-px
-                # margin unseen; this PatchEmbed refuses sizes that are not patch multiples)
+            f"vit_{size}_patch{patch}_siglip_{image}": _siglip(size, patch, image, act, tags)
+            for size, patch, image, act, tags in (
+                *_SIGLIP_SHAPES,
+                ("so400m", 14, 224, "gelu", _headless(224, 0.9, *_WEBLI)),
+                ("so400m", 14, 378, "gelu", {**_headless(378, 0.9, *_WEBLI), **_IN1K_378}),
+                # 384 px in 14-px patches: a 27 x 27 grid over 378 px, a 6-px margin unseen
+                ("so400m", 14, 384, "gelu", _headless(384, 0.9, "webli")),
             )
         },
         # SigLIP's "gap" towers (timm's _gap_ names): the patch tokens' mean after the final
         # norm in place of the attention pool, PaliGemma's image encoder (the pali tags)
         **{
-            f"vit_{size}_patch{patch}_siglip_gap_{image}": _siglip_gap(
-                size, patch, image, act, tags
+            f"vit_{size}_patch{patch}_siglip_gap_{image}": _siglip(
+                size, patch, image, act, tags, gap=True
             )
             for size, patch, image, act, tags in (
-                ("base", 16, 224, "gelu", _headless(224, 0.9, *_WEBLI)),
-                ("base", 16, 256, "gelu", _headless(256, 0.9, *_WEBLI, "webli_i18n")),
-                ("base", 16, 384, "gelu", _headless(384, 0.9, *_WEBLI)),
-                ("base", 16, 512, "gelu", _headless(512, 0.9, *_WEBLI)),
-                ("base", 32, 256, "gelu_tanh", _headless(256, 0.9, "v2_webli")),
-                ("large", 16, 256, "gelu", _headless(256, 0.9, *_WEBLI)),
-                ("large", 16, 384, "gelu", _headless(384, 0.9, *_WEBLI)),
-                ("large", 16, 512, "gelu_tanh", _headless(512, 0.9, "v2_webli")),
-                ("giantopt", 16, 256, "gelu_tanh", _headless(256, 0.9, "v2_webli")),
-                ("giantopt", 16, 384, "gelu_tanh", _headless(384, 0.9, "v2_webli")),
+                *_SIGLIP_SHAPES,
                 ("so400m", 14, 224, "gelu", _headless(224, 0.9, *_WEBLI, *_PALI_224)),
                 (
                     "so400m",
@@ -582,15 +582,12 @@ MODELS.update(
                     {
                         **_headless(378, 0.9, "v2_webli"),
                         **_headless(378, 1.0, "webli"),
-                        "webli_ft_in1k": _IN1K_378,
+                        **_IN1K_378,
                     },
                 ),
+                ("so400m", 14, 384, "gelu", _headless(384, 1.0, "webli")),
                 ("so400m", 14, 448, "gelu", _headless(448, 1.0, *_PALI_448)),
                 ("so400m", 14, 896, "gelu", _headless(896, 1.0, *_PALI_896)),
-                ("so400m", 16, 256, "gelu_tanh", _headless(256, 0.9, "v2_webli", "webli_i18n")),
-                ("so400m", 16, 384, "gelu_tanh", _headless(384, 0.9, "v2_webli")),
-                ("so400m", 16, 512, "gelu_tanh", _headless(512, 0.9, "v2_webli")),
-                # (so400m at patch 14 and 384 px: not a patch multiple, as above)
             )
         },
         # DeiT (Touvron et al. 2021): the plain ViT trained on ImageNet-1k alone; the distilled

@@ -142,23 +142,36 @@ class PatchEmbed(nn.Module):
         )
 
     def set_input_size(self, img_size) -> None:
-        """The fixed input size (H, W) and its patch grid (gh, gw); a multiple of the patch.
-        A size refused leaves the module as it was."""
+        """The fixed input size (H, W) and its patch grid (gh, gw). A size refused leaves the
+        module as it was."""
         self.grid_size = self.grid_of(img_size)
         self.img_size = to_pair(img_size, "img_size")
         self.num_patches = self.grid_size[0] * self.grid_size[1]
 
+    @property
+    def margin(self) -> tuple[int, int]:
+        """The pixels of img_size at the bottom and right that no patch sees: (0, 0) where the
+        patches tile it."""
+        return self.img_size[0] % self.patch_size[0], self.img_size[1] % self.patch_size[1]
+
     def grid_of(self, img_size) -> tuple[int, int]:
-        """The patch grid (gh, gw) of an input size (H, W), or ConfigValueError where the
-        patches do not tile it."""
+        """The patch grid (gh, gw) of an input size (H, W): as many whole patches as fit, as
+        timm's and transformers' strided Conv2d cut them. A fixed size the patch does not
+        divide leaves a margin at the bottom and right that no patch sees (SigLIP so400m at
+        384 px: 27 x 27 patches of 14 px cover 378 px); a dynamic model takes multiples only,
+        as its forward does. Otherwise a ConfigValueError."""
         size = to_pair(img_size, "img_size")
         for side, image, patch in zip(("height", "width"), size, self.patch_size, strict=True):
-            if image % patch:
-                raise ConfigValueError(
-                    f"img_size {side} {image} is not a multiple of patch_size {side} {patch}",
-                    "img_size",
-                    "patch_size",
+            problem = None
+            if image < patch:
+                problem = f"img_size {side} {image} is smaller than patch_size {side} {patch}"
+            elif self.dynamic_img_size and image % patch:
+                problem = (
+                    f"img_size {side} {image} is not a multiple of patch_size {side} {patch}, "
+                    f"which dynamic_img_size needs (a fixed img_size may leave a margin)"
                 )
+            if problem:
+                raise ConfigValueError(problem, "img_size", "patch_size")
         return size[0] // self.patch_size[0], size[1] // self.patch_size[1]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -94,6 +94,7 @@ def constructor_args(config: ViTConfig) -> tuple[str | None, dict]:
         for bad, text in (
             (image[0] != image[1], f"a non-square image size {image}"),
             (patch[0] != patch[1], f"a non-square patch size {patch}"),
+            (image[0] % patch[0], f"{image[0]}-px images its {patch[0]}-px patches do not tile"),
             (config.global_pool != "token", f"global_pool={config.global_pool!r}"),
             (not config.class_token, "no class token"),
             (config.uses_fc_norm, "a LayerNorm after pooling (fc_norm)"),
@@ -109,8 +110,9 @@ def constructor_args(config: ViTConfig) -> tuple[str | None, dict]:
         raise ValueError(
             "torchvision's VisionTransformer cannot hold this model: it has "
             + ", ".join(problems)
-            + "; torchvision's ViT is a plain ViT: square, class-token pooled, with qkv bias, 3 "
-            "input channels, exact GELU, LayerNorm eps 1e-6 and a linear head"
+            + "; torchvision's ViT is a plain ViT: square, tiled by its patches, class-token "
+            "pooled, with qkv bias, 3 input channels, exact GELU, LayerNorm eps 1e-6 and a linear "
+            "head"
         )
     kwargs = dict(
         image_size=image[0],
