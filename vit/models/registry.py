@@ -158,9 +158,15 @@ _SIZES = {
     "huge": (1280, 32, 16),
     "giant": (1536, 40, 24),  # DINOv2's ViT-g/14
     "giantopt": (1536, 40, 16),  # SigLIP 2's shape-optimised giant
-    "clip_giant": (1408, 40, 16),  # OpenCLIP's ViT-g/14 (mlp_ratio 48/11), timm's "giant" CLIP
+    # OpenCLIP's ViT-g/14 (mlp_ratio 48/11), timm's "giant" CLIP; I-JEPA's ViT-g/16 too
+    "clip_giant": (1408, 40, 16),
     "gigantic": (1664, 48, 16),  # OpenCLIP's ViT-bigG/14 (mlp_ratio 64/13)
     "so400m": (1152, 27, 16),
+    # timm's names between the ViT paper's: TinyCLIP's, OpenCLIP's ViT-B/16+, SoViT-150M
+    "xsmall": (256, 10, 4),
+    "betwixt": (640, 12, 10),
+    "base_plus": (896, 12, 14),
+    "so150m": (896, 18, 14),
 }
 
 
@@ -416,8 +422,9 @@ _LARGER_CLIPS = {
 # SigLIP (Zhai et al. 2023): no class token, an attention-pool readout, headless.
 _SIGLIP = dict(families.SIGLIP.switches)
 _SO400M_MLP_RATIO = 3.7362  # the shape-optimised 400M's MLP: 4304 wide at 1152
-# SigLIP's gap towers: no class token, the final norm, then the patch tokens' mean (no fc_norm)
-_SIGLIP_GAP = dict(class_token=False, global_pool="avg", fc_norm=False)
+# No class token, the final norm, then the patch tokens' mean (no fc_norm): SigLIP's gap
+# towers, I-JEPA's encoders
+_GAP = dict(class_token=False, global_pool="avg", fc_norm=False)
 # PaliGemma's towers (Beyer et al. 2024; 2: Steiner et al. 2024), the default (timm's) first
 _PALI_224 = ("pali2_3b_pt", "pali2_10b_pt", "pali_mix", "pali_pt")
 _PALI_448 = ("pali_mix", "pali2_3b_docci", "pali2_3b_pt", "pali2_10b_docci", "pali2_10b_pt")
@@ -435,7 +442,7 @@ def _siglip(
 ) -> ModelSpec:
     """A SigLIP tower by timm's `_siglip_` name (the attention pool) or its `_siglip_gap_` one
     (gap=True); `act`: the tanh GELU where timm gives it (SigLIP 2's new shapes)."""
-    arch = dict(_SIGLIP_GAP if gap else _SIGLIP, act_layer=act)
+    arch = dict(_GAP if gap else _SIGLIP, act_layer=act)
     if size == "so400m":
         arch["mlp_ratio"] = _SO400M_MLP_RATIO
     return _family("siglip", size, patch, image, arch, **tags)
@@ -460,6 +467,65 @@ _SIGLIP_SHAPES = (
     ("so400m", 16, 384, "gelu_tanh", _headless(384, 0.9, "v2_webli")),
     ("so400m", 16, 512, "gelu_tanh", _headless(512, 0.9, "v2_webli")),
 )
+
+
+# CLIP's smaller relatives: TinyCLIP (Wu et al. 2023), distilled from OpenCLIP's ViT-B, and
+# OpenCLIP's ViT-B/16+ at 240 px; their heads project into the text space (512, 640 wide)
+_SMALLER_CLIPS = {
+    "vit_xsmall_patch16_clip_224": _family(
+        "clip", "xsmall", 16, 224, _CLIP, tinyclip_yfcc15m=_openai(0.9, 512)
+    ),
+    "vit_medium_patch32_clip_224": _family(
+        "clip", "medium", 32, 224, _CLIP, tinyclip_laion400m=_openai(0.9, 512)
+    ),
+    "vit_medium_patch16_clip_224": _family(
+        "clip", "medium", 16, 224, _CLIP, tinyclip_yfcc15m=_openai(0.9, 512)
+    ),
+    "vit_betwixt_patch32_clip_224": _family(
+        "clip", "betwixt", 32, 224, _CLIP, tinyclip_laion400m=_openai(0.9, 512)
+    ),
+    "vit_base_patch16_plus_clip_240": _family(
+        "clip", "base_plus", 16, 240, _CLIP, laion400m_e32=_openai(1.0, 640, image=240)
+    ),
+}
+
+
+def _miil(num_classes: int) -> Weights:
+    """MIIL's ImageNet-21k-P weights (Ridnik et al. 2021): inputs in [0, 1], bilinear, 0.875."""
+    unit = Preprocess(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), interpolation="bilinear")
+    return Weights(replace(unit, crop_pct=0.875), num_classes)
+
+
+# timm's other plain ViTs with published weights: MIIL's ViT-B/16 (no qkv bias), I-JEPA's
+# headless encoders (Assran et al. 2023; the patch tokens' mean), timm's SoViT-150M with four
+# registers (the shape of Alabdulmohsin et al. 2023, trained by timm)
+_SO150M = dict(_GAP, reg_tokens=4, mlp_ratio=2.572)
+_OTHER_PLAIN = {
+    "vit_base_patch16_224_miil": _family(
+        "vit", "base", 16, 224, dict(qkv_bias=False), in21k=_miil(11221), in21k_ft_in1k=_miil(1000)
+    ),
+    "vit_huge_patch14_gap_224": _family(
+        "vit", "huge", 14, 224, _GAP, in1k_ijepa=_in(0.9, 0), in22k_ijepa=_in(0.9, 0)
+    ),
+    "vit_huge_patch16_gap_448": _family(
+        "vit", "huge", 16, 448, _GAP, in1k_ijepa=_in(1.0, 0, image=448)
+    ),
+    "vit_giant_patch16_gap_224": _family(
+        "vit", "clip_giant", 16, 224, dict(_GAP, mlp_ratio=48 / 11), in22k_ijepa=_in(0.9, 0)
+    ),
+    "vit_so150m_patch16_reg4_gap_256": _family(
+        "vit",
+        "so150m",
+        16,
+        256,
+        _SO150M,
+        sbb_e250_in12k_ft_in1k=_half(0.95, 1000, image=256),
+        sbb_e250_in12k=_half(0.95, 11821, image=256),
+    ),
+    "vit_so150m_patch16_reg4_gap_384": _family(
+        "vit", "so150m", 16, 384, _SO150M, sbb_e250_in12k_ft_in1k=_half(1.0, 1000, image=384)
+    ),
+}
 
 
 # DeiT III (Touvron et al. 2022): LayerScale, position embeddings on the patches only.
@@ -555,6 +621,8 @@ MODELS.update(
             "clip", "large", 14, 336, _CLIP_QUICKGELU, openai=_openai(1.0, 768, image=336)
         ),
         **_LARGER_CLIPS,
+        **_SMALLER_CLIPS,
+        **_OTHER_PLAIN,
         **{
             f"vit_{size}_patch{patch}_siglip_{image}": _siglip(size, patch, image, act, tags)
             for size, patch, image, act, tags in (
