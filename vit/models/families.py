@@ -126,7 +126,9 @@ DINOV2 = Family(
     name="dinov2",
     title="DINOv2",
     switches=dict(init_values=1e-5),
-    is_member=lambda c: bool(c.init_values) and not c.no_embed_class and not c.reg_tokens,
+    is_member=lambda c: (
+        bool(c.init_values) and c.class_token and not (c.no_embed_class or c.reg_tokens)
+    ),
     readout="the class token",
     layouts=("timm", "transformers_dinov2", "dinov2"),
     hf_layout="hf_dinov2",
@@ -138,7 +140,7 @@ DINOV2_REG = Family(
     name="dinov2_reg",
     title="DINOv2 with registers",
     switches=dict(init_values=1e-5, reg_tokens=4, no_embed_class=True),
-    is_member=lambda c: bool(c.init_values and c.reg_tokens and c.no_embed_class),
+    is_member=lambda c: bool(c.init_values and c.reg_tokens and c.no_embed_class and c.class_token),
     readout="the class token (the registers are read by nothing)",
     layouts=("timm", "transformers_dinov2_reg", "dinov2"),
     hf_layout="hf_dinov2",
@@ -189,12 +191,16 @@ DEIT3 = Family(
     name="deit3",
     title="DeiT III",
     switches=dict(init_values=1e-6, no_embed_class=True),
-    is_member=lambda c: bool(c.init_values) and c.no_embed_class and not c.reg_tokens,
+    is_member=lambda c: (
+        bool(c.init_values) and c.class_token and c.no_embed_class and not c.reg_tokens
+    ),
     readout="the class token",
     layouts=("timm",),
     hf_refusal="no transformers class has LayerScale with patch-only position embeddings",
 )
-# Most specific first: the first whose switches a config carries is its family.
+# Most specific first: the first whose switches a config carries is its family. DINOv2 and
+# DeiT III read a class token: timm's LayerScale ViTs without one (its "sbb" register ViTs, the
+# patch tokens' mean) are plain ViTs here, as in timm.
 FAMILIES: tuple[Family, ...] = (DEIT, SIGLIP, CLIP, DINOV2_REG, DEIT3, DINOV2, VIT)
 BY_NAME = {family.name: family for family in (*FAMILIES, MAE)}
 # transformers config.json model_type -> the family read from it

@@ -167,6 +167,11 @@ _SIZES = {
     "betwixt": (640, 12, 10),
     "base_plus": (896, 12, 14),
     "so150m": (896, 18, 14),
+    # timm's "searching for better ViT baselines" (sbb) shapes
+    "wee": (256, 14, 4),
+    "little": (320, 14, 5),
+    "mediumd": (512, 20, 8),
+    "so150m2": (832, 21, 13),
 }
 
 
@@ -500,6 +505,70 @@ def _miil(num_classes: int) -> Weights:
 # headless encoders (Assran et al. 2023; the patch tokens' mean), timm's SoViT-150M with four
 # registers (the shape of Alabdulmohsin et al. 2023, trained by timm)
 _SO150M = dict(_GAP, reg_tokens=4, mlp_ratio=2.572)
+# timm's own ViTs from "searching for better ViT baselines" (sbb): LayerScale, the patch
+# tokens' mean, most with 1 or 4 registers and position embeddings on the patches only
+_SBB_1 = dict(_GAP, init_values=1e-5, no_embed_class=True, fc_norm=None, reg_tokens=1)
+_SBB_4, _LITTLE_1 = dict(_SBB_1, reg_tokens=4), dict(_SBB_1, mlp_ratio=5.6)
+_SO150M2 = dict(_SBB_1, no_embed_class=False, mlp_ratio=34 / 13, qkv_bias=False)
+
+
+def _sbb(image: int, crop_pct: float, *tags: str, crop_mode: str = "center"):
+    """sbb tags at `image` px (mean = std = 0.5), in timm's order; a tag ending in "in12k"
+    classifies ImageNet-12k (timm's 11,821 ImageNet-22k classes with enough images), the rest
+    ImageNet-1k."""
+    return {
+        tag: _half(crop_pct, 11821 if tag.endswith("in12k") else 1000, image, crop_mode)
+        for tag in tags
+    }
+
+
+_MEDIUM_GAP = dict(_GAP, init_values=1e-6, qkv_bias=False)
+_SBB2 = "sbb2_e200_in12k_ft_in1k"  # timm's second sbb round, 200 epochs on ImageNet-12k
+_SBB_MODELS = {
+    f"vit_{size}_patch16_{kind}_{image}": _family("vit", size, 16, image, arch, **tags)
+    for size, kind, image, arch, tags in (
+        ("medium", "gap", 240, _MEDIUM_GAP, _sbb(240, 0.95, "sw_in12k")),
+        ("medium", "gap", 256, _MEDIUM_GAP, _sbb(256, 0.95, "sw_in12k_ft_in1k")),
+        ("medium", "gap", 384, _MEDIUM_GAP, _sbb(384, 0.95, "sw_in12k_ft_in1k", **_SQUASH)),
+        ("medium", "reg1_gap", 256, _SBB_1, _sbb(256, 0.95, "sbb_in1k")),
+        (
+            "medium",
+            "reg4_gap",
+            256,
+            _SBB_4,
+            _sbb(256, 0.95, "sbb_in12k_ft_in1k", "sbb_in1k", "sbb_in12k"),
+        ),
+        ("betwixt", "reg1_gap", 256, _SBB_1, _sbb(256, 0.95, "sbb_in1k")),
+        (
+            "betwixt",
+            "reg4_gap",
+            256,
+            _SBB_4,
+            _sbb(256, 0.95, _SBB2, "sbb_in12k_ft_in1k", "sbb_in1k", "sbb2_e200_in12k", "sbb_in12k"),
+        ),
+        ("betwixt", "reg4_gap", 384, _SBB_4, _sbb(384, 1.0, _SBB2)),
+        ("little", "reg1_gap", 256, _LITTLE_1, _sbb(256, 0.95, "sbb_in12k_ft_in1k", "sbb_in12k")),
+        ("little", "reg4_gap", 256, dict(_LITTLE_1, reg_tokens=4), _sbb(256, 0.95, "sbb_in1k")),
+        ("wee", "reg1_gap", 256, dict(_SBB_1, mlp_ratio=5), _sbb(256, 0.95, "sbb_in1k")),
+        (
+            "mediumd",
+            "reg4_gap",
+            256,
+            _SBB_4,
+            _sbb(256, 0.95, _SBB2, "sbb_in12k_ft_in1k", "sbb2_e200_in12k", "sbb_in12k"),
+        ),
+        ("mediumd", "reg4_gap", 384, _SBB_4, _sbb(384, 1.0, _SBB2)),
+        (
+            "so150m2",
+            "reg1_gap",
+            256,
+            _SO150M2,
+            _sbb(256, 1.0, "sbb_e200_in12k_ft_in1k", "sbb_e200_in12k"),
+        ),
+        ("so150m2", "reg1_gap", 384, _SO150M2, _sbb(384, 1.0, "sbb_e200_in12k_ft_in1k")),
+        ("so150m2", "reg1_gap", 448, _SO150M2, _sbb(448, 1.0, "sbb_e200_in12k_ft_in1k", **_SQUASH)),
+    )
+}
 _OTHER_PLAIN = {
     "vit_base_patch16_224_miil": _family(
         "vit", "base", 16, 224, dict(qkv_bias=False), in21k=_miil(11221), in21k_ft_in1k=_miil(1000)
@@ -623,6 +692,7 @@ MODELS.update(
         **_LARGER_CLIPS,
         **_SMALLER_CLIPS,
         **_OTHER_PLAIN,
+        **_SBB_MODELS,
         **{
             f"vit_{size}_patch{patch}_siglip_{image}": _siglip(size, patch, image, act, tags)
             for size, patch, image, act, tags in (
