@@ -67,11 +67,23 @@ ROWS = {
     "probe, then full with LAMB, layer decay 0.65, lr 3e-3": (
         "--opt lamb --lr 3e-3 --layer-decay 0.65 --head-init probe".split()
     ),
+    "probe, then full with LAMB, layer decay 0.65, lr 1e-2": (
+        "--opt lamb --lr 1e-2 --layer-decay 0.65 --head-init probe".split()
+    ),
     "probe, then full with Lion, layer decay 0.65, lr 2e-5": (
         "--opt lion --weight-decay 0.5 --lr 2e-5 --layer-decay 0.65 --head-init probe".split()
     ),
     "probe, then full with Lion, layer decay 0.65, lr 5e-5": (
         "--opt lion --weight-decay 0.5 --lr 5e-5 --layer-decay 0.65 --head-init probe".split()
+    ),
+    "probe, then full with Lion, layer decay 0.65, lr 1e-4": (
+        "--opt lion --weight-decay 0.5 --lr 1e-4 --layer-decay 0.65 --head-init probe".split()
+    ),
+    "probe, then full with Lion, layer decay 0.65, lr 2e-4": (
+        "--opt lion --weight-decay 0.5 --lr 2e-4 --layer-decay 0.65 --head-init probe".split()
+    ),
+    "probe, then full with Lion, layer decay 0.65, lr 4e-4": (
+        "--opt lion --weight-decay 0.5 --lr 4e-4 --layer-decay 0.65 --head-init probe".split()
     ),
     "from scratch (the floor)": ["--lr", "1e-3", "--no-pretrained"],
 }

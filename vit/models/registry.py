@@ -501,10 +501,6 @@ def _miil(num_classes: int) -> Weights:
     return Weights(replace(unit, crop_pct=0.875), num_classes)
 
 
-# timm's other plain ViTs with published weights: MIIL's ViT-B/16 (no qkv bias), I-JEPA's
-# headless encoders (Assran et al. 2023; the patch tokens' mean), timm's SoViT-150M with four
-# registers (the shape of Alabdulmohsin et al. 2023, trained by timm)
-_SO150M = dict(_GAP, reg_tokens=4, mlp_ratio=2.572)
 # timm's own ViTs from "searching for better ViT baselines" (sbb): LayerScale, the patch
 # tokens' mean, most with 1 or 4 registers and position embeddings on the patches only
 _SBB_1 = dict(_GAP, init_values=1e-5, no_embed_class=True, fc_norm=None, reg_tokens=1)
@@ -569,6 +565,10 @@ _SBB_MODELS = {
         ("so150m2", "reg1_gap", 448, _SO150M2, _sbb(448, 1.0, "sbb_e200_in12k_ft_in1k", **_SQUASH)),
     )
 }
+# timm's other plain ViTs with published weights: MIIL's ViT-B/16 (no qkv bias), I-JEPA's
+# headless encoders (Assran et al. 2023; the patch tokens' mean), timm's SoViT-150M with four
+# registers (the shape of Alabdulmohsin et al. 2023, trained by timm)
+_SO150M = dict(_GAP, reg_tokens=4, mlp_ratio=2.572)
 _OTHER_PLAIN = {
     "vit_base_patch16_224_miil": _family(
         "vit", "base", 16, 224, dict(qkv_bias=False), in21k=_miil(11221), in21k_ft_in1k=_miil(1000)
