@@ -497,8 +497,8 @@ _SMALLER_CLIPS = {
 
 def _miil(num_classes: int) -> Weights:
     """MIIL's ImageNet-21k-P weights (Ridnik et al. 2021): inputs in [0, 1], bilinear, 0.875."""
-    unit = Preprocess(mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), interpolation="bilinear")
-    return Weights(replace(unit, crop_pct=0.875), num_classes)
+    unit = Preprocess(mean=(0.0,) * 3, std=(1.0,) * 3, interpolation="bilinear", crop_pct=0.875)
+    return Weights(unit, num_classes)
 
 
 # timm's own ViTs from "searching for better ViT baselines" (sbb): LayerScale, the patch
@@ -506,6 +506,8 @@ def _miil(num_classes: int) -> Weights:
 _SBB_1 = dict(_GAP, init_values=1e-5, no_embed_class=True, fc_norm=None, reg_tokens=1)
 _SBB_4, _LITTLE_1 = dict(_SBB_1, reg_tokens=4), dict(_SBB_1, mlp_ratio=5.6)
 _SO150M2 = dict(_SBB_1, no_embed_class=False, mlp_ratio=34 / 13, qkv_bias=False)
+# SoViT-150M (the shape of Alabdulmohsin et al. 2023, trained by timm): 4 registers, no LayerScale
+_SO150M = dict(_GAP, reg_tokens=4, mlp_ratio=2.572)
 
 
 def _sbb(image: int, crop_pct: float, *tags: str, crop_mode: str = "center"):
@@ -563,12 +565,18 @@ _SBB_MODELS = {
         ),
         ("so150m2", "reg1_gap", 384, _SO150M2, _sbb(384, 1.0, "sbb_e200_in12k_ft_in1k")),
         ("so150m2", "reg1_gap", 448, _SO150M2, _sbb(448, 1.0, "sbb_e200_in12k_ft_in1k", **_SQUASH)),
+        (
+            "so150m",
+            "reg4_gap",
+            256,
+            _SO150M,
+            _sbb(256, 0.95, "sbb_e250_in12k_ft_in1k", "sbb_e250_in12k"),
+        ),
+        ("so150m", "reg4_gap", 384, _SO150M, _sbb(384, 1.0, "sbb_e250_in12k_ft_in1k")),
     )
 }
 # timm's other plain ViTs with published weights: MIIL's ViT-B/16 (no qkv bias), I-JEPA's
-# headless encoders (Assran et al. 2023; the patch tokens' mean), timm's SoViT-150M with four
-# registers (the shape of Alabdulmohsin et al. 2023, trained by timm)
-_SO150M = dict(_GAP, reg_tokens=4, mlp_ratio=2.572)
+# headless encoders (Assran et al. 2023; the patch tokens' mean)
 _OTHER_PLAIN = {
     "vit_base_patch16_224_miil": _family(
         "vit", "base", 16, 224, dict(qkv_bias=False), in21k=_miil(11221), in21k_ft_in1k=_miil(1000)
@@ -581,18 +589,6 @@ _OTHER_PLAIN = {
     ),
     "vit_giant_patch16_gap_224": _family(
         "vit", "clip_giant", 16, 224, dict(_GAP, mlp_ratio=48 / 11), in22k_ijepa=_in(0.9, 0)
-    ),
-    "vit_so150m_patch16_reg4_gap_256": _family(
-        "vit",
-        "so150m",
-        16,
-        256,
-        _SO150M,
-        sbb_e250_in12k_ft_in1k=_half(0.95, 1000, image=256),
-        sbb_e250_in12k=_half(0.95, 11821, image=256),
-    ),
-    "vit_so150m_patch16_reg4_gap_384": _family(
-        "vit", "so150m", 16, 384, _SO150M, sbb_e250_in12k_ft_in1k=_half(1.0, 1000, image=384)
     ),
 }
 
